@@ -1,0 +1,34 @@
+#include "agent/common/log.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace ferry {
+namespace {
+std::atomic<int> g_min_level{static_cast<int>(LogLevel::kInfo)};
+constexpr const char* kLevelNames[] = {"D", "I", "W", "E"};
+}  // namespace
+
+void SetMinLogLevel(LogLevel level) { g_min_level.store(static_cast<int>(level)); }
+bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_min_level.load(); }
+
+LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
+  const char* base = strrchr(file, '/');
+  stream_ << kLevelNames[static_cast<int>(level_)]
+          << absl::FormatTime(" %H:%M:%E6S ", absl::Now(), absl::UTCTimeZone()) << "ferryd "
+          << (base ? base + 1 : file) << ":" << line << "] ";
+}
+
+LogLine::~LogLine() {
+  stream_ << '\n';
+  std::string s = stream_.str();
+  ssize_t ignored = write(STDERR_FILENO, s.data(), s.size());
+  (void)ignored;
+}
+
+}  // namespace ferry

@@ -1,0 +1,91 @@
+// Region: memory a client registered with the agent.
+//
+// A Region owns its backing (the mapping of the client's memory) and whatever
+// transports attached to it (e.g. libfabric memory registrations, one per NIC).
+// Operations in flight hold a std::shared_ptr<Region>, so a deregistered region's
+// registrations are closed and its memory unmapped only after the last operation on it
+// has completed: no write ever lands in freed memory.
+#ifndef FERRY_AGENT_MEMORY_REGION_H_
+#define FERRY_AGENT_MEMORY_REGION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/common/token.h"
+
+namespace ferry {
+
+enum class MemoryKind { kHost = 1, kCuda = 2 };
+const char* MemoryKindName(MemoryKind kind);  // "host", "cuda" (metric label values)
+
+// The memory behind a region, as mapped into the agent.
+class MemoryBacking {
+ public:
+  virtual ~MemoryBacking() = default;
+  virtual MemoryKind kind() const = 0;
+  // Address of byte 0 of the region in the agent's address space (device address for
+  // CUDA memory).
+  virtual void* data() const = 0;
+  virtual uint64_t size() const = 0;
+  // CUDA device ordinal, or -1 for host memory.
+  virtual int device() const { return -1; }
+};
+
+// Maps `size` bytes of a shared-memory fd (memfd, /dev/shm file) at `offset`.
+// Takes ownership of `fd` (closed before returning: the mapping keeps the memory).
+// Refuses fds that cannot back shared memory (pipes, sockets, directories) and ranges
+// past the end of the file, with INVALID_ARGUMENT / OUT_OF_RANGE.
+absl::StatusOr<std::unique_ptr<MemoryBacking>> MapHostFd(int fd, uint64_t offset, uint64_t size);
+
+// Per-NIC information a transport attached to a region.
+struct NicRegistration {
+  uint64_t key = 0;         // remote key peers use to write into the region
+  uint64_t remote_base = 0; // remote address of byte 0 (0 for offset addressing)
+  void* local_desc = nullptr;  // fi_mr_desc for FI_MR_LOCAL providers
+};
+
+// Releases transport resources (e.g. closes MRs) when destroyed.
+class TransportAttachment {
+ public:
+  virtual ~TransportAttachment() = default;
+};
+
+struct RegionRegistration {
+  std::vector<NicRegistration> nics;
+  std::unique_ptr<TransportAttachment> owner;
+};
+
+class Region {
+ public:
+  Region(uint64_t id, uint64_t owner_session, Token token, std::unique_ptr<MemoryBacking> backing)
+      : id_(id), owner_session_(owner_session), token_(token), backing_(std::move(backing)) {}
+
+  uint64_t id() const { return id_; }
+  uint64_t owner_session() const { return owner_session_; }
+  const Token& token() const { return token_; }
+  MemoryKind kind() const { return backing_->kind(); }
+  uint64_t size() const { return backing_->size(); }
+  int device() const { return backing_->device(); }
+  uint8_t* data() const { return static_cast<uint8_t*>(backing_->data()); }
+  const MemoryBacking& backing() const { return *backing_; }
+
+  // Set once, before the region is published in the RegionTable.
+  void set_registration(RegionRegistration reg) { registration_ = std::move(reg); }
+  const std::vector<NicRegistration>& nics() const { return registration_.nics; }
+
+ private:
+  const uint64_t id_;
+  const uint64_t owner_session_;
+  const Token token_;
+  // Declaration order matters: members are destroyed bottom-up, so transport
+  // registrations are released before the memory they describe is unmapped.
+  std::unique_ptr<MemoryBacking> backing_;
+  RegionRegistration registration_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_MEMORY_REGION_H_

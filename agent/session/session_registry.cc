@@ -1,0 +1,68 @@
+#include "agent/session/session_registry.h"
+
+#include "absl/status/status.h"
+
+namespace ferry {
+
+std::shared_ptr<Session> SessionRegistry::Create(const PeerCredentials& creds) {
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    session = std::make_shared<Session>(next_id_++, creds, limits_);
+    by_id_[session->id()] = session;
+  }
+  if (on_open_) on_open_(*session);
+  return session;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::FindByToken(absl::string_view hex) const {
+  absl::StatusOr<Token> token = Token::FromHex(hex, "metadata ferry-session");
+  if (!token.ok()) {
+    return absl::UnauthenticatedError(
+        "no valid session: connect to the session socket and send its token as gRPC metadata "
+        "'ferry-session' (" + std::string(token.status().message()) + ")");
+  }
+  absl::MutexLock lock(&mu_);
+  // Linear in the number of sessions (bounded, small) so that every comparison is
+  // constant-time; a hash lookup on the token would leak timing.
+  for (const auto& [id, session] : by_id_) {
+    if (session->token().Equals(*token)) return session;
+  }
+  return absl::UnauthenticatedError(
+      "metadata ferry-session names no live session (it ended, or the agent restarted): reconnect");
+}
+
+std::shared_ptr<Session> SessionRegistry::FindById(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : it->second;
+}
+
+void SessionRegistry::Close(uint64_t id) {
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) return;
+    session = std::move(it->second);
+    by_id_.erase(it);
+  }
+  session->Close();
+  if (on_close_) on_close_(*session);
+}
+
+void SessionRegistry::CloseAll() {
+  std::vector<uint64_t> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, s] : by_id_) ids.push_back(id);
+  }
+  for (uint64_t id : ids) Close(id);
+}
+
+size_t SessionRegistry::size() const {
+  absl::MutexLock lock(&mu_);
+  return by_id_.size();
+}
+
+}  // namespace ferry

@@ -1,0 +1,207 @@
+#include "agent/session/session_socket.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "agent/common/log.h"
+#include "agent/session/session_wire.h"
+
+namespace ferry {
+
+std::string SessionSocketPath(const std::string& grpc_socket) {
+  std::string base = grpc_socket;
+  if (absl::EndsWith(base, ".sock")) base.resize(base.size() - 5);
+  return base + ".session.sock";
+}
+
+absl::StatusOr<int> ListenUnix(const std::string& path, int type, mode_t mode, gid_t gid) {
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' must be 1..",
+                                                   sizeof(addr.sun_path) - 1, " characters"));
+  }
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
+    }
+    // A socket file: live agent or stale leftover of a crash?
+    int probe = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+    bool live = probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (probe >= 0) close(probe);
+    if (live) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("another agent is listening on ", path, "; stop it first"));
+    }
+    unlink(path.c_str());
+  }
+
+  int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket(): ", strerror(errno)));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      chmod(path.c_str(), mode) != 0 ||
+      (gid != static_cast<gid_t>(-1) && chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) ||
+      listen(fd, 128) != 0) {
+    int err = errno;
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat("cannot listen on ", path, ": ", strerror(err)));
+  }
+  return fd;
+}
+
+absl::Status SessionSocketServer::Start(const std::string& path, mode_t mode, gid_t gid) {
+  absl::StatusOr<int> fd = ListenUnix(path, SOCK_SEQPACKET, mode, gid);
+  if (!fd.ok()) return fd.status();
+  listen_fd_ = *fd;
+  path_ = path;
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
+  thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+void SessionSocketServer::Stop() {
+  if (!thread_.joinable()) return;
+  uint64_t one = 1;
+  ssize_t ignored = write(wake_fd_, &one, sizeof(one));
+  (void)ignored;
+  thread_.join();
+  close(listen_fd_);
+  close(wake_fd_);
+  unlink(path_.c_str());
+}
+
+namespace {
+
+struct Connection {
+  int fd;
+  uint64_t session_id;
+};
+
+bool SendFrame(int fd, SessionFrameType type, uint64_t a, uint64_t b, uint64_t c) {
+  SessionFrame f{kSessionMagic, static_cast<uint32_t>(type), a, b, c};
+  return send(fd, &f, sizeof(f), MSG_DONTWAIT | MSG_NOSIGNAL) == sizeof(f);
+}
+
+// Handles one readable connection. Returns false when the session must end.
+bool ServeFrame(const Connection& conn, SessionRegistry* registry) {
+  SessionFrame frame{};
+  iovec iov{&frame, sizeof(frame)};
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n = recvmsg(conn.fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+
+  std::vector<UniqueFd> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds.emplace_back(fd);
+      }
+    }
+  }
+  if (n <= 0) return false;  // EOF or error: the client is gone
+  if (n != sizeof(frame) || frame.magic != kSessionMagic ||
+      frame.type != static_cast<uint32_t>(SessionFrameType::kAddFd)) {
+    FERRY_LOG(WARNING) << "session " << conn.session_id << ": malformed frame; ending session";
+    return false;
+  }
+  if (fds.size() != 1 || (msg.msg_flags & MSG_CTRUNC)) {
+    FERRY_LOG(WARNING) << "session " << conn.session_id << ": ADD_FD needs exactly one fd, got "
+                       << fds.size() << "; ending session";
+    return false;
+  }
+  std::shared_ptr<Session> session = registry->FindById(conn.session_id);
+  if (session == nullptr) return false;
+  absl::StatusOr<uint64_t> handle = session->AddFd(std::move(fds[0]));
+  return SendFrame(conn.fd, SessionFrameType::kFdAdded, frame.a, handle.ok() ? *handle : 0,
+                   handle.ok() ? 0 : EMFILE);
+}
+
+}  // namespace
+
+void SessionSocketServer::Loop() {
+  std::vector<Connection> conns;
+  auto end_session = [&](size_t i) {
+    registry_->Close(conns[i].session_id);
+    close(conns[i].fd);
+    conns[i] = conns.back();
+    conns.pop_back();
+  };
+  for (;;) {
+    std::vector<pollfd> pfds;
+    pfds.push_back({wake_fd_, POLLIN, 0});
+    pfds.push_back({listen_fd_, POLLIN, 0});
+    for (const Connection& c : conns) pfds.push_back({c.fd, POLLIN, 0});
+    int ready = poll(pfds.data(), pfds.size(), -1);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      FERRY_LOG(ERROR) << "session socket poll: " << strerror(errno);
+      break;
+    }
+    if (pfds[0].revents) break;  // Stop()
+    // Connections first (indices shift as sessions end, so walk backwards).
+    for (size_t i = pfds.size(); i-- > 2;) {
+      short ev = pfds[i].revents;
+      if (ev == 0) continue;
+      size_t ci = i - 2;
+      bool keep = (ev & POLLIN) ? ServeFrame(conns[ci], registry_) : false;
+      if (!keep) end_session(ci);
+    }
+    if (pfds[1].revents & POLLIN) {
+      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) continue;
+      ucred cred{};
+      socklen_t len = sizeof(cred);
+      if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+        close(fd);
+        continue;
+      }
+      PeerCredentials creds{cred.pid, cred.uid, cred.gid};
+      absl::Status admitted = admit_ ? admit_(creds) : absl::OkStatus();
+      if (!admitted.ok()) {
+        FERRY_LOG(WARNING) << "refused session for pid " << cred.pid << " uid " << cred.uid << ": "
+                           << admitted.message();
+        close(fd);
+        continue;
+      }
+      std::shared_ptr<Session> session = registry_->Create(creds);
+      const auto& t = session->token().raw();
+      uint64_t lo, hi;
+      memcpy(&lo, t.data(), 8);
+      memcpy(&hi, t.data() + 8, 8);
+      if (!SendFrame(fd, SessionFrameType::kHello, session->id(), lo, hi)) {
+        registry_->Close(session->id());
+        close(fd);
+        continue;
+      }
+      FERRY_LOG(INFO) << "session " << session->id() << " opened by pid " << cred.pid << " uid "
+                      << cred.uid;
+      conns.push_back({fd, session->id()});
+    }
+  }
+  while (!conns.empty()) end_session(conns.size() - 1);
+}
+
+}  // namespace ferry

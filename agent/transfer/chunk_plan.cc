@@ -1,0 +1,116 @@
+#include "agent/transfer/chunk_plan.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+namespace {
+
+// Checks that [offset, offset + length) lies in a region of `size` bytes.
+absl::Status CheckRange(const char* what, size_t index, uint64_t offset, uint64_t length,
+                        uint64_t size) {
+  if (offset > size || length > size - offset) {
+    return absl::OutOfRangeError(absl::StrCat(
+        what, " range of chunk ", index, " [", offset, ", ", offset, "+", length,
+        ") is outside the region; allowed: offset + length <= ", size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AddChunk(ChunkPlan& plan, size_t index, uint64_t src, uint64_t dst, uint64_t len,
+                      uint64_t src_size, uint64_t dst_size) {
+  if (len == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("chunks[", index, "].length must be >= 1"));
+  }
+  absl::Status s = CheckRange("source", index, src, len, src_size);
+  if (!s.ok()) return s;
+  s = CheckRange("destination", index, dst, len, dst_size);
+  if (!s.ok()) return s;
+  plan.chunks.push_back({src, dst, len});
+  // May wrap only if destinations overlap, which CheckDisjointDestinations rejects.
+  plan.total_bytes += len;
+  return absl::OkStatus();
+}
+
+// Multiplies and adds without wrapping; false on overflow.
+bool BlockOffset(uint64_t base, uint64_t block, uint64_t block_size, uint64_t* out) {
+  uint64_t product;
+  if (__builtin_mul_overflow(block, block_size, &product)) return false;
+  return !__builtin_add_overflow(base, product, out);
+}
+
+absl::Status CheckDisjointDestinations(std::vector<CopyChunk> chunks) {
+  std::sort(chunks.begin(), chunks.end(),
+            [](const CopyChunk& a, const CopyChunk& b) { return a.dst_offset < b.dst_offset; });
+  for (size_t i = 1; i < chunks.size(); ++i) {
+    const CopyChunk& prev = chunks[i - 1];
+    if (chunks[i].dst_offset < prev.dst_offset + prev.length) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "destination ranges overlap: [", prev.dst_offset, ", +", prev.length, ") and [",
+          chunks[i].dst_offset, ", +", chunks[i].length,
+          "); every destination byte may be written by one chunk only"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64_t src_size,
+                                         uint64_t dst_size, const ChunkLimits& limits) {
+  ChunkPlan plan;
+  switch (request.layout_case()) {
+    case v1::WriteRequest::kChunks: {
+      const auto& list = request.chunks().chunks();
+      if (list.empty()) return absl::InvalidArgumentError("chunks: the chunk list is empty");
+      if (static_cast<uint64_t>(list.size()) > limits.max_chunks) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "chunks: ", list.size(), " chunks exceed the limit of ", limits.max_chunks,
+            " per write (--max_chunks_per_write); split the write"));
+      }
+      plan.chunks.reserve(list.size());
+      for (int i = 0; i < list.size(); ++i) {
+        const v1::Chunk& c = list[i];
+        absl::Status s = AddChunk(plan, i, c.src_offset(), c.dst_offset(), c.length(), src_size, dst_size);
+        if (!s.ok()) return s;
+      }
+      break;
+    }
+    case v1::WriteRequest::kPaged: {
+      const v1::PagedChunks& p = request.paged();
+      if (p.block_size() == 0) return absl::InvalidArgumentError("paged.block_size must be >= 1");
+      if (p.src_blocks_size() != p.dst_blocks_size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "paged: src_blocks has ", p.src_blocks_size(), " ids but dst_blocks has ",
+            p.dst_blocks_size(), "; they must pair up"));
+      }
+      if (p.src_blocks_size() == 0) return absl::InvalidArgumentError("paged: no blocks given");
+      if (static_cast<uint64_t>(p.src_blocks_size()) > limits.max_chunks) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "paged: ", p.src_blocks_size(), " blocks exceed the limit of ", limits.max_chunks,
+            " per write (--max_chunks_per_write); split the write"));
+      }
+      plan.chunks.reserve(p.src_blocks_size());
+      for (int i = 0; i < p.src_blocks_size(); ++i) {
+        uint64_t src, dst;
+        if (!BlockOffset(p.src_base(), p.src_blocks(i), p.block_size(), &src) ||
+            !BlockOffset(p.dst_base(), p.dst_blocks(i), p.block_size(), &dst)) {
+          return absl::OutOfRangeError(absl::StrCat(
+              "paged block ", i, ": base + id * block_size overflows 64 bits"));
+        }
+        absl::Status s = AddChunk(plan, i, src, dst, p.block_size(), src_size, dst_size);
+        if (!s.ok()) return s;
+      }
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError("layout: set either chunks or paged");
+  }
+  absl::Status s = CheckDisjointDestinations(plan.chunks);
+  if (!s.ok()) return s;
+  return plan;
+}
+
+}  // namespace ferry
