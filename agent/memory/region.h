@@ -58,6 +58,14 @@ struct RegionRegistration {
   std::unique_ptr<TransportAttachment> owner;
 };
 
+// Attaches transports to new regions (e.g. registers them with every NIC). Called
+// before a region is published; a failure fails the RegisterMemory call.
+class RegionRegistrar {
+ public:
+  virtual ~RegionRegistrar() = default;
+  virtual absl::StatusOr<RegionRegistration> Register(const MemoryBacking& backing) = 0;
+};
+
 class Region {
  public:
   Region(uint64_t id, uint64_t owner_session, Token token, std::unique_ptr<MemoryBacking> backing)

@@ -18,47 +18,58 @@
 
 namespace ferry {
 
-std::string SessionSocketPath(const std::string& grpc_socket) {
-  std::string base = grpc_socket;
-  if (absl::EndsWith(base, ".sock")) base.resize(base.size() - 5);
-  return base + ".session.sock";
-}
-
-absl::StatusOr<int> ListenUnix(const std::string& path, int type, mode_t mode, gid_t gid) {
+absl::Status ClaimSocketPath(const std::string& path) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' must be 1..",
                                                    sizeof(addr.sun_path) - 1, " characters"));
   }
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
+  }
+  // A socket file: a live agent, or the leftover of a crash?
   addr.sun_family = AF_UNIX;
   memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-
-  struct stat st;
-  if (lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
-    }
-    // A socket file: live agent or stale leftover of a crash?
+  bool live = false;
+  for (int type : {SOCK_STREAM, SOCK_SEQPACKET}) {
     int probe = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
-    bool live = probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    if (probe >= 0) close(probe);
-    if (live) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("another agent is listening on ", path, "; stop it first"));
-    }
-    unlink(path.c_str());
+    if (probe < 0) continue;
+    live = live || connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(probe);
   }
+  if (live) return absl::FailedPreconditionError(absl::StrCat("another agent is listening on ", path, "; stop it first"));
+  unlink(path.c_str());
+  return absl::OkStatus();
+}
 
+absl::Status SetSocketPermissions(const std::string& path, mode_t mode, gid_t gid) {
+  if (chmod(path.c_str(), mode) != 0 ||
+      (gid != static_cast<gid_t>(-1) && chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot set mode/group of ", path, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> ListenUnix(const std::string& path, int type, mode_t mode, gid_t gid) {
+  absl::Status claimed = ClaimSocketPath(path);
+  if (!claimed.ok()) return claimed;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket(): ", strerror(errno)));
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      chmod(path.c_str(), mode) != 0 ||
-      (gid != static_cast<gid_t>(-1) && chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) ||
-      listen(fd, 128) != 0) {
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 128) != 0) {
     int err = errno;
     close(fd);
     return absl::FailedPreconditionError(absl::StrCat("cannot listen on ", path, ": ", strerror(err)));
+  }
+  absl::Status perms = SetSocketPermissions(path, mode, gid);
+  if (!perms.ok()) {
+    close(fd);
+    return perms;
   }
   return fd;
 }

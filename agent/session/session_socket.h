@@ -23,9 +23,14 @@
 
 namespace ferry {
 
+// Makes `path` free for a new listening socket: removes a stale socket file left by a
+// crashed agent; refuses when a live agent still listens there, or when the file is not
+// a socket.
+absl::Status ClaimSocketPath(const std::string& path);
+absl::Status SetSocketPermissions(const std::string& path, mode_t mode, gid_t gid);
+
 // Creates a unix socket of `type` bound at `path` with file mode `mode` (and group
-// `gid` unless -1), replacing a stale socket file left by a crashed agent. Refuses to
-// replace a socket another live agent still listens on, or a file that is not a socket.
+// `gid` unless -1), after ClaimSocketPath.
 absl::StatusOr<int> ListenUnix(const std::string& path, int type, mode_t mode, gid_t gid);
 
 class SessionSocketServer {

@@ -1,0 +1,42 @@
+// AgentConfig: every setting of ferryd, filled from flags (agent/main/flags.cc).
+#ifndef FERRY_AGENT_CONFIG_CONFIG_H_
+#define FERRY_AGENT_CONFIG_CONFIG_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+inline constexpr char kFerryVersion[] = "0.1.0";
+
+struct AgentConfig {
+  std::string socket = "/run/ferry/ferry.sock";
+  std::string session_socket;  // derived from `socket` when empty
+  mode_t socket_mode = 0660;
+  gid_t socket_gid = static_cast<gid_t>(-1);
+  std::vector<uid_t> allowed_uids;  // empty: any uid that can open the socket
+  std::string metrics_address = "127.0.0.1:9464";
+  // Agent-to-agent service (host:port); empty disables cross-node transfers.
+  std::string peer_address;
+  // Address written into descriptors (defaults to the bound peer address).
+  std::string advertise_address;
+  std::string fabric_provider = "auto";
+  std::vector<std::string> fabric_ifaces;  // one per NIC: IPv4 address or interface name
+
+  uint64_t max_region_bytes = 1ull << 40;
+  uint64_t max_chunks_per_write = 1 << 20;
+  size_t max_pending_fds = 64;
+  size_t max_inflight_transfers = 4096;
+  size_t max_regions_per_session = 4096;
+  uint32_t transfer_timeout_ms = 30000;
+  uint32_t max_wait_ms = 60000;
+  int local_copy_threads = 2;
+  uint32_t shutdown_grace_ms = 5000;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_CONFIG_CONFIG_H_

@@ -1,0 +1,122 @@
+#include "agent/main/agent.h"
+
+#include <grpcpp/resource_quota.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/common/log.h"
+#include "agent/common/token.h"
+#include "agent/session/session_wire.h"
+
+namespace ferry {
+
+Agent::Agent(const AgentConfig& config) : config_(config), incarnation_(RandomU64()) {
+  if (config_.session_socket.empty()) config_.session_socket = SessionSocketPath(config_.socket);
+}
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentConfig& config) {
+  std::unique_ptr<Agent> agent(new Agent(config));
+  absl::Status s = agent->Init();
+  if (!s.ok()) {
+    agent->Shutdown(absl::ZeroDuration());
+    return s;
+  }
+  return agent;
+}
+
+absl::Status Agent::Init() {
+  metrics_ = std::make_unique<Metrics>(kFerryVersion, "", config_.fabric_provider);
+  Metrics* m = metrics_.get();
+  regions_ = std::make_unique<RegionTable>([m](MemoryKind kind, RegionTable::KindStats s) {
+    m->regions(MemoryKindName(kind)).Set(static_cast<double>(s.regions));
+    m->registered_bytes(MemoryKindName(kind)).Set(static_cast<double>(s.bytes));
+  });
+  RegionTable* regions = regions_.get();
+  SessionLimits limits;
+  limits.max_pending_fds = config_.max_pending_fds;
+  limits.max_inflight_transfers = config_.max_inflight_transfers;
+  sessions_ = std::make_unique<SessionRegistry>(
+      limits,
+      /*on_close=*/
+      [m, regions](Session& s) {
+        size_t n = regions->RemoveSession(s.id());
+        m->sessions().Decrement();
+        FERRY_LOG(INFO) << "session " << s.id() << " (pid " << s.creds().pid << ") ended; reclaimed " << n
+                        << " regions";
+      },
+      /*on_open=*/[m](Session&) { m->sessions().Increment(); });
+  transfers_ = std::make_unique<TransferManager>(incarnation_, m, sessions_.get(), regions);
+  local_copier_ = std::make_unique<HostCopier>(config_.local_copy_threads);
+
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server = MetricsServer::Start(config_.metrics_address, m);
+  if (!metrics_server.ok()) return metrics_server.status();
+  metrics_server_ = std::move(*metrics_server);
+
+  LocalServiceDeps deps;
+  deps.config = &config_;
+  deps.incarnation = incarnation_;
+  deps.advertise_address = advertise_address_;
+  deps.metrics = m;
+  deps.regions = regions;
+  deps.sessions = sessions_.get();
+  deps.transfers = transfers_.get();
+  deps.local = local_copier_.get();
+  local_service_ = std::make_unique<LocalService>(std::move(deps));
+
+  absl::Status claimed = ClaimSocketPath(config_.socket);
+  if (!claimed.ok()) return claimed;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + config_.socket, grpc::InsecureServerCredentials());
+  builder.RegisterService(local_service_.get());
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  local_server_ = builder.BuildAndStart();
+  if (local_server_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot serve gRPC on unix:", config_.socket,
+                                                      " (does the directory exist and is it writable?)"));
+  }
+  absl::Status perms = SetSocketPermissions(config_.socket, config_.socket_mode, config_.socket_gid);
+  if (!perms.ok()) return perms;
+
+  session_server_ = std::make_unique<SessionSocketServer>(sessions_.get(), [this](const PeerCredentials& c) {
+    if (config_.allowed_uids.empty() ||
+        std::find(config_.allowed_uids.begin(), config_.allowed_uids.end(), c.uid) != config_.allowed_uids.end()) {
+      return absl::OkStatus();
+    }
+    return absl::PermissionDeniedError(absl::StrCat("uid ", c.uid, " is not in --allowed_uids"));
+  });
+  absl::Status started = session_server_->Start(config_.session_socket, config_.socket_mode, config_.socket_gid);
+  if (!started.ok()) return started;
+
+  FERRY_LOG(INFO) << "ferryd " << kFerryVersion << " incarnation " << incarnation_ << " serving unix:"
+                  << config_.socket << " (sessions " << config_.session_socket << "), metrics http://"
+                  << config_.metrics_address.substr(0, config_.metrics_address.rfind(':')) << ":"
+                  << metrics_server_->port() << "/metrics";
+  return absl::OkStatus();
+}
+
+void Agent::Shutdown(absl::Duration grace) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (local_service_) local_service_->BeginShutdown();
+  // Let in-flight transfers finish (bounded).
+  absl::Time deadline = absl::Now() + grace;
+  while (transfers_ && transfers_->inflight() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  if (transfers_ && transfers_->inflight() > 0) {
+    FERRY_LOG(WARNING) << transfers_->inflight() << " transfers still in flight after the grace period";
+  }
+  if (local_server_) local_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  if (session_server_) session_server_->Stop();
+  if (sessions_) sessions_->CloseAll();
+  local_copier_.reset();  // finishes queued copies
+  if (local_server_) unlink(config_.socket.c_str());
+  metrics_server_.reset();
+  FERRY_LOG(INFO) << "ferryd stopped";
+}
+
+Agent::~Agent() { Shutdown(absl::ZeroDuration()); }
+
+}  // namespace ferry

@@ -1,0 +1,61 @@
+// Agent: one ferryd process — every component, wired, started and stopped in order.
+//
+//   absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Start(config);
+//   ...                                      // serve until SIGTERM
+//   (*agent)->Shutdown(absl::Seconds(5));    // drain, then stop; idempotent
+#ifndef FERRY_AGENT_MAIN_AGENT_H_
+#define FERRY_AGENT_MAIN_AGENT_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/server.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "agent/config/config.h"
+#include "agent/local/host_copier.h"
+#include "agent/memory/region_table.h"
+#include "agent/metrics/metrics.h"
+#include "agent/service/local_service.h"
+#include "agent/session/session_registry.h"
+#include "agent/session/session_socket.h"
+#include "agent/transfer/transfer.h"
+
+namespace ferry {
+
+class Agent {
+ public:
+  static absl::StatusOr<std::unique_ptr<Agent>> Start(const AgentConfig& config);
+  ~Agent();
+
+  // Stops taking writes, lets in-flight transfers finish for up to `grace`, then stops
+  // every server, ends every session and removes the sockets.
+  void Shutdown(absl::Duration grace);
+
+  uint64_t incarnation() const { return incarnation_; }
+  int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
+  std::string advertise_address() const { return advertise_address_; }
+
+ private:
+  explicit Agent(const AgentConfig& config);
+  absl::Status Init();
+
+  AgentConfig config_;
+  const uint64_t incarnation_;
+  std::string advertise_address_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<RegionTable> regions_;
+  std::unique_ptr<SessionRegistry> sessions_;
+  std::unique_ptr<TransferManager> transfers_;
+  std::unique_ptr<HostCopier> local_copier_;
+  std::unique_ptr<LocalService> local_service_;
+  std::unique_ptr<grpc::Server> local_server_;
+  std::unique_ptr<SessionSocketServer> session_server_;
+  std::unique_ptr<MetricsServer> metrics_server_;
+  bool shut_down_ = false;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_MAIN_AGENT_H_

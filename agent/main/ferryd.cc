@@ -1,0 +1,146 @@
+// ferryd: the ferry node agent. See README.md and `ferryd --help`.
+#include <grp.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "agent/common/log.h"
+#include "agent/main/agent.h"
+
+ABSL_FLAG(std::string, socket, "/run/ferry/ferry.sock",
+          "Unix socket of the local gRPC API. The session socket lives beside it "
+          "(<socket minus .sock>.session.sock).");
+ABSL_FLAG(std::string, socket_mode, "0660", "File mode of both sockets (octal).");
+ABSL_FLAG(std::string, socket_group, "",
+          "Group (name or gid) that owns the sockets; workload pods run with it. Empty: the agent's group.");
+ABSL_FLAG(std::string, allowed_uids, "", "Comma-separated UIDs allowed to open sessions; empty allows any.");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
+          "host:port for /metrics and /healthz (port 0 picks a free one; see --ready_file).");
+ABSL_FLAG(std::string, peer_address, "",
+          "host:port of the agent-to-agent gRPC service; empty disables cross-node transfers.");
+ABSL_FLAG(std::string, advertise_address, "",
+          "Peer address written into region descriptors; default: the bound --peer_address.");
+ABSL_FLAG(std::string, fabric_provider, "auto",
+          "libfabric provider: auto (efa, then verbs;ofi_rxm, then tcp;ofi_rxm), or a name such as tcp;ofi_rxm.");
+ABSL_FLAG(std::string, fabric_iface, "",
+          "Comma-separated NIC addresses or interface names, one fabric endpoint each. Required with "
+          "--peer_address: the agent never guesses an interface.");
+ABSL_FLAG(uint64_t, max_region_bytes, 1ull << 40, "Largest region one RegisterMemory may register.");
+ABSL_FLAG(uint64_t, max_chunks_per_write, 1 << 20, "Most chunks (or paged blocks) in one Write.");
+ABSL_FLAG(uint64_t, max_pending_fds, 64, "Most fds a session may hold before registering them.");
+ABSL_FLAG(uint64_t, max_inflight_transfers, 4096, "Most transfers one session may have in flight.");
+ABSL_FLAG(uint32_t, transfer_timeout_ms, 30000, "Default transfer deadline when a Write sets none.");
+ABSL_FLAG(uint32_t, max_wait_ms, 60000, "Longest a single Wait call blocks.");
+ABSL_FLAG(int32_t, local_copy_threads, 2, "Threads for node-local host copies.");
+ABSL_FLAG(uint32_t, shutdown_grace_ms, 5000, "On SIGTERM, how long in-flight transfers may finish.");
+ABSL_FLAG(std::string, ready_file, "",
+          "When set, written once the agent serves: lines key=value with the bound addresses.");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
+
+namespace {
+
+int Fail(const std::string& message) {
+  fprintf(stderr, "ferryd: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "ferry node agent: moves registered GPU/host memory between pods and nodes.\n"
+      "Usage: ferryd [--socket=/run/ferry/ferry.sock] [--peer_address=HOST:PORT --fabric_iface=ADDR] ...");
+  absl::ParseCommandLine(argc, argv);
+
+  const std::string level = absl::GetFlag(FLAGS_log_level);
+  if (level == "debug") ferry::SetMinLogLevel(ferry::LogLevel::kDebug);
+  else if (level == "warning") ferry::SetMinLogLevel(ferry::LogLevel::kWarning);
+  else if (level == "error") ferry::SetMinLogLevel(ferry::LogLevel::kError);
+  else if (level != "info") return Fail("--log_level must be debug, info, warning or error");
+
+  ferry::AgentConfig config;
+  config.socket = absl::GetFlag(FLAGS_socket);
+  unsigned long mode = 0;
+  try {
+    mode = std::stoul(absl::GetFlag(FLAGS_socket_mode), nullptr, 8);
+  } catch (...) {
+    return Fail("--socket_mode must be an octal mode such as 0660");
+  }
+  if (mode > 0777) return Fail("--socket_mode must be within 0000..0777");
+  config.socket_mode = static_cast<mode_t>(mode);
+  const std::string group = absl::GetFlag(FLAGS_socket_group);
+  if (!group.empty()) {
+    uint32_t gid;
+    if (absl::SimpleAtoi(group, &gid)) {
+      config.socket_gid = gid;
+    } else if (struct group* g = getgrnam(group.c_str())) {
+      config.socket_gid = g->gr_gid;
+    } else {
+      return Fail("--socket_group: no group named '" + group + "'");
+    }
+  }
+  for (absl::string_view uid : absl::StrSplit(absl::GetFlag(FLAGS_allowed_uids), ',', absl::SkipEmpty())) {
+    uint32_t v;
+    if (!absl::SimpleAtoi(uid, &v)) return Fail("--allowed_uids must be comma-separated numbers");
+    config.allowed_uids.push_back(v);
+  }
+  config.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  config.peer_address = absl::GetFlag(FLAGS_peer_address);
+  config.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  config.fabric_provider = absl::GetFlag(FLAGS_fabric_provider);
+  config.fabric_ifaces = absl::StrSplit(absl::GetFlag(FLAGS_fabric_iface), ',', absl::SkipEmpty());
+  config.max_region_bytes = absl::GetFlag(FLAGS_max_region_bytes);
+  config.max_chunks_per_write = absl::GetFlag(FLAGS_max_chunks_per_write);
+  config.max_pending_fds = absl::GetFlag(FLAGS_max_pending_fds);
+  config.max_inflight_transfers = absl::GetFlag(FLAGS_max_inflight_transfers);
+  config.transfer_timeout_ms = absl::GetFlag(FLAGS_transfer_timeout_ms);
+  config.max_wait_ms = absl::GetFlag(FLAGS_max_wait_ms);
+  config.local_copy_threads = absl::GetFlag(FLAGS_local_copy_threads);
+  config.shutdown_grace_ms = absl::GetFlag(FLAGS_shutdown_grace_ms);
+  if (config.local_copy_threads < 1 || config.local_copy_threads > 64) {
+    return Fail("--local_copy_threads must be 1..64");
+  }
+  if (config.transfer_timeout_ms == 0) return Fail("--transfer_timeout_ms must be >= 1");
+  if (!config.peer_address.empty() && config.fabric_ifaces.empty()) {
+    return Fail("--peer_address needs --fabric_iface (e.g. 127.0.0.1 for a loopback test)");
+  }
+
+  // Block the stop signals before any thread starts, then wait for them here.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  absl::StatusOr<std::unique_ptr<ferry::Agent>> agent = ferry::Agent::Start(config);
+  if (!agent.ok()) return Fail(std::string(agent.status().message()));
+
+  const std::string ready_file = absl::GetFlag(FLAGS_ready_file);
+  if (!ready_file.empty()) {
+    std::string tmp = ready_file + ".tmp";
+    std::ofstream out(tmp);
+    out << "pid=" << getpid() << "\n"
+        << "incarnation=" << (*agent)->incarnation() << "\n"
+        << "socket=" << config.socket << "\n"
+        << "metrics_port=" << (*agent)->metrics_port() << "\n"
+        << "peer_address=" << (*agent)->advertise_address() << "\n";
+    out.close();
+    rename(tmp.c_str(), ready_file.c_str());
+  }
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  FERRY_LOG(INFO) << "signal " << sig << ": draining";
+  (*agent)->Shutdown(absl::Milliseconds(config.shutdown_grace_ms));
+  return 0;
+}

@@ -1,0 +1,139 @@
+#include "agent/metrics/metrics.h"
+
+#include <exception>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/exposer.h"
+
+namespace ferry {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+// 10 µs .. 10 s, three buckets per decade.
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double decade = 1e-5; decade < 10; decade *= 10) {
+    b.push_back(decade);
+    b.push_back(2.5 * decade);
+    b.push_back(5 * decade);
+  }
+  b.push_back(10);
+  return b;
+}
+
+}  // namespace
+
+Metrics::Metrics(const std::string& version, const std::string& libfabric_version, const std::string& provider)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      transfer_bytes_(BuildCounter()
+                          .Name("ferry_transfer_bytes_total")
+                          .Help("Bytes moved by transfers, by direction (tx, rx), path and NIC")
+                          .Register(*registry_)),
+      transfers_(BuildCounter()
+                     .Name("ferry_transfers_total")
+                     .Help("Transfers completed, by path and final gRPC status code")
+                     .Register(*registry_)),
+      transfer_duration_(BuildHistogram()
+                             .Name("ferry_transfer_duration_seconds")
+                             .Help("Transfer latency from submission to completion")
+                             .Register(*registry_)),
+      op_duration_(BuildHistogram()
+                       .Name("ferry_op_duration_seconds")
+                       .Help("Latency of single fabric operations, post to completion")
+                       .Register(*registry_)),
+      ops_inflight_(BuildGauge()
+                        .Name("ferry_ops_inflight")
+                        .Help("Fabric operations posted and not yet completed")
+                        .Register(*registry_)),
+      eagain_(BuildCounter()
+                  .Name("ferry_fabric_eagain_total")
+                  .Help("Posts the provider refused with -FI_EAGAIN (retried)")
+                  .Register(*registry_)),
+      fabric_errors_(BuildCounter()
+                         .Name("ferry_fabric_errors_total")
+                         .Help("Fabric operations that completed with an error")
+                         .Register(*registry_)),
+      regions_(BuildGauge().Name("ferry_regions").Help("Registered regions, by memory kind").Register(*registry_)),
+      registered_bytes_(BuildGauge()
+                            .Name("ferry_registered_bytes")
+                            .Help("Bytes in registered regions, by memory kind")
+                            .Register(*registry_)),
+      registration_duration_(BuildHistogram()
+                                 .Name("ferry_registration_duration_seconds")
+                                 .Help("RegisterMemory latency: import, map and fabric registration")
+                                 .Register(*registry_)),
+      cache_hits_(BuildCounter()
+                      .Name("ferry_registration_cache_hits_total")
+                      .Help("Registrations served from the registration cache")
+                      .Register(*registry_)
+                      .Add({})),
+      sessions_(BuildGauge().Name("ferry_sessions").Help("Live client sessions").Register(*registry_).Add({})),
+      peers_(BuildGauge().Name("ferry_peers").Help("Known peer agents, by state").Register(*registry_)),
+      notifications_(BuildCounter()
+                         .Name("ferry_notifications_total")
+                         .Help("Notifications delivered to local region owners")
+                         .Register(*registry_)
+                         .Add({})),
+      errors_(BuildCounter()
+                  .Name("ferry_errors_total")
+                  .Help("API calls answered with an error, by API and gRPC status code")
+                  .Register(*registry_)) {
+  BuildGauge()
+      .Name("ferry_build_info")
+      .Help("Build information; always 1")
+      .Register(*registry_)
+      .Add({{"version", version}, {"libfabric_version", libfabric_version}, {"provider", provider}})
+      .Set(1);
+  for (const char* kind : {"host", "cuda"}) {
+    regions(kind).Set(0);
+    registered_bytes(kind).Set(0);
+  }
+}
+
+prometheus::Histogram& Metrics::transfer_duration(const std::string& path) {
+  return transfer_duration_.Add({{"path", path}}, LatencyBuckets());
+}
+
+prometheus::Histogram& Metrics::op_duration(const std::string& nic) {
+  return op_duration_.Add({{"nic", nic}}, LatencyBuckets());
+}
+
+prometheus::Histogram& Metrics::registration_duration(const std::string& kind) {
+  return registration_duration_.Add({{"kind", kind}}, LatencyBuckets());
+}
+
+const char* StatusCodeName(int code) {
+  static const char* const kNames[] = {
+      "OK",        "CANCELLED",         "UNKNOWN",           "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS",    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+      "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",      "UNIMPLEMENTED",    "INTERNAL",
+      "UNAVAILABLE", "DATA_LOSS",       "UNAUTHENTICATED"};
+  if (code < 0 || code > 16) return "UNKNOWN";
+  return kNames[code];
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
+                                                                    Metrics* metrics) {
+  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  try {
+    server->exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
+  } catch (const std::exception& e) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what(), " (--metrics_address)"));
+  }
+  server->exposer_->RegisterCollectable(metrics->registry(), "/metrics");
+  // /healthz: answers 200 while the process serves HTTP at all.
+  server->health_ = std::make_shared<prometheus::Registry>();
+  server->exposer_->RegisterCollectable(server->health_, "/healthz");
+  std::vector<int> ports = server->exposer_->GetListeningPorts();
+  server->port_ = ports.empty() ? 0 : ports[0];
+  return server;
+}
+
+MetricsServer::~MetricsServer() = default;
+
+}  // namespace ferry

@@ -1,0 +1,101 @@
+// Metrics: every Prometheus metric the agent exports, in one registry.
+//
+//   Metrics m("0.1.0", "1.17.0", "tcp;ofi_rxm");
+//   m.transfers_total("local", "OK").Increment();
+//   absl::StatusOr<std::unique_ptr<MetricsServer>> s = MetricsServer::Start("127.0.0.1:9464", &m);
+//
+// Names are an interface (dashboards and alerts use them): see the metrics table in
+// deploy/grafana/README.md. Label values are bounded sets: never region ids, tokens,
+// pids or transfer ids. Bandwidth is rate(ferry_transfer_bytes_total[1m]) in PromQL.
+#ifndef FERRY_AGENT_METRICS_METRICS_H_
+#define FERRY_AGENT_METRICS_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace prometheus {
+class Exposer;
+}
+
+namespace ferry {
+
+class Metrics {
+ public:
+  Metrics(const std::string& version, const std::string& libfabric_version, const std::string& provider);
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // Children are created on first use and cached by prometheus-cpp; call these off the
+  // per-op hot path and keep the reference.
+  prometheus::Counter& transfer_bytes(const std::string& direction, const std::string& path,
+                                      const std::string& nic) {
+    return transfer_bytes_.Add({{"direction", direction}, {"path", path}, {"nic", nic}});
+  }
+  prometheus::Counter& transfers_total(const std::string& path, const std::string& status) {
+    return transfers_.Add({{"path", path}, {"status", status}});
+  }
+  prometheus::Histogram& transfer_duration(const std::string& path);
+  prometheus::Histogram& op_duration(const std::string& nic);
+  prometheus::Gauge& ops_inflight(const std::string& nic) { return ops_inflight_.Add({{"nic", nic}}); }
+  prometheus::Counter& fabric_eagain(const std::string& nic) { return eagain_.Add({{"nic", nic}}); }
+  prometheus::Counter& fabric_errors(const std::string& nic) { return fabric_errors_.Add({{"nic", nic}}); }
+  prometheus::Gauge& regions(const std::string& kind) { return regions_.Add({{"kind", kind}}); }
+  prometheus::Gauge& registered_bytes(const std::string& kind) {
+    return registered_bytes_.Add({{"kind", kind}});
+  }
+  prometheus::Histogram& registration_duration(const std::string& kind);
+  prometheus::Counter& registration_cache_hits() { return cache_hits_; }
+  prometheus::Gauge& sessions() { return sessions_; }
+  prometheus::Gauge& peers(const std::string& state) { return peers_.Add({{"state", state}}); }
+  prometheus::Counter& notifications() { return notifications_; }
+  prometheus::Counter& errors(const std::string& api, const std::string& code) {
+    return errors_.Add({{"api", api}, {"code", code}});
+  }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& transfer_bytes_;
+  prometheus::Family<prometheus::Counter>& transfers_;
+  prometheus::Family<prometheus::Histogram>& transfer_duration_;
+  prometheus::Family<prometheus::Histogram>& op_duration_;
+  prometheus::Family<prometheus::Gauge>& ops_inflight_;
+  prometheus::Family<prometheus::Counter>& eagain_;
+  prometheus::Family<prometheus::Counter>& fabric_errors_;
+  prometheus::Family<prometheus::Gauge>& regions_;
+  prometheus::Family<prometheus::Gauge>& registered_bytes_;
+  prometheus::Family<prometheus::Histogram>& registration_duration_;
+  prometheus::Counter& cache_hits_;
+  prometheus::Gauge& sessions_;
+  prometheus::Family<prometheus::Gauge>& peers_;
+  prometheus::Counter& notifications_;
+  prometheus::Family<prometheus::Counter>& errors_;
+};
+
+// gRPC code name as used in status labels: "OK", "NOT_FOUND", ...
+const char* StatusCodeName(int code);
+
+// Serves /metrics and /healthz over HTTP.
+class MetricsServer {
+ public:
+  // `address` is host:port; port 0 picks a free port (see port()).
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address, Metrics* metrics);
+  ~MetricsServer();
+  int port() const { return port_; }
+
+ private:
+  MetricsServer() = default;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<prometheus::Registry> health_;
+  int port_ = 0;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_METRICS_METRICS_H_

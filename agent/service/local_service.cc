@@ -1,0 +1,280 @@
+#include "agent/service/local_service.h"
+
+#include <unistd.h>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/common/grpc_status.h"
+#include "agent/common/log.h"
+
+namespace ferry {
+namespace {
+
+constexpr char kSessionMetadata[] = "ferry-session";
+
+absl::StatusOr<std::shared_ptr<Region>> OwnedRegion(RegionTable& regions, const Session& session,
+                                                    uint64_t id, const char* field) {
+  if (id == 0) return absl::InvalidArgumentError(absl::StrCat(field, " must be a region id (>= 1), got 0"));
+  absl::StatusOr<std::shared_ptr<Region>> r = regions.Lookup(id);
+  if (!r.ok()) {
+    return absl::NotFoundError(absl::StrCat(field, " ", id, " is not registered with this agent"));
+  }
+  if ((*r)->owner_session() != session.id()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        field, " ", id, " belongs to another session; a session may only write from regions it registered"));
+  }
+  return r;
+}
+
+}  // namespace
+
+LocalService::LocalService(LocalServiceDeps deps) : deps_(std::move(deps)), started_(absl::Now()) {}
+
+grpc::Status LocalService::Reply(const char* api, const absl::Status& status) {
+  if (!status.ok()) {
+    deps_.metrics->errors(api, StatusCodeName(static_cast<int>(status.code()))).Increment();
+    FERRY_LOG(DEBUG) << api << ": " << status;
+  }
+  return ToGrpcStatus(status);
+}
+
+absl::StatusOr<std::shared_ptr<Session>> LocalService::SessionOf(grpc::ServerContext* ctx) const {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kSessionMetadata);
+  if (it == md.end()) {
+    return absl::UnauthenticatedError(
+        "no session: open the session socket first and send its token as gRPC metadata 'ferry-session'");
+  }
+  return deps_.sessions->FindByToken(absl::string_view(it->second.data(), it->second.size()));
+}
+
+// ---------------------------------------------------------------- RegisterMemory
+
+absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& session,
+                                                                   const v1::RegisterMemoryRequest& req) {
+  const AgentConfig& cfg = *deps_.config;
+  if (req.size() == 0 || req.size() > cfg.max_region_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("size must be 1..", cfg.max_region_bytes,
+                                                   " bytes (--max_region_bytes), got ", req.size()));
+  }
+  std::unique_ptr<MemoryBacking> backing;
+  switch (req.memory_case()) {
+    case v1::RegisterMemoryRequest::kHost: {
+      absl::StatusOr<UniqueFd> fd = session.TakeFd(req.host().fd_handle());
+      if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("host.", fd.status().message()));
+      absl::StatusOr<std::unique_ptr<MemoryBacking>> b = MapHostFd(fd->release(), req.host().offset(), req.size());
+      if (!b.ok()) return b.status();
+      backing = std::move(*b);
+      break;
+    }
+    case v1::RegisterMemoryRequest::kCudaIpc:
+    case v1::RegisterMemoryRequest::kCudaFd:
+      return absl::FailedPreconditionError(
+          "CUDA memory: this agent has no CUDA support yet (host memory only); see README 'Status'");
+    default:
+      return absl::InvalidArgumentError("memory: set one of host, cuda_ipc, cuda_fd");
+  }
+
+  auto region = std::make_shared<Region>(deps_.regions->NextId(), session.id(), Token::Random(), std::move(backing));
+  if (deps_.registrar != nullptr) {
+    absl::StatusOr<RegionRegistration> reg = deps_.registrar->Register(region->backing());
+    if (!reg.ok()) return reg.status();
+    region->set_registration(std::move(*reg));
+  }
+  deps_.regions->Insert(region);
+
+  v1::RegisterMemoryResponse resp;
+  resp.set_region_id(region->id());
+  v1::RegionDescriptor* d = resp.mutable_region();
+  d->set_version(1);
+  d->set_agent_address(deps_.advertise_address);
+  d->set_agent_incarnation(deps_.incarnation);
+  d->set_region_id(region->id());
+  d->set_token(region->token().bytes());
+  d->set_size(region->size());
+  d->set_kind(region->kind() == MemoryKind::kHost ? v1::MEMORY_KIND_HOST : v1::MEMORY_KIND_CUDA);
+  return resp;
+}
+
+grpc::Status LocalService::RegisterMemory(grpc::ServerContext* ctx, const v1::RegisterMemoryRequest* req,
+                                          v1::RegisterMemoryResponse* resp) {
+  absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
+  if (!session.ok()) return Reply("RegisterMemory", session.status());
+  absl::Time start = absl::Now();
+  absl::StatusOr<v1::RegisterMemoryResponse> r = DoRegister(**session, *req);
+  if (!r.ok()) return Reply("RegisterMemory", r.status());
+  deps_.metrics->registration_duration(req->has_host() ? "host" : "cuda")
+      .Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  // The session may have ended while we registered: its cleanup already ran, so undo.
+  if ((*session)->closed()) {
+    deps_.regions->RemoveSession((*session)->id());
+    return Reply("RegisterMemory", absl::UnavailableError("the session ended during registration"));
+  }
+  *resp = std::move(*r);
+  return grpc::Status::OK;
+}
+
+grpc::Status LocalService::DeregisterMemory(grpc::ServerContext* ctx, const v1::DeregisterMemoryRequest* req,
+                                            v1::DeregisterMemoryResponse*) {
+  absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
+  if (!session.ok()) return Reply("DeregisterMemory", session.status());
+  if (req->region_id() == 0) {
+    return Reply("DeregisterMemory", absl::InvalidArgumentError("region_id must be >= 1, got 0"));
+  }
+  return Reply("DeregisterMemory", deps_.regions->Remove(req->region_id(), (*session)->id()));
+}
+
+// ---------------------------------------------------------------- Write
+
+absl::StatusOr<uint64_t> LocalService::DoWrite(const std::shared_ptr<Session>& session,
+                                               const v1::WriteRequest& req) {
+  const AgentConfig& cfg = *deps_.config;
+  absl::StatusOr<std::shared_ptr<Region>> src = OwnedRegion(*deps_.regions, *session, req.src_region_id(), "src_region_id");
+  if (!src.ok()) return src.status();
+
+  if (!req.has_dst()) return absl::InvalidArgumentError("dst: the destination RegionDescriptor is missing");
+  const v1::RegionDescriptor& dst = req.dst();
+  if (dst.version() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("dst.version ", dst.version(), " is not supported (expected 1)"));
+  }
+  if (dst.region_id() == 0) return absl::InvalidArgumentError("dst.region_id must be >= 1, got 0");
+  absl::StatusOr<Token> token = Token::FromBytes(dst.token(), "dst.token");
+  if (!token.ok()) return token.status();
+
+  auto t = std::make_shared<Transfer>();
+  t->session = session;
+  t->src = *src;
+  t->notify = req.notify();
+  t->tag = req.tag();
+  t->submitted = absl::Now();
+  uint32_t timeout_ms = req.timeout_ms() != 0 ? req.timeout_ms() : cfg.transfer_timeout_ms;
+  t->deadline = t->submitted + absl::Milliseconds(timeout_ms);
+
+  uint64_t dst_size;
+  TransferExecutor* executor;
+  if (dst.agent_incarnation() == deps_.incarnation) {
+    absl::StatusOr<std::shared_ptr<Region>> d = deps_.regions->Lookup(dst.region_id());
+    if (!d.ok()) {
+      return absl::NotFoundError(absl::StrCat("dst.region_id ", dst.region_id(),
+                                              " is not registered (it was deregistered or its owner exited)"));
+    }
+    if (!(*d)->token().Equals(*token)) {
+      return absl::PermissionDeniedError(absl::StrCat("dst.token does not match region ", dst.region_id()));
+    }
+    t->dst = *d;
+    t->path = v1::TRANSFER_PATH_LOCAL;
+    dst_size = (*d)->size();
+    executor = deps_.local;
+  } else if (dst.agent_address().empty() || dst.agent_address() == deps_.advertise_address) {
+    return absl::NotFoundError(absl::StrCat(
+        "dst is a stale descriptor: it names agent incarnation ", dst.agent_incarnation(),
+        ", which no longer runs (the agent restarted); ask the region's owner for a new descriptor"));
+  } else if (deps_.remote == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dst lives on agent ", dst.agent_address(), " but this agent runs without a fabric (--peer_address unset)"));
+  } else {
+    t->dst_descriptor = dst;
+    t->path = v1::TRANSFER_PATH_FABRIC;
+    dst_size = dst.size();
+    executor = deps_.remote;
+  }
+
+  absl::StatusOr<ChunkPlan> plan =
+      BuildChunkPlan(req, (*src)->size(), dst_size, ChunkLimits{cfg.max_chunks_per_write});
+  if (!plan.ok()) return plan.status();
+  t->plan = std::move(*plan);
+
+  t->id = deps_.transfers->NextId();
+  absl::Status begun = session->BeginTransfer(t->id);
+  if (!begun.ok()) return begun;
+  deps_.transfers->Begin(*t);
+  TransferManager* manager = deps_.transfers;
+  executor->Submit(t, [manager, t](absl::Status s) { manager->Finish(*t, s); });
+  return t->id;
+}
+
+grpc::Status LocalService::Write(grpc::ServerContext* ctx, const v1::WriteRequest* req, v1::WriteResponse* resp) {
+  absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
+  if (!session.ok()) return Reply("Write", session.status());
+  if (shutting_down_.load()) return Reply("Write", absl::UnavailableError("the agent is shutting down"));
+  absl::StatusOr<uint64_t> id = DoWrite(*session, *req);
+  if (!id.ok()) return Reply("Write", id.status());
+  resp->set_transfer_id(*id);
+  return grpc::Status::OK;
+}
+
+grpc::Status LocalService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req, v1::WaitResponse* resp) {
+  absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
+  if (!session.ok()) return Reply("Wait", session.status());
+  if (req->transfer_id() == 0) return Reply("Wait", absl::InvalidArgumentError("transfer_id must be >= 1, got 0"));
+  absl::Duration timeout = absl::Milliseconds(std::min(req->timeout_ms(), deps_.config->max_wait_ms));
+  absl::Duration until_deadline = absl::FromChrono(ctx->deadline()) - absl::Now();
+  if (until_deadline < timeout) timeout = std::max(until_deadline, absl::ZeroDuration());
+  absl::StatusOr<v1::WaitResponse> r = (*session)->Wait(req->transfer_id(), timeout);
+  if (!r.ok()) return Reply("Wait", r.status());
+  *resp = std::move(*r);
+  return grpc::Status::OK;
+}
+
+// ---------------------------------------------------------------- streams
+
+template <typename Event>
+grpc::Status LocalService::Drain(grpc::ServerContext* ctx, const char* api, EventQueue<Event>& (Session::*queue)(),
+                                 grpc::ServerWriter<Event>* writer) {
+  absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
+  if (!session.ok()) return Reply(api, session.status());
+  EventQueue<Event>& events = ((**session).*queue)();
+  // Bounded waits: notice cancellation, session end and shutdown within 200 ms.
+  while (!ctx->IsCancelled() && !shutting_down_.load()) {
+    std::optional<Event> e = events.Pop(absl::Milliseconds(200));
+    if (e.has_value()) {
+      if (!writer->Write(*e)) return grpc::Status::OK;  // client went away
+    } else if (events.closed()) {
+      return Reply(api, absl::CancelledError("the session ended"));
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status LocalService::WatchCompletions(grpc::ServerContext* ctx, const v1::WatchCompletionsRequest*,
+                                            grpc::ServerWriter<v1::TransferResult>* writer) {
+  return Drain(ctx, "WatchCompletions", &Session::completions, writer);
+}
+
+grpc::Status LocalService::WatchNotifications(grpc::ServerContext* ctx, const v1::WatchNotificationsRequest*,
+                                              grpc::ServerWriter<v1::Notification>* writer) {
+  return Drain(ctx, "WatchNotifications", &Session::notifications, writer);
+}
+
+// ---------------------------------------------------------------- status
+
+grpc::Status LocalService::GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*, v1::GetStatusResponse* resp) {
+  const AgentConfig& cfg = *deps_.config;
+  resp->set_version(kFerryVersion);
+  resp->set_incarnation(deps_.incarnation);
+  resp->set_socket(cfg.socket);
+  resp->set_peer_address(deps_.advertise_address);
+  resp->set_metrics_address(cfg.metrics_address);
+  resp->set_uptime_seconds(absl::ToInt64Seconds(absl::Now() - started_));
+  resp->set_sessions(deps_.sessions->size());
+  resp->set_regions(deps_.regions->size());
+  resp->set_registered_bytes(deps_.regions->total_bytes());
+  resp->set_transfers_inflight(deps_.transfers->inflight());
+  resp->set_transfers_completed(deps_.transfers->completed());
+  resp->set_transfers_failed(deps_.transfers->failed());
+  if (deps_.fill_status) deps_.fill_status(resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status LocalService::GetTopology(grpc::ServerContext*, const v1::GetTopologyRequest*,
+                                       v1::GetTopologyResponse* resp) {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  resp->set_hostname(host);
+  if (deps_.fill_topology) deps_.fill_topology(resp);
+  return grpc::Status::OK;
+}
+
+}  // namespace ferry

@@ -1,0 +1,84 @@
+// LocalService: the ferry.v1.Agent gRPC API that workload pods call on the unix socket.
+//
+// This is the trust boundary: every request is validated here and answered with a
+// gRPC status that names the offending field and the allowed range. Inside the agent,
+// errors are absl::Status; they become grpc::Status only on the way out.
+#ifndef FERRY_AGENT_SERVICE_LOCAL_SERVICE_H_
+#define FERRY_AGENT_SERVICE_LOCAL_SERVICE_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "agent/config/config.h"
+#include "agent/memory/region_table.h"
+#include "agent/metrics/metrics.h"
+#include "agent/session/session_registry.h"
+#include "agent/transfer/executor.h"
+#include "agent/transfer/transfer.h"
+#include "proto/ferry/v1/ferry.grpc.pb.h"
+
+namespace ferry {
+
+struct LocalServiceDeps {
+  const AgentConfig* config = nullptr;
+  uint64_t incarnation = 0;
+  // Peer address written into descriptors; empty when the agent has no peer service.
+  std::string advertise_address;
+  Metrics* metrics = nullptr;
+  RegionTable* regions = nullptr;
+  SessionRegistry* sessions = nullptr;
+  TransferManager* transfers = nullptr;
+  TransferExecutor* local = nullptr;
+  // Cross-node executor; null when the agent runs without fabric/peers.
+  TransferExecutor* remote = nullptr;
+  // Attaches fabric registrations to new regions; null without fabric.
+  RegionRegistrar* registrar = nullptr;
+  // Adds fabric, NIC and peer details to GetStatus; may be null.
+  std::function<void(v1::GetStatusResponse*)> fill_status;
+  std::function<void(v1::GetTopologyResponse*)> fill_topology;
+};
+
+class LocalService final : public v1::Agent::Service {
+ public:
+  explicit LocalService(LocalServiceDeps deps);
+
+  // Makes streaming RPCs return (within ~200 ms) so the server can shut down.
+  void BeginShutdown() { shutting_down_.store(true); }
+
+  grpc::Status RegisterMemory(grpc::ServerContext* ctx, const v1::RegisterMemoryRequest* req,
+                              v1::RegisterMemoryResponse* resp) override;
+  grpc::Status DeregisterMemory(grpc::ServerContext* ctx, const v1::DeregisterMemoryRequest* req,
+                                v1::DeregisterMemoryResponse* resp) override;
+  grpc::Status Write(grpc::ServerContext* ctx, const v1::WriteRequest* req, v1::WriteResponse* resp) override;
+  grpc::Status Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req, v1::WaitResponse* resp) override;
+  grpc::Status WatchCompletions(grpc::ServerContext* ctx, const v1::WatchCompletionsRequest* req,
+                                grpc::ServerWriter<v1::TransferResult>* writer) override;
+  grpc::Status WatchNotifications(grpc::ServerContext* ctx, const v1::WatchNotificationsRequest* req,
+                                  grpc::ServerWriter<v1::Notification>* writer) override;
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest* req,
+                         v1::GetStatusResponse* resp) override;
+  grpc::Status GetTopology(grpc::ServerContext* ctx, const v1::GetTopologyRequest* req,
+                           v1::GetTopologyResponse* resp) override;
+
+ private:
+  absl::StatusOr<std::shared_ptr<Session>> SessionOf(grpc::ServerContext* ctx) const;
+  absl::StatusOr<v1::RegisterMemoryResponse> DoRegister(Session& session, const v1::RegisterMemoryRequest& req);
+  absl::StatusOr<uint64_t> DoWrite(const std::shared_ptr<Session>& session, const v1::WriteRequest& req);
+  // Counts errors by API and code, converts to grpc::Status.
+  grpc::Status Reply(const char* api, const absl::Status& status);
+  template <typename Event>
+  grpc::Status Drain(grpc::ServerContext* ctx, const char* api, EventQueue<Event>& (Session::*queue)(),
+                     grpc::ServerWriter<Event>* writer);
+
+  LocalServiceDeps deps_;
+  absl::Time started_;
+  std::atomic<bool> shutting_down_{false};
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_SERVICE_LOCAL_SERVICE_H_

@@ -1,0 +1,28 @@
+// TransferExecutor: something that moves a validated transfer's bytes.
+//
+// Implementations: HostCopier (agent/local, node-local memcpy) and the fabric engine
+// (agent/engine, one-sided RDMA writes). Tests may substitute an executor that injects
+// faults; the API layer only sees this interface.
+#ifndef FERRY_AGENT_TRANSFER_EXECUTOR_H_
+#define FERRY_AGENT_TRANSFER_EXECUTOR_H_
+
+#include <functional>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "agent/transfer/transfer.h"
+
+namespace ferry {
+
+class TransferExecutor {
+ public:
+  using Done = std::function<void(absl::Status)>;
+  virtual ~TransferExecutor() = default;
+  // Starts moving `t`'s bytes; calls `done` exactly once, from any thread, never from
+  // inside Submit. Must respect t->deadline (DEADLINE_EXCEEDED, never a hang).
+  virtual void Submit(std::shared_ptr<Transfer> t, Done done) = 0;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_TRANSFER_EXECUTOR_H_

@@ -1,0 +1,61 @@
+#include "agent/transfer/transfer.h"
+
+#include "absl/time/clock.h"
+
+namespace ferry {
+
+const char* PathLabel(v1::TransferPath path) {
+  switch (path) {
+    case v1::TRANSFER_PATH_LOCAL:
+      return "local";
+    case v1::TRANSFER_PATH_FABRIC:
+      return "fabric";
+    case v1::TRANSFER_PATH_STAGED:
+      return "staged";
+    default:
+      return "unknown";
+  }
+}
+
+void TransferManager::Finish(const Transfer& t, const absl::Status& status) {
+  const absl::Duration elapsed = absl::Now() - t.submitted;
+  const char* path = PathLabel(t.path);
+  metrics_->transfers_total(path, StatusCodeName(static_cast<int>(status.code()))).Increment();
+  metrics_->transfer_duration(path).Observe(absl::ToDoubleSeconds(elapsed));
+  (status.ok() ? completed_ : failed_).fetch_add(1);
+  if (status.ok() && t.path == v1::TRANSFER_PATH_LOCAL) {
+    // Node-local: this agent both sends and receives; no NIC is involved.
+    metrics_->transfer_bytes("tx", path, "none").Increment(static_cast<double>(t.plan.total_bytes));
+    metrics_->transfer_bytes("rx", path, "none").Increment(static_cast<double>(t.plan.total_bytes));
+  }
+  inflight_.fetch_sub(1);
+
+  v1::TransferResult result;
+  result.set_transfer_id(t.id);
+  result.set_code(static_cast<int>(status.code()));
+  result.set_message(std::string(status.message()));
+  result.set_bytes(status.ok() ? t.plan.total_bytes : 0);
+  result.set_duration_ns(absl::ToInt64Nanoseconds(elapsed));
+  result.set_path(t.path);
+  result.set_tag(t.tag);
+  // Notify the receiver before the writer learns of completion, so a writer that tells
+  // the receiver out of band never races its notification.
+  if (status.ok() && t.notify && t.dst != nullptr) {
+    v1::Notification n;
+    n.set_region_id(t.dst->id());
+    n.set_tag(t.tag);
+    n.set_transfer_id(t.id);
+    n.set_source_incarnation(incarnation_);
+    n.set_bytes(t.plan.total_bytes);
+    Notify(*t.dst, n);
+  }
+  t.session->FinishTransfer(result);
+}
+
+void TransferManager::Notify(const Region& region, const v1::Notification& n) {
+  std::shared_ptr<Session> owner = sessions_->FindById(region.owner_session());
+  if (owner == nullptr) return;  // the receiver is gone; its region goes with it
+  if (owner->notifications().Push(n)) metrics_->notifications().Increment();
+}
+
+}  // namespace ferry

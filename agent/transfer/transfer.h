@@ -1,0 +1,76 @@
+// Transfer and TransferManager: one Write, from submission to its result.
+//
+//   auto t = std::make_shared<Transfer>();
+//   t->id = manager.NextId(); ...                  // filled in by the API layer
+//   manager.Begin(*t);                             // counts it in flight
+//   executor->Submit(t, [&manager, t](absl::Status s) { manager.Finish(*t, s); });
+//
+// Finish() is the single place a transfer ends: it updates metrics, hands the result to
+// the writer's session (Wait / WatchCompletions) and, for node-local destinations,
+// notifies the destination region's owner.
+#ifndef FERRY_AGENT_TRANSFER_TRANSFER_H_
+#define FERRY_AGENT_TRANSFER_TRANSFER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "agent/memory/region.h"
+#include "agent/memory/region_table.h"
+#include "agent/metrics/metrics.h"
+#include "agent/session/session_registry.h"
+#include "agent/transfer/chunk_plan.h"
+#include "proto/ferry/v1/ferry.pb.h"
+
+namespace ferry {
+
+struct Transfer {
+  uint64_t id = 0;
+  std::shared_ptr<Session> session;  // the writer
+  v1::TransferPath path = v1::TRANSFER_PATH_UNSPECIFIED;
+  std::shared_ptr<Region> src;
+  ChunkPlan plan;
+  bool notify = false;
+  uint64_t tag = 0;
+  absl::Time submitted;
+  absl::Time deadline;
+  // Node-local destination (path LOCAL).
+  std::shared_ptr<Region> dst;
+  // Remote destination (path FABRIC / STAGED).
+  v1::RegionDescriptor dst_descriptor;
+};
+
+const char* PathLabel(v1::TransferPath path);  // "local", "fabric", "staged"
+
+class TransferManager {
+ public:
+  TransferManager(uint64_t incarnation, Metrics* metrics, SessionRegistry* sessions, RegionTable* regions)
+      : incarnation_(incarnation), metrics_(metrics), sessions_(sessions), regions_(regions) {}
+
+  uint64_t NextId() { return next_id_.fetch_add(1); }
+  void Begin(const Transfer& t) { inflight_.fetch_add(1); }
+  void Finish(const Transfer& t, const absl::Status& status);
+
+  // Delivers a notification to the owner of `region` if it still has a session.
+  void Notify(const Region& region, const v1::Notification& n);
+
+  uint64_t inflight() const { return inflight_.load(); }
+  uint64_t completed() const { return completed_.load(); }
+  uint64_t failed() const { return failed_.load(); }
+
+ private:
+  const uint64_t incarnation_;
+  Metrics* metrics_;
+  SessionRegistry* sessions_;
+  RegionTable* regions_;
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<uint64_t> inflight_{0};
+  std::atomic<uint64_t> completed_{0};
+  std::atomic<uint64_t> failed_{0};
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_TRANSFER_TRANSFER_H_

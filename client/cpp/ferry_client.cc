@@ -1,0 +1,248 @@
+#include "client/cpp/ferry_client.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/session/session_wire.h"
+
+namespace ferry {
+namespace {
+
+// Reads one frame, waiting at most `timeout`.
+absl::StatusOr<SessionFrame> ReadFrame(int fd, absl::Duration timeout) {
+  pollfd p{fd, POLLIN, 0};
+  int r = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+  if (r == 0) return absl::DeadlineExceededError("the agent did not answer on the session socket");
+  SessionFrame f{};
+  ssize_t n = recv(fd, &f, sizeof(f), 0);
+  if (n != sizeof(f) || f.magic != kSessionMagic) {
+    return absl::UnavailableError("the session socket closed or sent a malformed frame");
+  }
+  return f;
+}
+
+}  // namespace
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+absl::Status ResultStatus(const v1::TransferResult& r) {
+  return r.code() == 0 ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(r.code()), r.message());
+}
+
+// ---------------------------------------------------------------- HostBuffer
+
+absl::StatusOr<HostBuffer> HostBuffer::Create(uint64_t size) {
+  if (size == 0) return absl::InvalidArgumentError("HostBuffer size must be >= 1");
+  int fd = memfd_create("ferry-host-buffer", MFD_CLOEXEC);
+  if (fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", strerror(errno)));
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat("ftruncate(", size, "): ", strerror(errno)));
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat("mmap(", size, "): ", strerror(errno)));
+  }
+  return HostBuffer(fd, static_cast<uint8_t*>(p), size);
+}
+
+HostBuffer::HostBuffer(HostBuffer&& o) noexcept : fd_(o.fd_), data_(o.data_), size_(o.size_) {
+  o.fd_ = -1;
+  o.data_ = nullptr;
+}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
+  std::swap(fd_, o.fd_);
+  std::swap(data_, o.data_);
+  std::swap(size_, o.size_);
+  return *this;
+}
+
+HostBuffer::~HostBuffer() {
+  if (data_ != nullptr) munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
+}
+
+// ---------------------------------------------------------------- Client
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket) {
+  std::unique_ptr<Client> c(new Client());
+  const std::string session_path = SessionSocketPath(socket);
+  sockaddr_un addr{};
+  if (session_path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", session_path));
+  }
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, session_path.c_str(), session_path.size() + 1);
+  c->session_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (c->session_fd_ < 0 || connect(c->session_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to the ferry agent at ", session_path, ": ",
+                                               strerror(errno), " (is ferryd running?)"));
+  }
+  absl::StatusOr<SessionFrame> hello = ReadFrame(c->session_fd_, absl::Seconds(10));
+  if (!hello.ok()) return hello.status();
+  if (hello->type != static_cast<uint32_t>(SessionFrameType::kHello)) return absl::UnavailableError("the agent did not greet the session");
+  c->session_id_ = hello->a;
+  char token[16];
+  memcpy(token, &hello->b, 8);
+  memcpy(token + 8, &hello->c, 8);
+  c->token_hex_ = absl::BytesToHexString(absl::string_view(token, 16));
+
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  c->channel_ = grpc::CreateCustomChannel("unix:" + socket, grpc::InsecureChannelCredentials(), args);
+  c->stub_ = v1::Agent::NewStub(c->channel_);
+  return c;
+}
+
+Client::~Client() {
+  if (session_fd_ >= 0) close(session_fd_);
+}
+
+std::unique_ptr<grpc::ClientContext> Client::NewContext(absl::Duration timeout) const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->AddMetadata("ferry-session", token_hex_);
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return ctx;
+}
+
+absl::StatusOr<uint64_t> Client::SendFd(int fd) {
+  SessionFrame f{kSessionMagic, static_cast<uint32_t>(SessionFrameType::kAddFd), next_request_++, 0, 0};
+  iovec iov{&f, sizeof(f)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  if (sendmsg(session_fd_, &msg, MSG_NOSIGNAL) != sizeof(f)) {
+    return absl::UnavailableError(absl::StrCat("sending the fd to the agent failed: ", strerror(errno)));
+  }
+  absl::StatusOr<SessionFrame> reply = ReadFrame(session_fd_, absl::Seconds(10));
+  if (!reply.ok()) return reply.status();
+  if (reply->type != static_cast<uint32_t>(SessionFrameType::kFdAdded) || reply->a != f.a) return absl::InternalError("unexpected session frame");
+  if (reply->b == 0) {
+    return absl::ResourceExhaustedError("the agent refused the fd: too many unused fds in this session");
+  }
+  return reply->b;
+}
+
+absl::StatusOr<v1::RegisterMemoryResponse> Client::RegisterHost(const HostBuffer& buffer) {
+  absl::StatusOr<uint64_t> handle = SendFd(buffer.fd());
+  if (!handle.ok()) return handle.status();
+  v1::RegisterMemoryRequest req;
+  req.set_size(buffer.size());
+  req.mutable_host()->set_fd_handle(*handle);
+  v1::RegisterMemoryResponse resp;
+  auto ctx = NewContext();
+  absl::Status s = FromGrpc(stub_->RegisterMemory(ctx.get(), req, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::Status Client::Deregister(uint64_t region_id) {
+  v1::DeregisterMemoryRequest req;
+  req.set_region_id(region_id);
+  v1::DeregisterMemoryResponse resp;
+  auto ctx = NewContext();
+  return FromGrpc(stub_->DeregisterMemory(ctx.get(), req, &resp));
+}
+
+absl::StatusOr<uint64_t> Client::Write(const v1::WriteRequest& request) {
+  v1::WriteResponse resp;
+  auto ctx = NewContext();
+  absl::Status s = FromGrpc(stub_->Write(ctx.get(), request, &resp));
+  if (!s.ok()) return s;
+  return resp.transfer_id();
+}
+
+absl::StatusOr<uint64_t> Client::Write(uint64_t src_region, const v1::RegionDescriptor& dst,
+                                       const std::vector<ChunkSpec>& chunks, bool notify, uint64_t tag) {
+  v1::WriteRequest req;
+  req.set_src_region_id(src_region);
+  *req.mutable_dst() = dst;
+  for (const ChunkSpec& c : chunks) {
+    v1::Chunk* pc = req.mutable_chunks()->add_chunks();
+    pc->set_src_offset(c.src_offset);
+    pc->set_dst_offset(c.dst_offset);
+    pc->set_length(c.length);
+  }
+  req.set_notify(notify);
+  req.set_tag(tag);
+  return Write(req);
+}
+
+absl::StatusOr<uint64_t> Client::WriteBlocks(uint64_t src_region, const v1::RegionDescriptor& dst,
+                                             uint64_t block_size, const std::vector<uint64_t>& src_blocks,
+                                             const std::vector<uint64_t>& dst_blocks, bool notify, uint64_t tag) {
+  v1::WriteRequest req;
+  req.set_src_region_id(src_region);
+  *req.mutable_dst() = dst;
+  v1::PagedChunks* p = req.mutable_paged();
+  p->set_block_size(block_size);
+  p->mutable_src_blocks()->Add(src_blocks.begin(), src_blocks.end());
+  p->mutable_dst_blocks()->Add(dst_blocks.begin(), dst_blocks.end());
+  req.set_notify(notify);
+  req.set_tag(tag);
+  return Write(req);
+}
+
+absl::StatusOr<v1::TransferResult> Client::Wait(uint64_t transfer_id, absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  // Wait in slices: one Wait call blocks at most the agent's --max_wait_ms.
+  for (;;) {
+    absl::Duration left = deadline - absl::Now();
+    v1::WaitRequest req;
+    req.set_transfer_id(transfer_id);
+    req.set_timeout_ms(static_cast<uint32_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(left))));
+    v1::WaitResponse resp;
+    auto ctx = NewContext(left + absl::Seconds(5));
+    absl::Status s = FromGrpc(stub_->Wait(ctx.get(), req, &resp));
+    if (!s.ok()) return s;
+    if (resp.done()) return resp.result();
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("transfer ", transfer_id, " still running"));
+    }
+  }
+}
+
+absl::StatusOr<v1::TransferResult> Client::WriteAndWait(const v1::WriteRequest& request, absl::Duration timeout) {
+  absl::StatusOr<uint64_t> id = Write(request);
+  if (!id.ok()) return id.status();
+  absl::StatusOr<v1::TransferResult> r = Wait(*id, timeout);
+  if (!r.ok()) return r.status();
+  absl::Status s = ResultStatus(*r);
+  if (!s.ok()) return s;
+  return r;
+}
+
+absl::StatusOr<v1::GetStatusResponse> Client::GetStatus() {
+  v1::GetStatusResponse resp;
+  auto ctx = NewContext();
+  absl::Status s = FromGrpc(stub_->GetStatus(ctx.get(), v1::GetStatusRequest(), &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+}  // namespace ferry

@@ -1,0 +1,107 @@
+// ferry C++ client: a session with the local agent, host buffers, writes.
+//
+//   absl::StatusOr<std::unique_ptr<ferry::Client>> c = ferry::Client::Connect("/run/ferry/ferry.sock");
+//   absl::StatusOr<ferry::HostBuffer> buf = ferry::HostBuffer::Create(1 << 20);
+//   absl::StatusOr<ferry::v1::RegisterMemoryResponse> reg = (*c)->RegisterHost(*buf);
+//   std::string wire = reg->region().SerializeAsString();   // hand to another pod
+//
+//   // In the other pod:
+//   ferry::v1::RegionDescriptor dst;
+//   dst.ParseFromString(wire);
+//   absl::StatusOr<uint64_t> id = (*c)->Write(src_region, dst, {{0, 0, 4096}}, /*notify=*/true, /*tag=*/7);
+//   absl::StatusOr<ferry::v1::TransferResult> r = (*c)->Wait(*id, absl::Seconds(10));
+//
+// The session lasts as long as the Client: destroying it (or the process dying) makes
+// the agent reclaim every region the session registered.
+#ifndef FERRY_CLIENT_CPP_FERRY_CLIENT_H_
+#define FERRY_CLIENT_CPP_FERRY_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/ferry/v1/ferry.grpc.pb.h"
+
+namespace ferry {
+
+// Host memory the agent can map: a memfd of `size` bytes, mapped read-write here.
+class HostBuffer {
+ public:
+  static absl::StatusOr<HostBuffer> Create(uint64_t size);
+  HostBuffer(HostBuffer&& o) noexcept;
+  HostBuffer& operator=(HostBuffer&& o) noexcept;
+  ~HostBuffer();
+
+  uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  int fd() const { return fd_; }
+
+ private:
+  HostBuffer(int fd, uint8_t* data, uint64_t size) : fd_(fd), data_(data), size_(size) {}
+  int fd_ = -1;
+  uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+struct ChunkSpec {
+  uint64_t src_offset;
+  uint64_t dst_offset;
+  uint64_t length;
+};
+
+class Client {
+ public:
+  // Opens a session (session socket beside `socket`) and a gRPC channel on `socket`.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& socket);
+  ~Client();
+
+  uint64_t session_id() const { return session_id_; }
+
+  // Sends `fd` (a dup of it) on the session socket; returns the agent's fd handle.
+  absl::StatusOr<uint64_t> SendFd(int fd);
+
+  absl::StatusOr<v1::RegisterMemoryResponse> RegisterHost(const HostBuffer& buffer);
+  absl::Status Deregister(uint64_t region_id);
+
+  absl::StatusOr<uint64_t> Write(uint64_t src_region, const v1::RegionDescriptor& dst,
+                                 const std::vector<ChunkSpec>& chunks, bool notify = false, uint64_t tag = 0);
+  absl::StatusOr<uint64_t> WriteBlocks(uint64_t src_region, const v1::RegionDescriptor& dst, uint64_t block_size,
+                                       const std::vector<uint64_t>& src_blocks,
+                                       const std::vector<uint64_t>& dst_blocks, bool notify = false,
+                                       uint64_t tag = 0);
+  absl::StatusOr<uint64_t> Write(const v1::WriteRequest& request);
+  // Waits for a transfer; returns its result (whose code may be an error), or
+  // DEADLINE_EXCEEDED if it is still running after `timeout`.
+  absl::StatusOr<v1::TransferResult> Wait(uint64_t transfer_id, absl::Duration timeout);
+  // Write + Wait; the transfer's own error becomes the returned status.
+  absl::StatusOr<v1::TransferResult> WriteAndWait(const v1::WriteRequest& request, absl::Duration timeout);
+
+  absl::StatusOr<v1::GetStatusResponse> GetStatus();
+
+  // A context carrying this session's metadata, for calls on stub() directly.
+  std::unique_ptr<grpc::ClientContext> NewContext(absl::Duration timeout = absl::Seconds(30)) const;
+  v1::Agent::Stub* stub() const { return stub_.get(); }
+
+ private:
+  Client() = default;
+  int session_fd_ = -1;
+  uint64_t session_id_ = 0;
+  std::string token_hex_;
+  uint64_t next_request_ = 1;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Agent::Stub> stub_;
+};
+
+// gRPC status -> absl::Status, keeping code and message.
+absl::Status FromGrpc(const grpc::Status& s);
+// A TransferResult's code and message as a status.
+absl::Status ResultStatus(const v1::TransferResult& r);
+
+}  // namespace ferry
+
+#endif  // FERRY_CLIENT_CPP_FERRY_CLIENT_H_
