@@ -1,0 +1,89 @@
+#include "agent/transfer/chunk_plan.h"
+
+#include <catch2/catch.hpp>
+
+namespace ferry {
+namespace {
+
+v1::WriteRequest Chunks(std::vector<std::array<uint64_t, 3>> chunks) {
+  v1::WriteRequest r;
+  auto* list = r.mutable_chunks();
+  for (auto& c : chunks) {
+    auto* pc = list->add_chunks();
+    pc->set_src_offset(c[0]);
+    pc->set_dst_offset(c[1]);
+    pc->set_length(c[2]);
+  }
+  return r;
+}
+
+v1::WriteRequest Paged(uint64_t block, std::vector<uint64_t> src, std::vector<uint64_t> dst, uint64_t src_base = 0,
+                       uint64_t dst_base = 0) {
+  v1::WriteRequest r;
+  auto* p = r.mutable_paged();
+  p->set_block_size(block);
+  p->mutable_src_blocks()->Add(src.begin(), src.end());
+  p->mutable_dst_blocks()->Add(dst.begin(), dst.end());
+  p->set_src_base(src_base);
+  p->set_dst_base(dst_base);
+  return r;
+}
+
+TEST_CASE("chunk lists become copies with their total") {
+  auto plan = BuildChunkPlan(Chunks({{0, 100, 10}, {50, 0, 20}}), 100, 200, {});
+  REQUIRE(plan.ok());
+  REQUIRE(plan->chunks.size() == 2);
+  CHECK(plan->chunks[1].src_offset == 50);
+  CHECK(plan->total_bytes == 30);
+}
+
+TEST_CASE("paged form expands base + id * block_size") {
+  auto plan = BuildChunkPlan(Paged(64, {3, 0}, {1, 2}, 8, 16), 1024, 1024, {});
+  REQUIRE(plan.ok());
+  REQUIRE(plan->chunks.size() == 2);
+  CHECK(plan->chunks[0].src_offset == 8 + 3 * 64);
+  CHECK(plan->chunks[0].dst_offset == 16 + 64);
+  CHECK(plan->total_bytes == 128);
+}
+
+TEST_CASE("ranges touching the end are accepted; one byte more is not") {
+  CHECK(BuildChunkPlan(Chunks({{90, 0, 10}}), 100, 100, {}).ok());
+  auto s = BuildChunkPlan(Chunks({{91, 0, 10}}), 100, 100, {}).status();
+  CHECK(s.code() == absl::StatusCode::kOutOfRange);
+  CHECK(BuildChunkPlan(Chunks({{0, 91, 10}}), 100, 100, {}).status().code() == absl::StatusCode::kOutOfRange);
+}
+
+TEST_CASE("overflowing offsets are out of range, not wrapped") {
+  CHECK(BuildChunkPlan(Chunks({{~0ull, 0, 2}}), 100, 100, {}).status().code() == absl::StatusCode::kOutOfRange);
+  CHECK(BuildChunkPlan(Paged(1ull << 32, {1ull << 32}, {0}), ~0ull, ~0ull, {}).status().code() ==
+        absl::StatusCode::kOutOfRange);
+  CHECK(BuildChunkPlan(Paged(8, {1}, {0}, ~0ull - 4), ~0ull, ~0ull, {}).status().code() ==
+        absl::StatusCode::kOutOfRange);
+}
+
+TEST_CASE("destination overlaps are refused, adjacency is fine") {
+  CHECK(BuildChunkPlan(Chunks({{0, 0, 10}, {0, 10, 10}}), 100, 100, {}).ok());
+  CHECK(BuildChunkPlan(Chunks({{0, 0, 10}, {0, 9, 10}}), 100, 100, {}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(BuildChunkPlan(Paged(10, {0, 1}, {2, 2}), 100, 100, {}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  // Overlapping *sources* are fine (broadcast a block to two places).
+  CHECK(BuildChunkPlan(Chunks({{0, 0, 10}, {0, 50, 10}}), 100, 100, {}).ok());
+}
+
+TEST_CASE("limits, empties and missing layouts") {
+  CHECK(BuildChunkPlan(Chunks({{0, 0, 1}, {0, 1, 1}, {0, 2, 1}}), 10, 10, {2}).status().code() ==
+        absl::StatusCode::kResourceExhausted);
+  CHECK(BuildChunkPlan(Paged(1, {0, 1, 2}, {0, 1, 2}), 10, 10, {2}).status().code() ==
+        absl::StatusCode::kResourceExhausted);
+  CHECK(BuildChunkPlan(Chunks({}), 10, 10, {}).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(BuildChunkPlan(Paged(0, {0}, {0}), 10, 10, {}).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(BuildChunkPlan(Paged(1, {0}, {}), 10, 10, {}).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(BuildChunkPlan(v1::WriteRequest(), 10, 10, {}).status().code() == absl::StatusCode::kInvalidArgument);
+  auto zero = BuildChunkPlan(Chunks({{0, 0, 0}}), 10, 10, {}).status();
+  CHECK(zero.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(zero.message()).find("chunks[0].length") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace ferry

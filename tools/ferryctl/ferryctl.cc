@@ -1,0 +1,119 @@
+// ferryctl: inspect a running ferryd.
+//
+//   ferryctl [--socket=/run/ferry/ferry.sock] status [--json]
+//   ferryctl [--socket=...] topology [--json]
+#include <cstdio>
+#include <string>
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "proto/ferry/v1/ferry.grpc.pb.h"
+
+ABSL_FLAG(std::string, socket, "/run/ferry/ferry.sock", "the agent's gRPC socket");
+ABSL_FLAG(bool, json, false, "print JSON instead of a table");
+ABSL_FLAG(int, timeout_ms, 5000, "RPC deadline");
+
+namespace {
+
+using ferry::v1::Agent;
+
+std::string HumanBytes(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return absl::StrFormat(u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+}
+
+int PrintJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = true;
+  opts.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+  printf("%s", out.c_str());
+  return 0;
+}
+
+int Status(Agent::Stub& stub, grpc::ClientContext& ctx) {
+  ferry::v1::GetStatusResponse s;
+  grpc::Status st = stub.GetStatus(&ctx, ferry::v1::GetStatusRequest(), &s);
+  if (!st.ok()) {
+    fprintf(stderr, "ferryctl: GetStatus: %s\n", st.error_message().c_str());
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(s);
+  printf("%-22s %s\n", "version", s.version().c_str());
+  printf("%-22s %016llx\n", "incarnation", static_cast<unsigned long long>(s.incarnation()));
+  printf("%-22s %s\n", "socket", s.socket().c_str());
+  printf("%-22s %s\n", "peer address", s.peer_address().empty() ? "(none: node-local only)" : s.peer_address().c_str());
+  printf("%-22s %s\n", "metrics", s.metrics_address().c_str());
+  printf("%-22s %llus\n", "uptime", static_cast<unsigned long long>(s.uptime_seconds()));
+  printf("%-22s %u\n", "sessions", s.sessions());
+  printf("%-22s %u (%s)\n", "regions", s.regions(), HumanBytes(s.registered_bytes()).c_str());
+  printf("%-22s %u in flight, %llu completed, %llu failed\n", "transfers", s.transfers_inflight(),
+         static_cast<unsigned long long>(s.transfers_completed()),
+         static_cast<unsigned long long>(s.transfers_failed()));
+  printf("%-22s %s\n", "fabric provider", s.fabric_provider().empty() ? "(none)" : s.fabric_provider().c_str());
+  if (s.nics_size() > 0) {
+    printf("\n%-10s %-14s %-28s %12s %12s %8s %s\n", "NIC", "provider", "address", "tx", "rx", "inflight", "cpus");
+    for (const auto& n : s.nics()) {
+      printf("%-10s %-14s %-28s %12s %12s %8llu %s\n", n.name().c_str(), n.provider().c_str(), n.address().c_str(),
+             HumanBytes(n.tx_bytes()).c_str(), HumanBytes(n.rx_bytes()).c_str(),
+             static_cast<unsigned long long>(n.ops_inflight()), absl::StrJoin(n.cpus(), ",").c_str());
+    }
+  }
+  if (s.peers_size() > 0) {
+    printf("\n%-24s %-18s %-10s %s\n", "peer", "incarnation", "state", "open regions");
+    for (const auto& p : s.peers()) {
+      printf("%-24s %016llx   %-10s %llu\n", p.address().c_str(), static_cast<unsigned long long>(p.incarnation()),
+             p.state().c_str(), static_cast<unsigned long long>(p.open_regions()));
+    }
+  }
+  return 0;
+}
+
+int Topology(Agent::Stub& stub, grpc::ClientContext& ctx) {
+  ferry::v1::GetTopologyResponse t;
+  grpc::Status st = stub.GetTopology(&ctx, ferry::v1::GetTopologyRequest(), &t);
+  if (!st.ok()) {
+    fprintf(stderr, "ferryctl: GetTopology: %s\n", st.error_message().c_str());
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(t);
+  printf("host %s: %d GPUs, %d NICs, %d NUMA nodes\n", t.hostname().c_str(), t.gpus_size(), t.nics_size(),
+         t.numa_nodes_size());
+  for (const auto& n : t.numa_nodes()) printf("  numa%d cpus %s\n", n.numa_node(), absl::StrJoin(n.cpus(), ",").c_str());
+  for (const auto& n : t.nics()) printf("  nic %s %s\n", n.name().c_str(), n.fabric_address().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("ferryctl [--socket=PATH] status|topology [--json]");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    fprintf(stderr, "usage: ferryctl [--socket=PATH] status|topology [--json]\n");
+    return 2;
+  }
+  auto channel = grpc::CreateChannel("unix:" + absl::GetFlag(FLAGS_socket), grpc::InsecureChannelCredentials());
+  auto stub = Agent::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms))));
+  std::string cmd = args[1];
+  if (cmd == "status") return Status(*stub, ctx);
+  if (cmd == "topology") return Topology(*stub, ctx);
+  fprintf(stderr, "ferryctl: unknown command '%s' (status, topology)\n", cmd.c_str());
+  return 2;
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs every test: `bazel test //...`. Extra arguments go to Bazel, e.g.
+#   tools/test.sh --config=asan
+# Prints the logs of failing tests and ends with the line "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
+
+log=$(mktemp /tmp/ferry-test.XXXXXX)
+trap 'rm -f "$log"' EXIT
+bazel test //... --test_summary=short "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+
+passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
+failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE)' "$log")
+if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  failed=1  # the build itself failed, or Bazel stopped before testing
+fi
+
+if [ "$failed" -ne 0 ]; then
+  echo
+  echo "== failing tests =="
+  grep -E '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE)' "$log"
+  for t in $(grep -oE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT)' "$log" | awk '{print $1}'); do
+    path=${t#//}; path=${path/://}
+    f="bazel-testlogs/$path/test.log"
+    if [ -f "$f" ]; then
+      echo "---- $t (last 60 lines of $f) ----"
+      tail -n 60 "$f"
+    fi
+  done
+fi
+echo "$passed passed, $failed failed"
+[ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]
