@@ -25,6 +25,8 @@ struct AgentConfig {
   std::string advertise_address;
   std::string fabric_provider = "auto";
   std::vector<std::string> fabric_ifaces;  // one per NIC: IPv4 address or interface name
+  size_t fabric_tx_size = 0;               // > 0 overrides the provider's queue depth
+  uint64_t fabric_max_op_bytes = 4 << 20;  // larger chunks are split (and striped)
 
   uint64_t max_region_bytes = 1ull << 40;
   uint64_t max_chunks_per_write = 1 << 20;

@@ -29,7 +29,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentConfig& config) {
 }
 
 absl::Status Agent::Init() {
-  metrics_ = std::make_unique<Metrics>(kFerryVersion, "", config_.fabric_provider);
+  metrics_ = std::make_unique<Metrics>();
   Metrics* m = metrics_.get();
   regions_ = std::make_unique<RegionTable>([m](MemoryKind kind, RegionTable::KindStats s) {
     m->regions(MemoryKindName(kind)).Set(static_cast<double>(s.regions));
@@ -52,9 +52,20 @@ absl::Status Agent::Init() {
   transfers_ = std::make_unique<TransferManager>(incarnation_, m, sessions_.get(), regions);
   local_copier_ = std::make_unique<HostCopier>(config_.local_copy_threads);
 
+  if (!config_.peer_address.empty()) {
+    absl::Status fabric = StartFabric();
+    if (!fabric.ok()) return fabric;
+    m->SetBuildInfo(kFerryVersion, LibfabricVersion(), engine_->provider());
+  } else {
+    m->SetBuildInfo(kFerryVersion, LibfabricVersion(), "");
+  }
+
   absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server = MetricsServer::Start(config_.metrics_address, m);
   if (!metrics_server.ok()) return metrics_server.status();
   metrics_server_ = std::move(*metrics_server);
+  // Report the bound port, not 0.
+  config_.metrics_address = absl::StrCat(config_.metrics_address.substr(0, config_.metrics_address.rfind(':')), ":",
+                                         metrics_server_->port());
 
   LocalServiceDeps deps;
   deps.config = &config_;
@@ -65,6 +76,11 @@ absl::Status Agent::Init() {
   deps.sessions = sessions_.get();
   deps.transfers = transfers_.get();
   deps.local = local_copier_.get();
+  if (engine_ != nullptr) {
+    deps.remote = engine_.get();
+    deps.registrar = engine_.get();
+    deps.fill_status = [e = engine_.get()](v1::GetStatusResponse* r) { e->FillStatus(r); };
+  }
   local_service_ = std::make_unique<LocalService>(std::move(deps));
 
   absl::Status claimed = ClaimSocketPath(config_.socket);
@@ -93,8 +109,41 @@ absl::Status Agent::Init() {
 
   FERRY_LOG(INFO) << "ferryd " << kFerryVersion << " incarnation " << incarnation_ << " serving unix:"
                   << config_.socket << " (sessions " << config_.session_socket << "), metrics http://"
-                  << config_.metrics_address.substr(0, config_.metrics_address.rfind(':')) << ":"
-                  << metrics_server_->port() << "/metrics";
+                  << config_.metrics_address << "/metrics";
+  return absl::OkStatus();
+}
+
+absl::Status Agent::StartFabric() {
+  FabricEngineOptions options;
+  options.provider = config_.fabric_provider;
+  options.ifaces = config_.fabric_ifaces;
+  options.incarnation = incarnation_;
+  options.tx_size = config_.fabric_tx_size;
+  options.max_op_bytes = config_.fabric_max_op_bytes;
+  absl::StatusOr<std::unique_ptr<FabricEngine>> engine = FabricEngine::Create(options, metrics_.get());
+  if (!engine.ok()) return engine.status();
+  engine_ = std::move(*engine);
+
+  peer_service_ = std::make_unique<PeerService>(incarnation_, engine_->nics(), regions_.get(), transfers_.get(),
+                                                metrics_.get());
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config_.peer_address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(peer_service_.get());
+  peer_server_ = builder.BuildAndStart();
+  if (peer_server_ == nullptr || port == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot serve the peer API on ", config_.peer_address,
+                                                      " (--peer_address)"));
+  }
+  advertise_address_ = config_.advertise_address;
+  if (advertise_address_.empty()) {
+    // A wildcard bind is not an address others can dial: use the first NIC's.
+    std::string host = config_.peer_address.substr(0, config_.peer_address.rfind(':'));
+    if (host.empty() || host == "0.0.0.0" || host == "[::]") host = engine_->nics()[0]->iface();
+    advertise_address_ = absl::StrCat(host, ":", port);
+  }
+  engine_->StartPeers(advertise_address_, grpc::InsecureChannelCredentials());
+  FERRY_LOG(INFO) << "peer API on " << config_.peer_address << ", advertised as " << advertise_address_;
   return absl::OkStatus();
 }
 
@@ -109,8 +158,11 @@ void Agent::Shutdown(absl::Duration grace) {
     FERRY_LOG(WARNING) << transfers_->inflight() << " transfers still in flight after the grace period";
   }
   if (local_server_) local_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  if (peer_server_) peer_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (session_server_) session_server_->Stop();
   if (sessions_) sessions_->CloseAll();
+  // After the sessions: their regions' fabric registrations close before the NICs do.
+  if (engine_) engine_->Shutdown();
   local_copier_.reset();  // finishes queued copies
   if (local_server_) unlink(config_.socket.c_str());
   metrics_server_.reset();

@@ -14,9 +14,11 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "agent/config/config.h"
+#include "agent/engine/fabric_engine.h"
 #include "agent/local/host_copier.h"
 #include "agent/memory/region_table.h"
 #include "agent/metrics/metrics.h"
+#include "agent/peers/peer_service.h"
 #include "agent/service/local_service.h"
 #include "agent/session/session_registry.h"
 #include "agent/session/session_socket.h"
@@ -40,6 +42,8 @@ class Agent {
  private:
   explicit Agent(const AgentConfig& config);
   absl::Status Init();
+  // Opens the NICs and serves the peer API; sets advertise_address_.
+  absl::Status StartFabric();
 
   AgentConfig config_;
   const uint64_t incarnation_;
@@ -49,6 +53,9 @@ class Agent {
   std::unique_ptr<SessionRegistry> sessions_;
   std::unique_ptr<TransferManager> transfers_;
   std::unique_ptr<HostCopier> local_copier_;
+  std::unique_ptr<FabricEngine> engine_;
+  std::unique_ptr<PeerService> peer_service_;
+  std::unique_ptr<grpc::Server> peer_server_;
   std::unique_ptr<LocalService> local_service_;
   std::unique_ptr<grpc::Server> local_server_;
   std::unique_ptr<SessionSocketServer> session_server_;

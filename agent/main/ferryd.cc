@@ -34,6 +34,10 @@ ABSL_FLAG(std::string, fabric_provider, "auto",
 ABSL_FLAG(std::string, fabric_iface, "",
           "Comma-separated NIC addresses or interface names, one fabric endpoint each. Required with "
           "--peer_address: the agent never guesses an interface.");
+ABSL_FLAG(uint64_t, fabric_tx_size, 0,
+          "Transmit queue depth per NIC; 0 keeps the provider's. Small values force -FI_EAGAIN (tests).");
+ABSL_FLAG(uint64_t, fabric_max_op_bytes, 4 << 20,
+          "Largest single RDMA write; larger chunks are split so they stripe over the NICs.");
 ABSL_FLAG(uint64_t, max_region_bytes, 1ull << 40, "Largest region one RegisterMemory may register.");
 ABSL_FLAG(uint64_t, max_chunks_per_write, 1 << 20, "Most chunks (or paged blocks) in one Write.");
 ABSL_FLAG(uint64_t, max_pending_fds, 64, "Most fds a session may hold before registering them.");
@@ -98,6 +102,8 @@ int main(int argc, char** argv) {
   config.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   config.fabric_provider = absl::GetFlag(FLAGS_fabric_provider);
   config.fabric_ifaces = absl::StrSplit(absl::GetFlag(FLAGS_fabric_iface), ',', absl::SkipEmpty());
+  config.fabric_tx_size = absl::GetFlag(FLAGS_fabric_tx_size);
+  config.fabric_max_op_bytes = absl::GetFlag(FLAGS_fabric_max_op_bytes);
   config.max_region_bytes = absl::GetFlag(FLAGS_max_region_bytes);
   config.max_chunks_per_write = absl::GetFlag(FLAGS_max_chunks_per_write);
   config.max_pending_fds = absl::GetFlag(FLAGS_max_pending_fds);

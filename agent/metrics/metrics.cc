@@ -27,7 +27,7 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
 
 }  // namespace
 
-Metrics::Metrics(const std::string& version, const std::string& libfabric_version, const std::string& provider)
+Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       transfer_bytes_(BuildCounter()
                           .Name("ferry_transfer_bytes_total")
@@ -82,16 +82,20 @@ Metrics::Metrics(const std::string& version, const std::string& libfabric_versio
                   .Name("ferry_errors_total")
                   .Help("API calls answered with an error, by API and gRPC status code")
                   .Register(*registry_)) {
+  for (const char* kind : {"host", "cuda"}) {
+    regions(kind).Set(0);
+    registered_bytes(kind).Set(0);
+  }
+}
+
+void Metrics::SetBuildInfo(const std::string& version, const std::string& libfabric_version,
+                           const std::string& provider) {
   BuildGauge()
       .Name("ferry_build_info")
       .Help("Build information; always 1")
       .Register(*registry_)
       .Add({{"version", version}, {"libfabric_version", libfabric_version}, {"provider", provider}})
       .Set(1);
-  for (const char* kind : {"host", "cuda"}) {
-    regions(kind).Set(0);
-    registered_bytes(kind).Set(0);
-  }
 }
 
 prometheus::Histogram& Metrics::transfer_duration(const std::string& path) {

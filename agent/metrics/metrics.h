@@ -1,6 +1,7 @@
 // Metrics: every Prometheus metric the agent exports, in one registry.
 //
-//   Metrics m("0.1.0", "1.17.0", "tcp;ofi_rxm");
+//   Metrics m;
+//   m.SetBuildInfo("0.1.0", "1.17", "tcp;ofi_rxm");
 //   m.transfers_total("local", "OK").Increment();
 //   absl::StatusOr<std::unique_ptr<MetricsServer>> s = MetricsServer::Start("127.0.0.1:9464", &m);
 //
@@ -28,7 +29,9 @@ namespace ferry {
 
 class Metrics {
  public:
-  Metrics(const std::string& version, const std::string& libfabric_version, const std::string& provider);
+  Metrics();
+  // ferry_build_info; call once, when the fabric provider is known ("" without fabric).
+  void SetBuildInfo(const std::string& version, const std::string& libfabric_version, const std::string& provider);
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 

@@ -185,6 +185,8 @@ absl::StatusOr<uint64_t> LocalService::DoWrite(const std::shared_ptr<Session>& s
       BuildChunkPlan(req, (*src)->size(), dst_size, ChunkLimits{cfg.max_chunks_per_write});
   if (!plan.ok()) return plan.status();
   t->plan = std::move(*plan);
+  absl::Status prepared = executor->Prepare(*t);
+  if (!prepared.ok()) return prepared;
 
   t->id = deps_.transfers->NextId();
   absl::Status begun = session->BeginTransfer(t->id);

@@ -18,6 +18,10 @@ class TransferExecutor {
  public:
   using Done = std::function<void(absl::Status)>;
   virtual ~TransferExecutor() = default;
+  // Synchronous checks before the transfer is accepted (e.g. resolving a remote region
+  // and checking bounds against it). An error here is the Write call's own error, so
+  // nothing has moved. May fill t.executor_context for Submit.
+  virtual absl::Status Prepare(Transfer& t) { return absl::OkStatus(); }
   // Starts moving `t`'s bytes; calls `done` exactly once, from any thread, never from
   // inside Submit. Must respect t->deadline (DEADLINE_EXCEEDED, never a hang).
   virtual void Submit(std::shared_ptr<Transfer> t, Done done) = 0;

@@ -26,6 +26,12 @@
 
 namespace ferry {
 
+// What an executor attaches to a transfer in Prepare (e.g. the resolved peer).
+class ExecutorContext {
+ public:
+  virtual ~ExecutorContext() = default;
+};
+
 struct Transfer {
   uint64_t id = 0;
   std::shared_ptr<Session> session;  // the writer
@@ -40,6 +46,7 @@ struct Transfer {
   std::shared_ptr<Region> dst;
   // Remote destination (path FABRIC / STAGED).
   v1::RegionDescriptor dst_descriptor;
+  std::shared_ptr<ExecutorContext> executor_context;
 };
 
 const char* PathLabel(v1::TransferPath path);  // "local", "fabric", "staged"

@@ -1,0 +1,300 @@
+#include "agent/engine/fabric_engine.h"
+
+#include <algorithm>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/common/log.h"
+
+namespace ferry {
+namespace {
+
+// What Prepare resolved for Submit.
+struct RemoteTarget : ExecutorContext {
+  std::shared_ptr<PeerConnection> peer;
+  std::shared_ptr<RemoteRegion> region;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricEngineOptions& options,
+                                                                  Metrics* metrics) {
+  if (options.ifaces.empty()) return absl::InvalidArgumentError("--fabric_iface: at least one NIC is needed");
+  std::unique_ptr<FabricEngine> e(new FabricEngine(options, metrics));
+  for (size_t i = 0; i < options.ifaces.size(); ++i) {
+    FabricNicOptions o;
+    o.provider = options.provider;
+    o.iface = options.ifaces[i];
+    o.index = static_cast<int>(i);
+    o.tx_size = options.tx_size;
+    absl::StatusOr<std::unique_ptr<FabricNic>> nic = FabricNic::Open(o);
+    if (!nic.ok()) return nic.status();
+    if (!e->nics_.empty() && (*nic)->provider() != e->nics_[0]->provider()) {
+      return absl::FailedPreconditionError("--fabric_iface: all NICs must resolve to the same provider");
+    }
+    e->nics_.push_back(std::move(*nic));
+  }
+  for (auto& nic : e->nics_) {
+    e->workers_.push_back(std::make_unique<RailWorker>(nic.get(), metrics));
+    e->workers_.back()->Start();
+  }
+  e->watchdog_ = std::thread([p = e.get()] { p->Watchdog(); });
+  for (int i = 0; i < options.notify_threads; ++i) e->notifiers_.emplace_back([p = e.get()] { p->NotifyLoop(); });
+  return e;
+}
+
+FabricEngine::~FabricEngine() { Shutdown(); }
+
+void FabricEngine::StartPeers(const std::string& self_address, std::shared_ptr<grpc::ChannelCredentials> creds) {
+  PeerTable::Self self{options_.incarnation, self_address, provider(), {}};
+  for (const auto& nic : nics_) self.fabric_addresses.push_back(nic->address());
+  peers_ = std::make_unique<PeerTable>(std::move(self), nics(), std::move(creds),
+                                       [this](const PeerConnection& p) { FailTransfersTo(p); });
+}
+
+std::vector<FabricNic*> FabricEngine::nics() const {
+  std::vector<FabricNic*> out;
+  for (const auto& n : nics_) out.push_back(n.get());
+  return out;
+}
+
+void FabricEngine::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  // Transfers still running fail now; their unposted ops are dropped by the workers.
+  std::vector<std::shared_ptr<TransferState>> live;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& w : active_) {
+      if (auto s = w.lock()) live.push_back(std::move(s));
+    }
+  }
+  for (auto& s : live) s->Finish(absl::UnavailableError("the agent is shutting down"));
+  if (watchdog_.joinable()) watchdog_.join();
+  for (std::thread& t : notifiers_) t.join();
+  notifiers_.clear();
+  for (auto& w : workers_) w->Stop();
+  peers_.reset();
+}
+
+absl::StatusOr<RegionRegistration> FabricEngine::Register(const MemoryBacking& backing) {
+  if (backing.kind() != MemoryKind::kHost) {
+    return absl::FailedPreconditionError("the fabric engine registers host memory only");
+  }
+  RegionRegistration reg;
+  auto owner = std::make_unique<FabricRegistrations>();
+  for (const auto& nic : nics_) {
+    fid_mr* mr = nullptr;
+    absl::StatusOr<NicRegistration> r = nic->Register(backing.data(), backing.size(), &mr);
+    if (!r.ok()) return r.status();  // `owner` closes the MRs registered so far
+    owner->Add(mr);
+    reg.nics.push_back(*r);
+  }
+  reg.owner = std::move(owner);
+  return reg;
+}
+
+absl::Status FabricEngine::Prepare(Transfer& t) {
+  if (peers_ == nullptr) return absl::FailedPreconditionError("this agent has no peer service");
+  const v1::RegionDescriptor& d = t.dst_descriptor;
+  absl::StatusOr<std::shared_ptr<PeerConnection>> peer = peers_->Resolve(d, t.deadline);
+  if (!peer.ok()) return peer.status();
+  absl::StatusOr<std::shared_ptr<RemoteRegion>> region = (*peer)->OpenRegion(d, t.deadline);
+  if (!region.ok()) return region.status();
+  // Bounds against the region as its agent reports it, not the descriptor's claim.
+  for (size_t i = 0; i < t.plan.chunks.size(); ++i) {
+    const CopyChunk& c = t.plan.chunks[i];
+    if (c.dst_offset > (*region)->size || c.length > (*region)->size - c.dst_offset) {
+      return absl::OutOfRangeError(absl::StrCat("destination range of chunk ", i, " [", c.dst_offset, ", +", c.length,
+                                                ") is outside region ", d.region_id(), " (", (*region)->size,
+                                                " bytes on its agent)"));
+    }
+  }
+  if (t.src->nics().size() != nics_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("src_region_id ", t.src->id(), " is not registered with the fabric"));
+  }
+  auto target = std::make_shared<RemoteTarget>();
+  target->peer = std::move(*peer);
+  target->region = std::move(*region);
+  t.executor_context = std::move(target);
+  return absl::OkStatus();
+}
+
+void FabricEngine::Submit(std::shared_ptr<Transfer> t, Done done) {
+  auto target = std::static_pointer_cast<RemoteTarget>(t->executor_context);
+  const size_t local_nics = workers_.size();
+  const size_t remote_nics = target->peer->remote_nic_count();
+  const uint64_t max_op = std::max<uint64_t>(options_.max_op_bytes, 4096);
+
+  // Coalesce chunks that continue each other on both sides, then split to max_op.
+  std::vector<CopyChunk> pieces;
+  pieces.reserve(t->plan.chunks.size());
+  for (const CopyChunk& c : t->plan.chunks) {
+    if (!pieces.empty()) {
+      CopyChunk& last = pieces.back();
+      if (last.src_offset + last.length == c.src_offset && last.dst_offset + last.length == c.dst_offset &&
+          last.length + c.length <= max_op) {
+        last.length += c.length;
+        continue;
+      }
+    }
+    for (uint64_t off = 0; off < c.length; off += max_op) {
+      pieces.push_back({c.src_offset + off, c.dst_offset + off, std::min(max_op, c.length - off)});
+    }
+  }
+
+  std::vector<uint64_t> nic_bytes(remote_nics, 0);
+  for (size_t i = 0; i < pieces.size(); ++i) nic_bytes[(i % local_nics) % remote_nics] += pieces[i].length;
+
+  std::shared_ptr<PeerConnection> peer = target->peer;
+  auto state = std::make_shared<TransferState>(
+      t, peer, pieces.size(),
+      [this, t, peer, region_id = target->region->region_id, nic_bytes, done = std::move(done)](absl::Status s) {
+        if (!s.ok()) {
+          if (s.code() == absl::StatusCode::kUnavailable) {
+            peer->MarkSuspect();
+            peer->ForgetRegion(region_id);
+          }
+          done(s);
+        } else if (t->notify) {
+          Enqueue([this, t, nic_bytes, done] { SendNotify(t, nic_bytes, done); });
+        } else {
+          done(absl::OkStatus());
+        }
+      });
+  {
+    absl::MutexLock lock(&mu_);
+    active_.push_back(state);
+  }
+
+  std::vector<std::vector<WriteOp*>> per_nic(local_nics);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const size_t l = i % local_nics, r = l % remote_nics;
+    auto* op = new WriteOp();
+    op->state = state;
+    op->local = t->src->data() + pieces[i].src_offset;
+    op->length = pieces[i].length;
+    op->desc = t->src->nics()[l].local_desc;
+    op->peer = peer->fi_addr(l, r);
+    op->remote_addr = target->region->keys[r].base() + pieces[i].dst_offset;
+    op->key = target->region->keys[r].key();
+    per_nic[l].push_back(op);
+  }
+  for (size_t l = 0; l < local_nics; ++l) {
+    if (!per_nic[l].empty()) workers_[l]->Submit(std::move(per_nic[l]));
+  }
+}
+
+void FabricEngine::SendNotify(const std::shared_ptr<Transfer>& t, const std::vector<uint64_t>& nic_bytes, Done done) {
+  auto target = std::static_pointer_cast<RemoteTarget>(t->executor_context);
+  const v1::RegionDescriptor& d = t->dst_descriptor;
+  v1::NotifyRequest req;
+  req.set_target_incarnation(d.agent_incarnation());
+  req.set_region_id(d.region_id());
+  req.set_token(d.token());
+  req.set_transfer_id(t->id);
+  req.set_source_incarnation(options_.incarnation);
+  req.set_tag(t->tag);
+  req.set_bytes(t->plan.total_bytes);
+  req.set_deliver(true);
+  for (uint64_t b : nic_bytes) req.add_nic_bytes(b);
+  v1::NotifyResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(std::max(t->deadline, absl::Now() + absl::Milliseconds(100))));
+  grpc::Status s = target->peer->stub()->Notify(&ctx, req, &resp);
+  if (s.ok()) {
+    done(absl::OkStatus());
+  } else {
+    done(absl::UnavailableError(
+        absl::StrCat("the bytes landed but notifying agent ", d.agent_address(), " failed: ", s.error_message())));
+  }
+}
+
+void FabricEngine::Enqueue(std::function<void()> job) {
+  absl::MutexLock lock(&mu_);
+  jobs_.push_back(std::move(job));
+}
+
+void FabricEngine::NotifyLoop() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !jobs_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();
+  }
+}
+
+void FabricEngine::Watchdog() {
+  for (;;) {
+    std::vector<std::shared_ptr<TransferState>> expired;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      const absl::Time now = absl::Now();
+      auto keep = active_.begin();
+      for (auto& w : active_) {
+        std::shared_ptr<TransferState> s = w.lock();
+        if (s == nullptr || s->finished()) continue;
+        if (now > s->deadline()) {
+          expired.push_back(std::move(s));
+          continue;
+        }
+        *keep++ = std::move(w);
+      }
+      active_.erase(keep, active_.end());
+    }
+    for (auto& s : expired) {
+      s->Finish(absl::DeadlineExceededError(
+          absl::StrCat("transfer ", s->transfer().id, " to agent ", s->peer()->address(), " passed its deadline")));
+      s->peer()->MarkSuspect();
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+void FabricEngine::FailTransfersTo(const PeerConnection& peer) {
+  std::vector<std::shared_ptr<TransferState>> hit;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& w : active_) {
+      std::shared_ptr<TransferState> s = w.lock();
+      if (s != nullptr && s->peer().get() == &peer) hit.push_back(std::move(s));
+    }
+  }
+  for (auto& s : hit) {
+    s->Finish(absl::UnavailableError(absl::StrCat("agent ", peer.address(), " restarted or became unreachable")));
+  }
+}
+
+void FabricEngine::FillStatus(v1::GetStatusResponse* resp) const {
+  resp->set_fabric_provider(provider());
+  for (const auto& w : workers_) {
+    v1::NicStatus* n = resp->add_nics();
+    n->set_name(w->nic()->name());
+    n->set_provider(w->nic()->provider());
+    n->set_address(w->nic()->address_string());
+    n->set_tx_bytes(w->tx_bytes());
+    n->set_ops_inflight(w->inflight());
+    for (int c : w->cpus()) n->add_cpus(c);
+  }
+  if (peers_ == nullptr) return;
+  for (const PeerTable::PeerInfo& p : peers_->List()) {
+    v1::PeerStatus* ps = resp->add_peers();
+    ps->set_address(p.address);
+    ps->set_incarnation(p.incarnation);
+    ps->set_state(p.state);
+    ps->set_open_regions(p.open_regions);
+  }
+}
+
+}  // namespace ferry

@@ -1,0 +1,90 @@
+// FabricEngine: cross-node transfers over libfabric.
+//
+//   absl::StatusOr<std::unique_ptr<FabricEngine>> e = FabricEngine::Create(options, metrics);
+//   (*e)->StartPeers(self_address, credentials);   // once the peer server is bound
+//   // as RegionRegistrar: every new region is registered on every NIC
+//   // as TransferExecutor: Prepare() resolves the destination, Submit() moves the bytes
+//
+// A transfer becomes WriteOps: adjacent chunks are coalesced, large ones split at
+// `max_op_bytes`, and the pieces striped round-robin over the local NICs (local NIC i
+// writes to remote NIC i mod R). Each NIC's RailWorker posts and completes its ops.
+// Once every op reported delivery-complete, the target agent is told over gRPC (Notify)
+// when the writer asked for a notification; only then does the writer see success.
+// A watchdog enforces each transfer's deadline; a peer restart fails its transfers with
+// UNAVAILABLE.
+#ifndef FERRY_AGENT_ENGINE_FABRIC_ENGINE_H_
+#define FERRY_AGENT_ENGINE_FABRIC_ENGINE_H_
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/engine/rail_worker.h"
+#include "agent/fabric/fabric_nic.h"
+#include "agent/memory/region.h"
+#include "agent/metrics/metrics.h"
+#include "agent/peers/peer_table.h"
+#include "agent/transfer/executor.h"
+
+namespace ferry {
+
+struct FabricEngineOptions {
+  std::string provider = "auto";
+  std::vector<std::string> ifaces;
+  uint64_t incarnation = 0;
+  // Largest single write; larger chunks are split so they can stripe over NICs.
+  uint64_t max_op_bytes = 4 << 20;
+  size_t tx_size = 0;  // > 0 overrides the provider's queue depth
+  int notify_threads = 2;
+};
+
+class FabricEngine : public TransferExecutor, public RegionRegistrar {
+ public:
+  static absl::StatusOr<std::unique_ptr<FabricEngine>> Create(const FabricEngineOptions& options, Metrics* metrics);
+  ~FabricEngine() override;
+
+  // Enables outgoing transfers; `self_address` is this agent's peer address.
+  void StartPeers(const std::string& self_address, std::shared_ptr<grpc::ChannelCredentials> creds);
+  // Fails every transfer in flight with UNAVAILABLE and stops the workers (bounded).
+  void Shutdown();
+
+  absl::Status Prepare(Transfer& t) override;
+  void Submit(std::shared_ptr<Transfer> t, Done done) override;
+  absl::StatusOr<RegionRegistration> Register(const MemoryBacking& backing) override;
+
+  std::vector<FabricNic*> nics() const;
+  const std::string& provider() const { return nics_.front()->provider(); }
+  void FillStatus(v1::GetStatusResponse* resp) const;
+
+ private:
+  FabricEngine(const FabricEngineOptions& options, Metrics* metrics) : options_(options), metrics_(metrics) {}
+  void Watchdog();
+  void NotifyLoop();
+  void Enqueue(std::function<void()> job);
+  void FailTransfersTo(const PeerConnection& peer);
+  void SendNotify(const std::shared_ptr<Transfer>& t, const std::vector<uint64_t>& nic_bytes, Done done);
+
+  const FabricEngineOptions options_;
+  Metrics* metrics_;
+  std::vector<std::unique_ptr<FabricNic>> nics_;
+  std::vector<std::unique_ptr<RailWorker>> workers_;
+  std::unique_ptr<PeerTable> peers_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::weak_ptr<TransferState>> active_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::thread watchdog_;
+  std::vector<std::thread> notifiers_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_ENGINE_FABRIC_ENGINE_H_

@@ -1,0 +1,206 @@
+#include "agent/engine/rail_worker.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <rdma/fi_errno.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/common/log.h"
+
+namespace ferry {
+namespace {
+constexpr int kCqBatch = 64;
+// Empty loop turns before the worker blocks: long enough to catch the next completion
+// of a busy stream, short enough that an idle worker sleeps almost at once.
+constexpr int kSpinTurns = 256;
+}  // namespace
+
+RailWorker::RailWorker(FabricNic* nic, Metrics* metrics, std::vector<int> cpus)
+    : nic_(nic),
+      cpus_(std::move(cpus)),
+      tx_counter_(metrics->transfer_bytes("tx", "fabric", nic->name())),
+      op_duration_(metrics->op_duration(nic->name())),
+      inflight_gauge_(metrics->ops_inflight(nic->name())),
+      eagain_(metrics->fabric_eagain(nic->name())),
+      errors_(metrics->fabric_errors(nic->name())) {
+  event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+}
+
+RailWorker::~RailWorker() {
+  Stop();
+  if (event_fd_ >= 0) close(event_fd_);
+}
+
+void RailWorker::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void RailWorker::Stop() {
+  if (!thread_.joinable()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  Wake();
+  thread_.join();
+}
+
+void RailWorker::Submit(std::vector<WriteOp*> ops) {
+  {
+    absl::MutexLock lock(&mu_);
+    incoming_.insert(incoming_.end(), ops.begin(), ops.end());
+  }
+  has_incoming_.store(true, std::memory_order_release);
+  Wake();
+}
+
+void RailWorker::Wake() {
+  uint64_t one = 1;
+  ssize_t ignored = write(event_fd_, &one, sizeof(one));
+  (void)ignored;
+}
+
+bool RailWorker::TakeIncoming() {
+  if (!has_incoming_.exchange(false, std::memory_order_acq_rel)) return false;
+  std::vector<WriteOp*> batch;
+  {
+    absl::MutexLock lock(&mu_);
+    batch.swap(incoming_);
+  }
+  pending_.insert(pending_.end(), batch.begin(), batch.end());
+  return !batch.empty();
+}
+
+// Posts from the front of the queue until it is empty or the provider pushes back.
+bool RailWorker::PostPending() {
+  bool progressed = false;
+  const absl::Time now = absl::Now();
+  while (!pending_.empty()) {
+    WriteOp* op = pending_.front();
+    if (op->state->finished()) {  // deadline passed or failed: don't send the rest
+      pending_.pop_front();
+      op->state->OpDone(absl::CancelledError("transfer already finished"));
+      delete op;
+      progressed = true;
+      continue;
+    }
+    op->posted = now;
+    ssize_t rc = nic_->PostWrite(op->local, op->length, op->desc, op->peer, op->remote_addr, op->key,
+                                 &op->context, /*more=*/pending_.size() > 1);
+    if (rc == -FI_EAGAIN) {
+      eagain_.Increment();
+      break;  // the op stays at the front; progress the CQ, then retry
+    }
+    pending_.pop_front();
+    progressed = true;
+    if (rc != 0) {
+      errors_.Increment();
+      Complete(op, absl::UnavailableError(absl::StrCat(nic_->name(), ": posting a write failed: ", fi_strerror(-rc))));
+      continue;
+    }
+    ++inflight_;
+  }
+  inflight_pub_.store(inflight_, std::memory_order_relaxed);
+  inflight_gauge_.Set(static_cast<double>(inflight_));
+  return progressed;
+}
+
+void RailWorker::Complete(WriteOp* op, const absl::Status& status) {
+  if (status.ok()) {
+    tx_bytes_.fetch_add(op->length, std::memory_order_relaxed);
+    tx_counter_.Increment(static_cast<double>(op->length));
+    op_duration_.Observe(absl::ToDoubleSeconds(absl::Now() - op->posted));
+  }
+  op->state->OpDone(status);
+  delete op;
+}
+
+bool RailWorker::ReadCompletions() {
+  fi_cq_entry entries[kCqBatch];
+  ssize_t n = fi_cq_read(nic_->cq(), entries, kCqBatch);
+  if (n > 0) {
+    for (ssize_t i = 0; i < n; ++i) {
+      --inflight_;
+      Complete(static_cast<WriteOp*>(entries[i].op_context), absl::OkStatus());
+    }
+    return true;
+  }
+  if (n == -FI_EAVAIL) {
+    fi_cq_err_entry err{};
+    if (fi_cq_readerr(nic_->cq(), &err, 0) == 1) {
+      errors_.Increment();
+      auto* op = static_cast<WriteOp*>(err.op_context);
+      char buf[256];
+      const char* detail = fi_cq_strerror(nic_->cq(), err.prov_errno, err.err_data, buf, sizeof(buf));
+      if (op != nullptr) {
+        --inflight_;
+        Complete(op, absl::UnavailableError(absl::StrCat(nic_->name(), ": write to peer failed: ",
+                                                         fi_strerror(err.err), " (", detail ? detail : "", ")")));
+      }
+    }
+    return true;
+  }
+  return false;
+}
+
+void RailWorker::Sleep(bool busy) {
+  // Block until the CQ or the submit eventfd has something; fi_trywait makes sure no
+  // completion is already waiting. Busy (ops in flight): short timeout as a safety net.
+  const int timeout_ms = busy ? 1 : 100;
+  if (nic_->wait_fd() >= 0 && nic_->TryWait()) {
+    pollfd fds[2] = {{nic_->wait_fd(), POLLIN, 0}, {event_fd_, POLLIN, 0}};
+    poll(fds, 2, timeout_ms);
+  } else if (nic_->wait_fd() < 0) {
+    pollfd fd{event_fd_, POLLIN, 0};
+    poll(&fd, 1, busy ? 0 : 1);  // no wait object: poll the CQ at least every ms
+  }
+  uint64_t drained;
+  ssize_t ignored = read(event_fd_, &drained, sizeof(drained));
+  (void)ignored;
+}
+
+bool RailWorker::StopNow() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) return false;
+    if (stop_deadline_ == absl::InfiniteFuture()) stop_deadline_ = absl::Now() + absl::Seconds(2);
+    for (WriteOp* op : incoming_) pending_.push_back(op);
+    incoming_.clear();
+  }
+  if (pending_.empty() && inflight_ == 0) return true;
+  if (absl::Now() < stop_deadline_) return false;
+  // Ops still queued after the grace period are failed; ops the provider still holds
+  // are abandoned with the endpoint (their transfers were already finished by the engine).
+  for (WriteOp* op : pending_) Complete(op, absl::UnavailableError("the agent is shutting down"));
+  pending_.clear();
+  FERRY_LOG(WARNING) << nic_->name() << ": stopped with " << inflight_ << " writes still in flight";
+  return true;
+}
+
+void RailWorker::Loop() {
+  if (!cpus_.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : cpus_) CPU_SET(c, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  }
+  int idle_turns = 0;
+  for (;;) {
+    bool progressed = TakeIncoming();
+    progressed |= PostPending();
+    progressed |= ReadCompletions();
+    if (progressed) {
+      idle_turns = 0;
+      continue;
+    }
+    if (StopNow()) break;
+    if (++idle_turns < kSpinTurns) continue;
+    Sleep(/*busy=*/inflight_ > 0 || !pending_.empty());
+    idle_turns = 0;
+  }
+}
+
+}  // namespace ferry

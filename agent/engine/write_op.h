@@ -1,0 +1,88 @@
+// WriteOp and TransferState: the units the fabric engine moves.
+//
+// A transfer is split into WriteOps (one fi_writemsg each), spread over the NICs of its
+// rail. Every op holds the transfer's state, so the source region (and with it the
+// memory being read) outlives the last op even if the transfer already failed its
+// deadline. The first op error or the deadline, whichever comes first, decides the
+// result; later completions are counted and dropped.
+#ifndef FERRY_AGENT_ENGINE_WRITE_OP_H_
+#define FERRY_AGENT_ENGINE_WRITE_OP_H_
+
+#include <rdma/fabric.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "agent/transfer/transfer.h"
+
+namespace ferry {
+
+class PeerConnection;
+
+class TransferState {
+ public:
+  using Done = std::function<void(absl::Status)>;
+
+  TransferState(std::shared_ptr<Transfer> t, std::shared_ptr<PeerConnection> peer, uint64_t ops, Done done)
+      : transfer_(std::move(t)), peer_(std::move(peer)), remaining_(ops), done_(std::move(done)) {}
+
+  const Transfer& transfer() const { return *transfer_; }
+  const std::shared_ptr<PeerConnection>& peer() const { return peer_; }
+  absl::Time deadline() const { return transfer_->deadline; }
+  // True once the result is decided; ops of a finished transfer are not posted.
+  bool finished() const { return finished_.load(std::memory_order_acquire); }
+
+  // Called once per op. The last one finishes the transfer with the first error seen.
+  void OpDone(const absl::Status& status) {
+    if (!status.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (error_.ok()) error_ = status;
+    }
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      absl::Status result;
+      {
+        absl::MutexLock lock(&mu_);
+        result = error_;
+      }
+      Finish(result);
+    }
+  }
+
+  // Decides the result now (deadline, peer restart). Returns false if already decided.
+  bool Finish(const absl::Status& status) {
+    if (finished_.exchange(true, std::memory_order_acq_rel)) return false;
+    Done done = std::move(done_);
+    done(status);
+    return true;
+  }
+
+ private:
+  std::shared_ptr<Transfer> transfer_;
+  std::shared_ptr<PeerConnection> peer_;
+  std::atomic<uint64_t> remaining_;
+  std::atomic<bool> finished_{false};
+  absl::Mutex mu_;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  Done done_;
+};
+
+struct WriteOp {
+  fi_context2 context;  // first member: libfabric hands &context back in the completion
+  std::shared_ptr<TransferState> state;
+  const uint8_t* local = nullptr;
+  uint64_t length = 0;
+  void* desc = nullptr;
+  fi_addr_t peer = FI_ADDR_UNSPEC;
+  uint64_t remote_addr = 0;
+  uint64_t key = 0;
+  absl::Time posted;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_ENGINE_WRITE_OP_H_

@@ -1,0 +1,214 @@
+#include "agent/fabric/fabric_nic.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_errno.h>
+
+#include <cstring>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "agent/common/log.h"
+
+namespace ferry {
+namespace {
+
+constexpr uint32_t kFiVersion = FI_VERSION(1, 9);
+
+absl::Status FiError(const std::string& what, int rc) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", fi_strerror(-rc), " (", rc, ")"));
+}
+
+// Resolves an interface name to its IPv4 address; an address passes through.
+absl::StatusOr<std::string> ResolveIface(const std::string& iface) {
+  in_addr a;
+  if (inet_pton(AF_INET, iface.c_str(), &a) == 1) return iface;
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) return absl::InternalError("getifaddrs failed");
+  absl::Cleanup free_ifs = [ifs] { freeifaddrs(ifs); };
+  for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET && iface == i->ifa_name) {
+      char buf[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof(buf));
+      return std::string(buf);
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--fabric_iface '", iface, "' is neither an IPv4 address nor an interface with one"));
+}
+
+// Asks libfabric for an RDM endpoint with RMA writes from `provider` bound to `node`.
+absl::StatusOr<fi_info*> GetInfo(const std::string& provider, const std::string& node, size_t tx_size) {
+  fi_info* hints = fi_allocinfo();
+  absl::Cleanup free_hints = [hints] { fi_freeinfo(hints); };
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  // The modes ferry can honour; the provider keeps the ones it needs.
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->domain_attr->threading = FI_THREAD_SAFE;
+  hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+  if (tx_size > 0) hints->tx_attr->size = tx_size;
+  hints->fabric_attr->prov_name = strdup(provider.c_str());
+  fi_info* info = nullptr;
+  int rc = fi_getinfo(kFiVersion, node.c_str(), nullptr, FI_SOURCE, hints, &info);
+  if (rc != 0 || info == nullptr) return FiError(absl::StrCat("no ", provider, " endpoint on ", node), rc ? rc : -FI_ENODATA);
+  return info;
+}
+
+}  // namespace
+
+std::string LibfabricVersion() {
+  uint32_t v = fi_version();
+  return absl::StrCat(FI_MAJOR(v), ".", FI_MINOR(v));
+}
+
+absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOptions& options) {
+  absl::StatusOr<std::string> node = ResolveIface(options.iface);
+  if (!node.ok()) return node.status();
+  std::vector<std::string> candidates;
+  if (options.provider == "auto") {
+    candidates = {"efa", "verbs;ofi_rxm", "tcp;ofi_rxm"};
+  } else {
+    candidates = {options.provider};
+  }
+  fi_info* info = nullptr;
+  std::string tried;
+  for (const std::string& p : candidates) {
+    absl::StatusOr<fi_info*> i = GetInfo(p, *node, options.tx_size);
+    if (i.ok()) {
+      info = *i;
+      break;
+    }
+    absl::StrAppend(&tried, tried.empty() ? "" : "; ", i.status().message());
+  }
+  if (info == nullptr) return absl::FailedPreconditionError(absl::StrCat("no usable fabric provider: ", tried));
+
+  std::unique_ptr<FabricNic> nic(new FabricNic());
+  nic->info_ = info;
+  nic->name_ = absl::StrCat("nic", options.index);
+  nic->provider_ = info->fabric_attr->prov_name;
+  nic->iface_ = *node;
+  nic->mr_mode_ = info->domain_attr->mr_mode;
+  nic->max_msg_size_ = info->ep_attr->max_msg_size;
+  nic->tx_size_ = info->tx_attr->size;
+
+  int rc = fi_fabric(info->fabric_attr, &nic->fabric_, nullptr);
+  if (rc) return FiError("fi_fabric", rc);
+  rc = fi_domain(nic->fabric_, info, &nic->domain_, nullptr);
+  if (rc) return FiError("fi_domain", rc);
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  rc = fi_av_open(nic->domain_, &av_attr, &nic->av_, nullptr);
+  if (rc) return FiError("fi_av_open", rc);
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_CONTEXT;
+  cq_attr.size = std::max<size_t>(nic->tx_size_ * 2, 1024);
+  cq_attr.wait_obj = FI_WAIT_FD;
+  rc = fi_cq_open(nic->domain_, &cq_attr, &nic->cq_, nullptr);
+  if (rc) {
+    // No wait object: the worker falls back to polling with backoff.
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    rc = fi_cq_open(nic->domain_, &cq_attr, &nic->cq_, nullptr);
+    if (rc) return FiError("fi_cq_open", rc);
+  } else if (fi_control(&nic->cq_->fid, FI_GETWAIT, &nic->wait_fd_) != 0) {
+    nic->wait_fd_ = -1;
+  }
+  rc = fi_endpoint(nic->domain_, info, &nic->ep_, nullptr);
+  if (rc) return FiError("fi_endpoint", rc);
+  rc = fi_ep_bind(nic->ep_, &nic->av_->fid, 0);
+  if (rc) return FiError("fi_ep_bind(av)", rc);
+  rc = fi_ep_bind(nic->ep_, &nic->cq_->fid, FI_TRANSMIT | FI_RECV);
+  if (rc) return FiError("fi_ep_bind(cq)", rc);
+  rc = fi_enable(nic->ep_);
+  if (rc) return FiError("fi_enable", rc);
+
+  char name[256];
+  size_t len = sizeof(name);
+  rc = fi_getname(&nic->ep_->fid, name, &len);
+  if (rc) return FiError("fi_getname", rc);
+  nic->address_.assign(name, len);
+  FERRY_LOG(INFO) << nic->name_ << ": " << nic->provider_ << " on " << nic->iface_ << " address "
+                  << nic->address_string() << " mr_mode 0x" << std::hex << nic->mr_mode_ << std::dec
+                  << " tx_size " << nic->tx_size_ << (nic->wait_fd_ >= 0 ? " (wait fd)" : " (polling)");
+  return nic;
+}
+
+FabricNic::~FabricNic() {
+  if (ep_) fi_close(&ep_->fid);
+  if (cq_) fi_close(&cq_->fid);
+  if (av_) fi_close(&av_->fid);
+  if (domain_) fi_close(&domain_->fid);
+  if (fabric_) fi_close(&fabric_->fid);
+  if (info_) fi_freeinfo(info_);
+}
+
+std::string FabricNic::address_string() const {
+  char buf[256];
+  size_t len = sizeof(buf);
+  fi_av_straddr(av_, address_.data(), buf, &len);
+  return std::string(buf);
+}
+
+absl::StatusOr<NicRegistration> FabricNic::Register(void* buf, uint64_t len, fid_mr** mr_out) {
+  uint64_t requested_key = (mr_mode_ & FI_MR_PROV_KEY) ? 0 : next_key_.fetch_add(1);
+  fid_mr* mr = nullptr;
+  int rc = fi_mr_reg(domain_, buf, len, FI_WRITE | FI_REMOTE_WRITE, 0, requested_key, 0, &mr, nullptr);
+  if (rc) return FiError(absl::StrCat(name_, ": fi_mr_reg of ", len, " bytes"), rc);
+  if (mr_mode_ & FI_MR_ENDPOINT) {
+    rc = fi_mr_bind(mr, &ep_->fid, 0);
+    if (rc == 0) rc = fi_mr_enable(mr);
+    if (rc) {
+      fi_close(&mr->fid);
+      return FiError(absl::StrCat(name_, ": binding the MR to the endpoint"), rc);
+    }
+  }
+  NicRegistration reg;
+  reg.key = fi_mr_key(mr);
+  reg.local_desc = fi_mr_desc(mr);
+  reg.remote_base = (mr_mode_ & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(buf) : 0;
+  *mr_out = mr;
+  return reg;
+}
+
+absl::StatusOr<fi_addr_t> FabricNic::InsertPeer(const std::string& raw_address) {
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  int n = fi_av_insert(av_, raw_address.data(), 1, &addr, 0, nullptr);
+  if (n != 1) return absl::UnavailableError(absl::StrCat(name_, ": fi_av_insert of a peer address failed"));
+  return addr;
+}
+
+void FabricNic::RemovePeer(fi_addr_t addr) { fi_av_remove(av_, &addr, 1, 0); }
+
+ssize_t FabricNic::PostWrite(const void* local, size_t len, void* desc, fi_addr_t peer, uint64_t remote_addr,
+                             uint64_t key, void* context, bool more) {
+  iovec iov{const_cast<void*>(local), len};
+  fi_rma_iov rma{remote_addr, len, key};
+  fi_msg_rma msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &desc;
+  msg.iov_count = 1;
+  msg.addr = peer;
+  msg.rma_iov = &rma;
+  msg.rma_iov_count = 1;
+  msg.context = context;
+  return fi_writemsg(ep_, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION | (more ? FI_MORE : 0));
+}
+
+bool FabricNic::TryWait() {
+  if (wait_fd_ < 0) return false;
+  fid* f = &cq_->fid;
+  return fi_trywait(fabric_, &f, 1) == FI_SUCCESS;
+}
+
+FabricRegistrations::~FabricRegistrations() {
+  for (fid_mr* mr : mrs_) fi_close(&mr->fid);
+}
+
+}  // namespace ferry

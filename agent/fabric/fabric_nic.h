@@ -1,0 +1,104 @@
+// FabricNic: one libfabric RDM endpoint on one NIC, and what it needs to post
+// one-sided writes: domain, address vector, completion queue, memory registration.
+//
+//   absl::StatusOr<std::unique_ptr<FabricNic>> nic = FabricNic::Open({"tcp;ofi_rxm", "127.0.0.1", 0});
+//   absl::StatusOr<NicRegistration> mr = (*nic)->Register(buf, len);   // per region
+//   absl::StatusOr<fi_addr_t> peer = (*nic)->InsertPeer(remote_name);
+//   (*nic)->PostWrite(...);      // only from the NIC's worker thread
+//
+// The NIC honours the mr_mode the provider returns (offset or virtual addressing,
+// provider-chosen keys, FI_MR_LOCAL descriptors, FI_MR_ENDPOINT binding) instead of
+// assuming one. Writes request FI_DELIVERY_COMPLETE: a completion means the bytes are in
+// the target's memory, not merely sent.
+#ifndef FERRY_AGENT_FABRIC_FABRIC_NIC_H_
+#define FERRY_AGENT_FABRIC_FABRIC_NIC_H_
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_rma.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "agent/memory/region.h"
+
+namespace ferry {
+
+struct FabricNicOptions {
+  // A provider name as fi_info prints it ("tcp;ofi_rxm", "efa", "verbs;ofi_rxm"), or
+  // "auto": efa, then verbs;ofi_rxm, then tcp;ofi_rxm.
+  std::string provider = "auto";
+  // IPv4 address (or interface name) the endpoint binds to.
+  std::string iface;
+  int index = 0;
+  // Overrides the provider's transmit queue depth when > 0 (tests force -FI_EAGAIN).
+  size_t tx_size = 0;
+};
+
+class FabricNic {
+ public:
+  static absl::StatusOr<std::unique_ptr<FabricNic>> Open(const FabricNicOptions& options);
+  ~FabricNic();
+
+  const std::string& name() const { return name_; }          // "nic0"
+  const std::string& provider() const { return provider_; }  // as resolved, e.g. "tcp;ofi_rxm"
+  const std::string& iface() const { return iface_; }
+  // Raw endpoint name for peers' address vectors, and a printable form.
+  const std::string& address() const { return address_; }
+  std::string address_string() const;
+  uint64_t max_msg_size() const { return max_msg_size_; }
+  size_t tx_size() const { return tx_size_; }
+  // Readable when the CQ may have work (FI_WAIT_FD); -1 when the provider has no wait fd.
+  int wait_fd() const { return wait_fd_; }
+
+  // Registers [buf, buf + len) for local and remote writes on this NIC. Thread-safe.
+  absl::StatusOr<NicRegistration> Register(void* buf, uint64_t len, fid_mr** mr_out);
+
+  absl::StatusOr<fi_addr_t> InsertPeer(const std::string& raw_address);
+  void RemovePeer(fi_addr_t addr);
+
+  // Posts one write; returns 0, -FI_EAGAIN, or another negative fi_errno.
+  // `more` hints that another post follows at once (FI_MORE).
+  ssize_t PostWrite(const void* local, size_t len, void* desc, fi_addr_t peer, uint64_t remote_addr,
+                    uint64_t key, void* context, bool more);
+  fid_cq* cq() const { return cq_; }
+  // fi_trywait on the CQ: true when it is safe to block on wait_fd().
+  bool TryWait();
+
+ private:
+  FabricNic() = default;
+
+  std::string name_, provider_, iface_, address_;
+  fi_info* info_ = nullptr;
+  fid_fabric* fabric_ = nullptr;
+  fid_domain* domain_ = nullptr;
+  fid_av* av_ = nullptr;
+  fid_cq* cq_ = nullptr;
+  fid_ep* ep_ = nullptr;
+  int wait_fd_ = -1;
+  uint64_t mr_mode_ = 0;
+  uint64_t max_msg_size_ = 0;
+  size_t tx_size_ = 0;
+  std::atomic<uint64_t> next_key_{1};
+};
+
+// Releases the MRs of one region on every NIC (the region's TransportAttachment).
+class FabricRegistrations : public TransportAttachment {
+ public:
+  ~FabricRegistrations() override;
+  void Add(fid_mr* mr) { mrs_.push_back(mr); }
+
+ private:
+  std::vector<fid_mr*> mrs_;
+};
+
+// "1.17.0": the libfabric library version in use.
+std::string LibfabricVersion();
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_FABRIC_FABRIC_NIC_H_

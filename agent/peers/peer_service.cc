@@ -1,0 +1,93 @@
+#include "agent/peers/peer_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/grpc_status.h"
+#include "agent/common/token.h"
+#include "agent/peers/peer_table.h"
+
+namespace ferry {
+
+PeerService::PeerService(uint64_t incarnation, std::vector<FabricNic*> nics,
+                         RegionTable* regions, TransferManager* transfers, Metrics* metrics)
+    : incarnation_(incarnation),
+      nics_(std::move(nics)),
+      regions_(regions),
+      transfers_(transfers),
+      metrics_(metrics) {
+  for (FabricNic* nic : nics_) rx_bytes_.push_back(&metrics_->transfer_bytes("rx", "fabric", nic->name()));
+}
+
+grpc::Status PeerService::Reply(const char* api, const absl::Status& s) {
+  if (!s.ok()) metrics_->errors(api, StatusCodeName(static_cast<int>(s.code()))).Increment();
+  return ToGrpcStatus(s);
+}
+
+grpc::Status PeerService::Handshake(grpc::ServerContext*, const v1::HandshakeRequest* req, v1::HandshakeResponse* resp) {
+  if (req->protocol_version() != kPeerProtocolVersion) {
+    return Reply("peer.Handshake", absl::FailedPreconditionError(absl::StrCat(
+                                       "peer protocol ", req->protocol_version(), " is not supported (this agent speaks ",
+                                       kPeerProtocolVersion, ")")));
+  }
+  resp->set_protocol_version(kPeerProtocolVersion);
+  resp->set_incarnation(incarnation_);
+  resp->set_provider(nics_.empty() ? "" : nics_[0]->provider());
+  for (FabricNic* nic : nics_) resp->add_fabric_addresses(nic->address());
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::shared_ptr<Region>> PeerService::Authorize(uint64_t incarnation, uint64_t region_id,
+                                                               const std::string& token) {
+  if (incarnation != incarnation_) {
+    return absl::NotFoundError(absl::StrCat("stale descriptor: this agent is incarnation ", incarnation_,
+                                            ", the descriptor names ", incarnation, " (the agent restarted)"));
+  }
+  absl::StatusOr<Token> t = Token::FromBytes(token, "token");
+  if (!t.ok()) return t.status();
+  absl::StatusOr<std::shared_ptr<Region>> region = regions_->Lookup(region_id);
+  if (!region.ok()) {
+    return absl::NotFoundError(absl::StrCat("dst.region_id ", region_id,
+                                            " is not registered (it was deregistered or its owner exited)"));
+  }
+  if (!(*region)->token().Equals(*t)) {
+    return absl::PermissionDeniedError(absl::StrCat("dst.token does not match region ", region_id));
+  }
+  return region;
+}
+
+grpc::Status PeerService::OpenRegion(grpc::ServerContext*, const v1::OpenRegionRequest* req,
+                                     v1::OpenRegionResponse* resp) {
+  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(req->target_incarnation(), req->region_id(), req->token());
+  if (!region.ok()) return Reply("peer.OpenRegion", region.status());
+  const std::vector<NicRegistration>& regs = (*region)->nics();
+  if (regs.size() != nics_.size()) {
+    return Reply("peer.OpenRegion", absl::FailedPreconditionError("region is not registered with the fabric"));
+  }
+  resp->set_size((*region)->size());
+  resp->set_kind((*region)->kind() == MemoryKind::kHost ? v1::MEMORY_KIND_HOST : v1::MEMORY_KIND_CUDA);
+  for (const NicRegistration& r : regs) {
+    v1::RemoteKey* k = resp->add_keys();
+    k->set_key(r.key);
+    k->set_base(r.remote_base);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::Notify(grpc::ServerContext*, const v1::NotifyRequest* req, v1::NotifyResponse*) {
+  for (int i = 0; i < req->nic_bytes_size() && i < static_cast<int>(rx_bytes_.size()); ++i) {
+    rx_bytes_[i]->Increment(static_cast<double>(req->nic_bytes(i)));
+  }
+  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(req->target_incarnation(), req->region_id(), req->token());
+  if (!region.ok()) return Reply("peer.Notify", region.status());
+  if (req->deliver()) {
+    v1::Notification n;
+    n.set_region_id(req->region_id());
+    n.set_tag(req->tag());
+    n.set_transfer_id(req->transfer_id());
+    n.set_source_incarnation(req->source_incarnation());
+    n.set_bytes(req->bytes());
+    transfers_->Notify(**region, n);
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace ferry

@@ -1,0 +1,47 @@
+// PeerService: the agent-to-agent API (ferry.v1.Peer) on --peer_address.
+//
+// Serves other agents: the handshake, OpenRegion (region id + capability token ->
+// bounds and per-NIC remote keys; the token is compared in constant time and a wrong
+// one learns nothing about the region), and Notify (bytes landed: count them and
+// notify the region's owner). Raw keys leave the agent only through OpenRegion, only
+// to an agent that presented the region's token.
+#ifndef FERRY_AGENT_PEERS_PEER_SERVICE_H_
+#define FERRY_AGENT_PEERS_PEER_SERVICE_H_
+
+#include <string>
+#include <vector>
+
+#include "agent/fabric/fabric_nic.h"
+#include "agent/memory/region_table.h"
+#include "agent/metrics/metrics.h"
+#include "agent/transfer/transfer.h"
+#include "proto/ferry/v1/peer.grpc.pb.h"
+
+namespace ferry {
+
+class PeerService final : public v1::Peer::Service {
+ public:
+  PeerService(uint64_t incarnation, std::vector<FabricNic*> nics, RegionTable* regions,
+              TransferManager* transfers, Metrics* metrics);
+
+  grpc::Status Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req, v1::HandshakeResponse* resp) override;
+  grpc::Status OpenRegion(grpc::ServerContext* ctx, const v1::OpenRegionRequest* req,
+                          v1::OpenRegionResponse* resp) override;
+  grpc::Status Notify(grpc::ServerContext* ctx, const v1::NotifyRequest* req, v1::NotifyResponse* resp) override;
+
+ private:
+  // The region a peer names, if the incarnation and token are right.
+  absl::StatusOr<std::shared_ptr<Region>> Authorize(uint64_t incarnation, uint64_t region_id, const std::string& token);
+  grpc::Status Reply(const char* api, const absl::Status& s);
+
+  const uint64_t incarnation_;
+  const std::vector<FabricNic*> nics_;
+  RegionTable* regions_;
+  TransferManager* transfers_;
+  Metrics* metrics_;
+  std::vector<prometheus::Counter*> rx_bytes_;  // per NIC
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_PEERS_PEER_SERVICE_H_

@@ -1,0 +1,179 @@
+#include "agent/peers/peer_table.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/common/log.h"
+
+namespace ferry {
+namespace {
+
+absl::Status FromRpc(const grpc::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  absl::StatusCode code = static_cast<absl::StatusCode>(s.error_code());
+  if (code == absl::StatusCode::kDeadlineExceeded || code == absl::StatusCode::kCancelled) {
+    code = absl::StatusCode::kUnavailable;
+  }
+  return absl::Status(code, absl::StrCat(what, ": ", s.error_message()));
+}
+
+void SetDeadline(grpc::ClientContext& ctx, absl::Time deadline) {
+  ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(10))));
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v1::RegionDescriptor& d,
+                                                                           absl::Time deadline) {
+  absl::StatusOr<Token> token = Token::FromBytes(d.token(), "dst.token");
+  if (!token.ok()) return token.status();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = regions_.find(d.region_id());
+    if (it != regions_.end()) {
+      if (!it->second->token.Equals(*token)) {
+        return absl::PermissionDeniedError(absl::StrCat("dst.token does not match region ", d.region_id()));
+      }
+      return it->second;
+    }
+  }
+  v1::OpenRegionRequest req;
+  req.set_target_incarnation(incarnation_);
+  req.set_region_id(d.region_id());
+  req.set_token(d.token());
+  v1::OpenRegionResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, deadline);
+  absl::Status s = FromRpc(stub_->OpenRegion(&ctx, req, &resp), absl::StrCat("agent ", address_));
+  if (!s.ok()) return s;
+  if (static_cast<size_t>(resp.keys_size()) != remote_nic_count_) {
+    return absl::InternalError(absl::StrCat("agent ", address_, " returned ", resp.keys_size(), " keys for ",
+                                            remote_nic_count_, " NICs"));
+  }
+  auto region = std::make_shared<RemoteRegion>();
+  region->region_id = d.region_id();
+  region->size = resp.size();
+  region->token = *token;
+  region->keys.assign(resp.keys().begin(), resp.keys().end());
+  absl::MutexLock lock(&mu_);
+  regions_[d.region_id()] = region;
+  return region;
+}
+
+void PeerConnection::ForgetRegion(uint64_t region_id) {
+  absl::MutexLock lock(&mu_);
+  regions_.erase(region_id);
+}
+
+size_t PeerConnection::open_regions() const {
+  absl::MutexLock lock(&mu_);
+  return regions_.size();
+}
+
+PeerTable::~PeerTable() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [addr, peer] : peers_) {
+    for (size_t i = 0; i < nics_.size(); ++i) {
+      for (size_t r = 0; r < peer->remote_nic_count(); ++r) nics_[i]->RemovePeer(peer->fi_addr(i, r));
+    }
+  }
+}
+
+absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Handshake(const std::string& address, absl::Time deadline) {
+  auto channel = grpc::CreateChannel(address, creds_);
+  auto stub = v1::Peer::NewStub(channel);
+  v1::HandshakeRequest req;
+  req.set_protocol_version(kPeerProtocolVersion);
+  req.set_incarnation(self_.incarnation);
+  req.set_agent_address(self_.address);
+  req.set_provider(self_.provider);
+  for (const std::string& a : self_.fabric_addresses) req.add_fabric_addresses(a);
+  v1::HandshakeResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, deadline);
+  ctx.set_wait_for_ready(false);
+  absl::Status s = FromRpc(stub->Handshake(&ctx, req, &resp), absl::StrCat("handshake with agent ", address));
+  if (!s.ok()) return s;
+  if (resp.protocol_version() != kPeerProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("agent ", address, " speaks peer protocol ",
+                                                      resp.protocol_version(), ", this agent ", kPeerProtocolVersion));
+  }
+  if (resp.provider() != self_.provider) {
+    return absl::FailedPreconditionError(absl::StrCat("agent ", address, " uses fabric provider ", resp.provider(),
+                                                      ", this agent ", self_.provider));
+  }
+  if (resp.fabric_addresses_size() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("agent ", address, " has no fabric NICs"));
+  }
+  const size_t remote = resp.fabric_addresses_size();
+  std::vector<fi_addr_t> addrs;
+  addrs.reserve(nics_.size() * remote);
+  for (FabricNic* nic : nics_) {
+    for (const std::string& a : resp.fabric_addresses()) {
+      absl::StatusOr<fi_addr_t> fa = nic->InsertPeer(a);
+      if (!fa.ok()) return fa.status();
+      addrs.push_back(*fa);
+    }
+  }
+  FERRY_LOG(INFO) << "peer " << address << " incarnation " << resp.incarnation() << ": " << remote << " NICs";
+  return std::make_shared<PeerConnection>(address, resp.incarnation(), std::move(stub), std::move(addrs), remote);
+}
+
+void PeerTable::RetireLocked(const std::shared_ptr<PeerConnection>& peer) {
+  peer->Retire();
+  if (on_retire_) on_retire_(*peer);
+}
+
+absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::RegionDescriptor& d, absl::Time deadline) {
+  const std::string& address = d.agent_address();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(address);
+    if (it != peers_.end() && it->second->incarnation() == d.agent_incarnation() && !it->second->suspect()) {
+      return it->second;
+    }
+  }
+  absl::MutexLock handshake_lock(&handshake_mu_);
+  // Another thread may have handshaken while we waited.
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(address);
+    if (it != peers_.end() && it->second->incarnation() == d.agent_incarnation() && !it->second->suspect()) {
+      return it->second;
+    }
+  }
+  absl::StatusOr<std::shared_ptr<PeerConnection>> fresh = Handshake(address, deadline);
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(address);
+  if (!fresh.ok()) {
+    // Unreachable: a suspect connection is retired so its transfers fail now, not at
+    // their deadline.
+    if (it != peers_.end() && it->second->suspect()) {
+      RetireLocked(it->second);
+      peers_.erase(it);
+    }
+    return fresh.status();
+  }
+  if (it != peers_.end() && it->second->incarnation() != (*fresh)->incarnation()) {
+    FERRY_LOG(INFO) << "peer " << address << " restarted (incarnation " << it->second->incarnation() << " -> "
+                    << (*fresh)->incarnation() << ")";
+    RetireLocked(it->second);
+  }
+  peers_[address] = *fresh;
+  if ((*fresh)->incarnation() != d.agent_incarnation()) {
+    return absl::NotFoundError(absl::StrCat("dst is a stale descriptor: agent ", address, " now runs incarnation ",
+                                            (*fresh)->incarnation(), ", the descriptor names ", d.agent_incarnation(),
+                                            " (the agent restarted); ask the region's owner for a new descriptor"));
+  }
+  return *fresh;
+}
+
+std::vector<PeerTable::PeerInfo> PeerTable::List() const {
+  std::vector<PeerInfo> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [addr, p] : peers_) {
+    out.push_back({addr, p->incarnation(), p->suspect() ? "suspect" : "connected", p->open_regions()});
+  }
+  return out;
+}
+
+}  // namespace ferry

@@ -1,0 +1,131 @@
+// PeerTable: what this agent knows about other agents it writes to.
+//
+//   absl::StatusOr<std::shared_ptr<PeerConnection>> peer = table.Resolve(descriptor, deadline);
+//   absl::StatusOr<std::shared_ptr<RemoteRegion>> region = (*peer)->OpenRegion(descriptor, deadline);
+//
+// Peers are found from descriptors alone: the first transfer to an address performs
+// the handshake (protocol version, incarnation, fabric address per NIC) and inserts the
+// peer's NICs into every local NIC's address vector. A descriptor whose incarnation
+// differs from the cached one makes the table handshake again: if the peer restarted,
+// the old connection is retired (its in-flight transfers fail with UNAVAILABLE) and a
+// descriptor from the dead incarnation is refused as stale.
+#ifndef FERRY_AGENT_PEERS_PEER_TABLE_H_
+#define FERRY_AGENT_PEERS_PEER_TABLE_H_
+
+#include <rdma/fabric.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "agent/common/token.h"
+#include "agent/fabric/fabric_nic.h"
+#include "proto/ferry/v1/peer.grpc.pb.h"
+
+namespace ferry {
+
+inline constexpr uint32_t kPeerProtocolVersion = 1;
+
+// A region on another agent, opened with its capability token.
+struct RemoteRegion {
+  uint64_t region_id = 0;
+  uint64_t size = 0;
+  Token token;
+  std::vector<v1::RemoteKey> keys;  // one per remote NIC
+};
+
+class PeerConnection {
+ public:
+  PeerConnection(std::string address, uint64_t incarnation, std::unique_ptr<v1::Peer::Stub> stub,
+                 std::vector<fi_addr_t> remote_nics_per_local, size_t remote_nic_count)
+      : address_(std::move(address)),
+        incarnation_(incarnation),
+        stub_(std::move(stub)),
+        fi_addrs_(std::move(remote_nics_per_local)),
+        remote_nic_count_(remote_nic_count) {}
+
+  const std::string& address() const { return address_; }
+  uint64_t incarnation() const { return incarnation_; }
+  v1::Peer::Stub* stub() const { return stub_.get(); }
+  size_t remote_nic_count() const { return remote_nic_count_; }
+  // fi_addr of remote NIC `remote` in local NIC `local`'s address vector.
+  fi_addr_t fi_addr(size_t local, size_t remote) const { return fi_addrs_[local * remote_nic_count_ + remote]; }
+  const std::vector<fi_addr_t>& fi_addrs() const { return fi_addrs_; }
+
+  // Opens (or finds in the cache) the region a descriptor names; the token is checked
+  // against the cached one in constant time.
+  absl::StatusOr<std::shared_ptr<RemoteRegion>> OpenRegion(const v1::RegionDescriptor& d, absl::Time deadline);
+  void ForgetRegion(uint64_t region_id);
+  size_t open_regions() const;
+
+  // A fabric error on the way to this peer: the next transfer re-handshakes.
+  void MarkSuspect() { suspect_.store(true); }
+  bool suspect() const { return suspect_.load(); }
+  bool retired() const { return retired_.load(); }
+  void Retire() { retired_.store(true); }
+
+ private:
+  const std::string address_;
+  const uint64_t incarnation_;
+  std::unique_ptr<v1::Peer::Stub> stub_;
+  const std::vector<fi_addr_t> fi_addrs_;
+  const size_t remote_nic_count_;
+  std::atomic<bool> suspect_{false};
+  std::atomic<bool> retired_{false};
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<RemoteRegion>> regions_ ABSL_GUARDED_BY(mu_);
+};
+
+class PeerTable {
+ public:
+  struct Self {
+    uint64_t incarnation;
+    std::string address;
+    std::string provider;
+    std::vector<std::string> fabric_addresses;
+  };
+  // Called when a peer connection is retired (restart detected): fail its transfers.
+  using OnRetire = std::function<void(const PeerConnection&)>;
+
+  PeerTable(Self self, std::vector<FabricNic*> nics, std::shared_ptr<grpc::ChannelCredentials> creds, OnRetire on_retire)
+      : self_(std::move(self)), nics_(std::move(nics)), creds_(std::move(creds)), on_retire_(std::move(on_retire)) {}
+  ~PeerTable();
+
+  // The connection for the agent a descriptor names, handshaking when needed.
+  // NOT_FOUND when the descriptor's incarnation is not the peer's current one (stale),
+  // UNAVAILABLE when the peer cannot be reached.
+  absl::StatusOr<std::shared_ptr<PeerConnection>> Resolve(const v1::RegionDescriptor& d, absl::Time deadline);
+
+  struct PeerInfo {
+    std::string address;
+    uint64_t incarnation;
+    std::string state;
+    size_t open_regions;
+  };
+  std::vector<PeerInfo> List() const;
+
+ private:
+  absl::StatusOr<std::shared_ptr<PeerConnection>> Handshake(const std::string& address, absl::Time deadline);
+  void RetireLocked(const std::shared_ptr<PeerConnection>& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Self self_;
+  const std::vector<FabricNic*> nics_;
+  std::shared_ptr<grpc::ChannelCredentials> creds_;
+  OnRetire on_retire_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<PeerConnection>> peers_ ABSL_GUARDED_BY(mu_);
+  // Handshakes in progress are serialized per table; they are rare (first contact, restart).
+  absl::Mutex handshake_mu_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_PEERS_PEER_TABLE_H_
