@@ -1,6 +1,8 @@
 #include "agent/engine/rail_worker.h"
 
 #include <poll.h>
+
+#include <algorithm>
 #include <pthread.h>
 #include <rdma/fi_errno.h>
 #include <sys/eventfd.h>
@@ -63,6 +65,17 @@ void RailWorker::Wake() {
   (void)ignored;
 }
 
+void RailWorker::Enqueue(WriteOp* op) {
+  ++pending_;
+  for (PeerQueue& q : queues_) {
+    if (q.peer == op->peer) {
+      q.ops.push_back(op);
+      return;
+    }
+  }
+  queues_.push_back({op->peer, {op}});
+}
+
 bool RailWorker::TakeIncoming() {
   if (!has_incoming_.exchange(false, std::memory_order_acq_rel)) return false;
   std::vector<WriteOp*> batch;
@@ -70,39 +83,45 @@ bool RailWorker::TakeIncoming() {
     absl::MutexLock lock(&mu_);
     batch.swap(incoming_);
   }
-  pending_.insert(pending_.end(), batch.begin(), batch.end());
+  for (WriteOp* op : batch) Enqueue(op);
   return !batch.empty();
 }
 
-// Posts from the front of the queue until it is empty or the provider pushes back.
+// Posts from the front of each peer's queue until it is empty or the provider pushes back.
 bool RailWorker::PostPending() {
   bool progressed = false;
   const absl::Time now = absl::Now();
-  while (!pending_.empty()) {
-    WriteOp* op = pending_.front();
-    if (op->state->finished()) {  // deadline passed or failed: don't send the rest
-      pending_.pop_front();
-      op->state->OpDone(absl::CancelledError("transfer already finished"));
-      delete op;
+  for (PeerQueue& q : queues_) {
+    while (!q.ops.empty()) {
+      WriteOp* op = q.ops.front();
+      if (op->state->finished()) {  // deadline passed or failed: don't send the rest
+        q.ops.pop_front();
+        --pending_;
+        op->state->OpDone(absl::CancelledError("transfer already finished"));
+        delete op;
+        progressed = true;
+        continue;
+      }
+      op->posted = now;
+      ssize_t rc = nic_->PostWrite(op->local, op->length, op->desc, op->peer, op->remote_addr, op->key,
+                                   &op->context, /*more=*/q.ops.size() > 1);
+      if (rc == -FI_EAGAIN) {
+        eagain_.Increment();
+        break;  // the op stays at the front; progress the CQ, then retry
+      }
+      q.ops.pop_front();
+      --pending_;
       progressed = true;
-      continue;
+      if (rc != 0) {
+        errors_.Increment();
+        Complete(op, absl::UnavailableError(absl::StrCat(nic_->name(), ": posting a write failed: ", fi_strerror(-rc))));
+        continue;
+      }
+      ++inflight_;
     }
-    op->posted = now;
-    ssize_t rc = nic_->PostWrite(op->local, op->length, op->desc, op->peer, op->remote_addr, op->key,
-                                 &op->context, /*more=*/pending_.size() > 1);
-    if (rc == -FI_EAGAIN) {
-      eagain_.Increment();
-      break;  // the op stays at the front; progress the CQ, then retry
-    }
-    pending_.pop_front();
-    progressed = true;
-    if (rc != 0) {
-      errors_.Increment();
-      Complete(op, absl::UnavailableError(absl::StrCat(nic_->name(), ": posting a write failed: ", fi_strerror(-rc))));
-      continue;
-    }
-    ++inflight_;
   }
+  queues_.erase(std::remove_if(queues_.begin(), queues_.end(), [](const PeerQueue& q) { return q.ops.empty(); }),
+                queues_.end());
   inflight_pub_.store(inflight_, std::memory_order_relaxed);
   inflight_gauge_.Set(static_cast<double>(inflight_));
   return progressed;
@@ -167,15 +186,18 @@ bool RailWorker::StopNow() {
     absl::MutexLock lock(&mu_);
     if (!stopping_) return false;
     if (stop_deadline_ == absl::InfiniteFuture()) stop_deadline_ = absl::Now() + absl::Seconds(2);
-    for (WriteOp* op : incoming_) pending_.push_back(op);
+    for (WriteOp* op : incoming_) Enqueue(op);
     incoming_.clear();
   }
-  if (pending_.empty() && inflight_ == 0) return true;
+  if (pending_ == 0 && inflight_ == 0) return true;
   if (absl::Now() < stop_deadline_) return false;
   // Ops still queued after the grace period are failed; ops the provider still holds
   // are abandoned with the endpoint (their transfers were already finished by the engine).
-  for (WriteOp* op : pending_) Complete(op, absl::UnavailableError("the agent is shutting down"));
-  pending_.clear();
+  for (PeerQueue& q : queues_) {
+    for (WriteOp* op : q.ops) Complete(op, absl::UnavailableError("the agent is shutting down"));
+  }
+  queues_.clear();
+  pending_ = 0;
   FERRY_LOG(WARNING) << nic_->name() << ": stopped with " << inflight_ << " writes still in flight";
   return true;
 }
@@ -198,7 +220,7 @@ void RailWorker::Loop() {
     }
     if (StopNow()) break;
     if (++idle_turns < kSpinTurns) continue;
-    Sleep(/*busy=*/inflight_ > 0 || !pending_.empty());
+    Sleep(/*busy=*/inflight_ > 0 || pending_ > 0);
     idle_turns = 0;
   }
 }

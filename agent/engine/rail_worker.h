@@ -5,8 +5,9 @@
 //   w.Submit(std::move(ops));    // any thread; the only lock is at this hand-off
 //   w.Stop();
 //
-// The loop: take newly submitted ops, post from the front of its private queue until
-// the provider says -FI_EAGAIN (the op stays at the front), read the CQ, repeat. It
+// The loop: take newly submitted ops into per-peer queues, post from the front of each
+// until the provider says -FI_EAGAIN (the op stays at the front; a peer still being
+// connected to, or gone, never holds up the others), read the CQ, repeat. It
 // also progresses the endpoint for writes arriving from peers (rxm/tcp need the target
 // to call fi_cq_read). When there is nothing to do it blocks on the CQ's wait fd and an
 // eventfd, so an idle agent uses no CPU.
@@ -43,6 +44,7 @@ class RailWorker {
  private:
   void Loop();
   bool TakeIncoming();
+  void Enqueue(WriteOp* op);
   bool PostPending();
   bool ReadCompletions();
   void Complete(WriteOp* op, const absl::Status& status);
@@ -65,8 +67,13 @@ class RailWorker {
   std::atomic<bool> has_incoming_{false};
   int event_fd_ = -1;
 
-  // Owned by the worker thread.
-  std::deque<WriteOp*> pending_;
+  // Owned by the worker thread: ops not yet posted, one FIFO per destination.
+  struct PeerQueue {
+    fi_addr_t peer;
+    std::deque<WriteOp*> ops;
+  };
+  std::vector<PeerQueue> queues_;
+  size_t pending_ = 0;
   size_t inflight_ = 0;
   absl::Time stop_deadline_ = absl::InfiniteFuture();
 

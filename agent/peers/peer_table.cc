@@ -71,16 +71,17 @@ size_t PeerConnection::open_regions() const {
 
 PeerTable::~PeerTable() {
   absl::MutexLock lock(&mu_);
-  for (auto& [addr, peer] : peers_) {
+  for (auto& [addr, peer] : peers_) retired_.push_back(peer);
+  for (const auto& peer : retired_) {
     for (size_t i = 0; i < nics_.size(); ++i) {
       for (size_t r = 0; r < peer->remote_nic_count(); ++r) nics_[i]->RemovePeer(peer->fi_addr(i, r));
     }
   }
 }
 
-absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Handshake(const std::string& address, absl::Time deadline) {
-  auto channel = grpc::CreateChannel(address, creds_);
-  auto stub = v1::Peer::NewStub(channel);
+absl::StatusOr<v1::HandshakeResponse> PeerTable::Handshake(grpc::Channel& channel, const std::string& address,
+                                                          absl::Time deadline) {
+  auto stub = v1::Peer::NewStub(std::shared_ptr<grpc::Channel>(&channel, [](grpc::Channel*) {}));
   v1::HandshakeRequest req;
   req.set_protocol_version(kPeerProtocolVersion);
   req.set_incarnation(self_.incarnation);
@@ -90,7 +91,6 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Handshake(const std::
   v1::HandshakeResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(ctx, deadline);
-  ctx.set_wait_for_ready(false);
   absl::Status s = FromRpc(stub->Handshake(&ctx, req, &resp), absl::StrCat("handshake with agent ", address));
   if (!s.ok()) return s;
   if (resp.protocol_version() != kPeerProtocolVersion) {
@@ -104,6 +104,12 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Handshake(const std::
   if (resp.fabric_addresses_size() == 0) {
     return absl::FailedPreconditionError(absl::StrCat("agent ", address, " has no fabric NICs"));
   }
+  return resp;
+}
+
+absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Connect(const std::string& address,
+                                                                   std::shared_ptr<grpc::Channel> channel,
+                                                                   const v1::HandshakeResponse& resp) {
   const size_t remote = resp.fabric_addresses_size();
   std::vector<fi_addr_t> addrs;
   addrs.reserve(nics_.size() * remote);
@@ -115,56 +121,67 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Handshake(const std::
     }
   }
   FERRY_LOG(INFO) << "peer " << address << " incarnation " << resp.incarnation() << ": " << remote << " NICs";
-  return std::make_shared<PeerConnection>(address, resp.incarnation(), std::move(stub), std::move(addrs), remote);
+  return std::make_shared<PeerConnection>(address, resp.incarnation(), std::move(channel), std::move(addrs), remote);
 }
 
 void PeerTable::RetireLocked(const std::shared_ptr<PeerConnection>& peer) {
+  // Its address-vector entries stay until the table goes: ops to it may still be queued
+  // or in flight, and they must fail through the provider, not use a recycled fi_addr.
   peer->Retire();
+  retired_.push_back(peer);
   if (on_retire_) on_retire_(*peer);
 }
 
 absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::RegionDescriptor& d, absl::Time deadline) {
   const std::string& address = d.agent_address();
+  auto usable = [&](const std::shared_ptr<PeerConnection>& p) {
+    return p->incarnation() == d.agent_incarnation() && !p->NeedsHandshake();
+  };
+  std::shared_ptr<PeerConnection> cached;
   {
     absl::MutexLock lock(&mu_);
     auto it = peers_.find(address);
-    if (it != peers_.end() && it->second->incarnation() == d.agent_incarnation() && !it->second->suspect()) {
-      return it->second;
+    if (it != peers_.end()) {
+      if (usable(it->second)) return it->second;
+      cached = it->second;
     }
   }
   absl::MutexLock handshake_lock(&handshake_mu_);
-  // Another thread may have handshaken while we waited.
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = peers_.find(address);
-    if (it != peers_.end() && it->second->incarnation() == d.agent_incarnation() && !it->second->suspect()) {
-      return it->second;
-    }
-  }
-  absl::StatusOr<std::shared_ptr<PeerConnection>> fresh = Handshake(address, deadline);
+  std::shared_ptr<grpc::Channel> channel = cached ? cached->channel() : grpc::CreateChannel(address, creds_);
+  absl::StatusOr<v1::HandshakeResponse> resp = Handshake(*channel, address, deadline);
+
   absl::MutexLock lock(&mu_);
   auto it = peers_.find(address);
-  if (!fresh.ok()) {
-    // Unreachable: a suspect connection is retired so its transfers fail now, not at
-    // their deadline.
-    if (it != peers_.end() && it->second->suspect()) {
+  if (!resp.ok()) {
+    // Unreachable: retire the old connection so its transfers fail now, not at their deadline.
+    if (it != peers_.end()) {
       RetireLocked(it->second);
       peers_.erase(it);
     }
-    return fresh.status();
+    return resp.status();
   }
-  if (it != peers_.end() && it->second->incarnation() != (*fresh)->incarnation()) {
-    FERRY_LOG(INFO) << "peer " << address << " restarted (incarnation " << it->second->incarnation() << " -> "
-                    << (*fresh)->incarnation() << ")";
-    RetireLocked(it->second);
+  std::shared_ptr<PeerConnection> current;
+  if (it != peers_.end() && it->second->incarnation() == resp->incarnation()) {
+    current = it->second;  // same agent, connection back: keep keys and addresses
+    current->Confirm();
+  } else {
+    if (it != peers_.end()) {
+      FERRY_LOG(INFO) << "peer " << address << " restarted (incarnation " << it->second->incarnation() << " -> "
+                      << resp->incarnation() << ")";
+      RetireLocked(it->second);
+      peers_.erase(it);
+    }
+    absl::StatusOr<std::shared_ptr<PeerConnection>> fresh = Connect(address, channel, *resp);
+    if (!fresh.ok()) return fresh.status();
+    current = *fresh;
+    peers_[address] = current;
   }
-  peers_[address] = *fresh;
-  if ((*fresh)->incarnation() != d.agent_incarnation()) {
+  if (current->incarnation() != d.agent_incarnation()) {
     return absl::NotFoundError(absl::StrCat("dst is a stale descriptor: agent ", address, " now runs incarnation ",
-                                            (*fresh)->incarnation(), ", the descriptor names ", d.agent_incarnation(),
+                                            current->incarnation(), ", the descriptor names ", d.agent_incarnation(),
                                             " (the agent restarted); ask the region's owner for a new descriptor"));
   }
-  return *fresh;
+  return current;
 }
 
 std::vector<PeerTable::PeerInfo> PeerTable::List() const {

@@ -44,11 +44,12 @@ struct RemoteRegion {
 
 class PeerConnection {
  public:
-  PeerConnection(std::string address, uint64_t incarnation, std::unique_ptr<v1::Peer::Stub> stub,
+  PeerConnection(std::string address, uint64_t incarnation, std::shared_ptr<grpc::Channel> channel,
                  std::vector<fi_addr_t> remote_nics_per_local, size_t remote_nic_count)
       : address_(std::move(address)),
         incarnation_(incarnation),
-        stub_(std::move(stub)),
+        channel_(std::move(channel)),
+        stub_(v1::Peer::NewStub(channel_)),
         fi_addrs_(std::move(remote_nics_per_local)),
         remote_nic_count_(remote_nic_count) {}
 
@@ -68,6 +69,13 @@ class PeerConnection {
 
   // A fabric error on the way to this peer: the next transfer re-handshakes.
   void MarkSuspect() { suspect_.store(true); }
+  // Suspect, or its gRPC connection dropped (the peer process may have died): the next
+  // transfer must handshake before trusting cached keys.
+  bool NeedsHandshake() const {
+    return suspect_.load() || channel_->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
+  }
+  void Confirm() { suspect_.store(false); }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   bool suspect() const { return suspect_.load(); }
   bool retired() const { return retired_.load(); }
   void Retire() { retired_.store(true); }
@@ -75,6 +83,7 @@ class PeerConnection {
  private:
   const std::string address_;
   const uint64_t incarnation_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Peer::Stub> stub_;
   const std::vector<fi_addr_t> fi_addrs_;
   const size_t remote_nic_count_;
@@ -113,7 +122,11 @@ class PeerTable {
   std::vector<PeerInfo> List() const;
 
  private:
-  absl::StatusOr<std::shared_ptr<PeerConnection>> Handshake(const std::string& address, absl::Time deadline);
+  absl::StatusOr<v1::HandshakeResponse> Handshake(grpc::Channel& channel, const std::string& address,
+                                                 absl::Time deadline);
+  absl::StatusOr<std::shared_ptr<PeerConnection>> Connect(const std::string& address,
+                                                          std::shared_ptr<grpc::Channel> channel,
+                                                          const v1::HandshakeResponse& resp);
   void RetireLocked(const std::shared_ptr<PeerConnection>& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Self self_;
@@ -122,6 +135,7 @@ class PeerTable {
   OnRetire on_retire_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<PeerConnection>> peers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<PeerConnection>> retired_ ABSL_GUARDED_BY(mu_);
   // Handshakes in progress are serialized per table; they are rare (first contact, restart).
   absl::Mutex handshake_mu_;
 };

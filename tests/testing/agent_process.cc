@@ -85,14 +85,16 @@ absl::StatusOr<std::string> WaitForFile(const std::string& path, absl::Duration 
 }
 
 absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const std::vector<std::string>& flags,
-                                                                  const std::string& dir) {
+                                                                  const std::string& dir,
+                                                                  const std::vector<std::string>& wrapper) {
   std::unique_ptr<AgentProcess> a(new AgentProcess());
   a->dir_ = dir.empty() ? MakeTempDir("fy") : dir;
   if (a->dir_.empty()) return absl::InternalError("mkdtemp failed");
   std::string ready_file = a->dir_ + "/ready";
   unlink(ready_file.c_str());
-  std::vector<std::string> argv = {RunfilePath("agent/main/ferryd"), "--socket=" + a->socket(),
-                                   "--metrics_address=127.0.0.1:0", "--ready_file=" + ready_file};
+  std::vector<std::string> argv = wrapper;
+  argv.insert(argv.end(), {RunfilePath("agent/main/ferryd"), "--socket=" + a->socket(),
+                           "--metrics_address=127.0.0.1:0", "--ready_file=" + ready_file});
   argv.insert(argv.end(), flags.begin(), flags.end());
   absl::StatusOr<pid_t> pid = SpawnWithLog(argv, a->dir_ + "/ferryd.log");
   if (!pid.ok()) return pid.status();

@@ -33,8 +33,10 @@ std::string MakeTempDir(const std::string& prefix);
 class AgentProcess {
  public:
   // `dir`: reuse a directory (e.g. to restart on the same socket); empty = a new one.
+  // `wrapper`: argv prefix, e.g. {"ip", "netns", "exec", "ns1"}.
   static absl::StatusOr<std::unique_ptr<AgentProcess>> Start(const std::vector<std::string>& flags,
-                                                             const std::string& dir = "");
+                                                             const std::string& dir = "",
+                                                             const std::vector<std::string>& wrapper = {});
   ~AgentProcess();
 
   const std::string& dir() const { return dir_; }

@@ -1,0 +1,267 @@
+// Cross-node transfers between real ferryd processes over libfabric tcp;ofi_rxm, each
+// agent on its own test host (network namespace, or loopback address as a fallback).
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/cpp/ferry_client.h"
+#include "tests/testing/agent_process.h"
+#include "tests/testing/netns.h"
+
+namespace ferry {
+namespace {
+
+using testing::AgentProcess;
+using testing::TestNetwork;
+
+std::unique_ptr<AgentProcess> StartOn(const testing::TestHost& host, std::vector<std::string> flags = {},
+                                      const std::string& dir = "") {
+  flags.push_back("--peer_address=" + host.nics[0] + ":0");
+  flags.push_back("--fabric_iface=" + absl::StrJoin(host.nics, ","));
+  flags.push_back("--fabric_provider=tcp;ofi_rxm");
+  auto a = AgentProcess::Start(flags, dir, host.wrapper);
+  INFO(a.status().ToString());
+  REQUIRE(a.ok());
+  return std::move(*a);
+}
+
+struct Pod {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<HostBuffer> buf;
+  v1::RegisterMemoryResponse reg;
+};
+
+Pod MakePod(const std::string& socket, uint64_t size, uint8_t fill) {
+  Pod p;
+  auto c = Client::Connect(socket);
+  REQUIRE(c.ok());
+  p.client = std::move(*c);
+  auto b = HostBuffer::Create(size);
+  REQUIRE(b.ok());
+  p.buf = std::make_unique<HostBuffer>(std::move(*b));
+  memset(p.buf->data(), fill, size);
+  auto r = p.client->RegisterHost(*p.buf);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  p.reg = *r;
+  return p;
+}
+
+void FillPattern(uint8_t* p, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t v = rng();
+    memcpy(p + i, &v, std::min<size_t>(8, n - i));
+  }
+}
+
+v1::WriteRequest Whole(const Pod& src, const v1::RegionDescriptor& dst, uint64_t src_off, uint64_t dst_off,
+                       uint64_t len) {
+  v1::WriteRequest req;
+  req.set_src_region_id(src.reg.region_id());
+  *req.mutable_dst() = dst;
+  auto* c = req.mutable_chunks()->add_chunks();
+  c->set_src_offset(src_off);
+  c->set_dst_offset(dst_off);
+  c->set_length(len);
+  return req;
+}
+
+TEST_CASE("two agents: chunk list and paged writes land byte for byte, notified once, after the data") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartOn(net.host(0));
+  auto b = StartOn(net.host(1));
+  const uint64_t kSize = 8 << 20;
+  Pod sender = MakePod(a->socket(), kSize, 0);
+  Pod receiver = MakePod(b->socket(), kSize, 0xEE);
+  FillPattern(sender.buf->data(), kSize, 11);
+
+  auto ctx = receiver.client->NewContext(absl::Seconds(60));
+  auto stream = receiver.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
+
+  // Chunk list: three pieces, one larger than the 4 MiB op size (split), one tiny.
+  v1::WriteRequest req = Whole(sender, receiver.reg.region(), 0, 1 << 20, 5 << 20);
+  auto* c2 = req.mutable_chunks()->add_chunks();
+  c2->set_src_offset(7 << 20);
+  c2->set_dst_offset(0);
+  c2->set_length(3);
+  req.set_notify(true);
+  req.set_tag(1);
+  auto r = sender.client->WriteAndWait(req, absl::Seconds(30));
+  INFO(r.status().ToString() << "\n" << a->Log());
+  REQUIRE(r.ok());
+  CHECK(r->path() == v1::TRANSFER_PATH_FABRIC);
+  v1::Notification n;
+  REQUIRE(stream->Read(&n));
+  // The notification comes after every byte is in place.
+  CHECK(memcmp(receiver.buf->data() + (1 << 20), sender.buf->data(), 5 << 20) == 0);
+  CHECK(memcmp(receiver.buf->data(), sender.buf->data() + (7 << 20), 3) == 0);
+  CHECK(receiver.buf->data()[3] == 0xEE);
+  CHECK(receiver.buf->data()[(6 << 20)] == 0xEE);
+  CHECK(n.tag() == 1);
+  CHECK(n.bytes() == (5 << 20) + 3);
+  CHECK(n.transfer_id() == r->transfer_id());
+
+  // Paged: 10,000 blocks of 512 B, randomly scattered on both sides, in one request.
+  const uint64_t kBlock = 512, kBlocks = 10000;
+  std::vector<uint64_t> src(kBlocks), dst(kBlocks);
+  for (uint64_t i = 0; i < kBlocks; ++i) src[i] = dst[i] = i;
+  std::shuffle(src.begin(), src.end(), std::mt19937(5));
+  std::shuffle(dst.begin(), dst.end(), std::mt19937(6));
+  memset(receiver.buf->data(), 0xEE, kSize);
+  auto id = sender.client->WriteBlocks(sender.reg.region_id(), receiver.reg.region(), kBlock, src, dst, true, 2);
+  REQUIRE(id.ok());
+  auto pr = sender.client->Wait(*id, absl::Seconds(30));
+  REQUIRE(pr.ok());
+  REQUIRE(pr->code() == 0);
+  REQUIRE(stream->Read(&n));
+  CHECK(n.tag() == 2);
+  for (uint64_t i = 0; i < kBlocks; ++i) {
+    REQUIRE(memcmp(receiver.buf->data() + dst[i] * kBlock, sender.buf->data() + src[i] * kBlock, kBlock) == 0);
+  }
+  CHECK(receiver.buf->data()[kBlocks * kBlock] == 0xEE);
+
+  // Exactly once: a write without notify produces no notification.
+  REQUIRE(sender.client->WriteAndWait(Whole(sender, receiver.reg.region(), 0, 0, 4096), absl::Seconds(30)).ok());
+  ctx->TryCancel();
+  int extra = 0;
+  while (stream->Read(&n)) ++extra;
+  CHECK(extra == 0);
+}
+
+TEST_CASE("a wrong token or out-of-bounds destination is refused before any byte moves") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartOn(net.host(0));
+  auto b = StartOn(net.host(1));
+  Pod sender = MakePod(a->socket(), 1 << 20, 0x11);
+  Pod receiver = MakePod(b->socket(), 1 << 16, 0x22);
+
+  v1::RegionDescriptor wrong = receiver.reg.region();
+  wrong.set_token(std::string(16, '\x01'));
+  auto s = sender.client->Write(Whole(sender, wrong, 0, 0, 4096)).status();
+  CHECK(s.code() == absl::StatusCode::kPermissionDenied);
+
+  // A descriptor that lies about its size is checked against the region's real size.
+  v1::RegionDescriptor lying = receiver.reg.region();
+  lying.set_size(1 << 20);
+  s = sender.client->Write(Whole(sender, lying, 0, 0, 1 << 20)).status();
+  CHECK(s.code() == absl::StatusCode::kOutOfRange);
+  s = sender.client->Write(Whole(sender, receiver.reg.region(), 0, (1 << 16) - 10, 11)).status();
+  CHECK(s.code() == absl::StatusCode::kOutOfRange);
+
+  // The right token after a wrong one still works (no poisoned cache), and the wrong one
+  // stays wrong once the region is cached.
+  REQUIRE(sender.client->WriteAndWait(Whole(sender, receiver.reg.region(), 0, 0, 8), absl::Seconds(30)).ok());
+  CHECK(sender.client->Write(Whole(sender, wrong, 0, 0, 8)).status().code() == absl::StatusCode::kPermissionDenied);
+  for (uint64_t i = 8; i < (1 << 16); ++i) REQUIRE(receiver.buf->data()[i] == 0x22);
+}
+
+TEST_CASE("two NICs per agent: transfers stripe over both (per-NIC byte counters)") {
+  TestNetwork net = TestNetwork::Create(2, 2);
+  auto a = StartOn(net.host(0), {"--fabric_max_op_bytes=1048576"});
+  auto b = StartOn(net.host(1));
+  const uint64_t kSize = 32 << 20;
+  Pod sender = MakePod(a->socket(), kSize, 0);
+  Pod receiver = MakePod(b->socket(), kSize, 0);
+  FillPattern(sender.buf->data(), kSize, 21);
+  REQUIRE(sender.client->WriteAndWait(Whole(sender, receiver.reg.region(), 0, 0, kSize), absl::Seconds(60)).ok());
+  CHECK(memcmp(receiver.buf->data(), sender.buf->data(), kSize) == 0);
+
+  auto status = sender.client->GetStatus();
+  REQUIRE(status.ok());
+  REQUIRE(status->nics_size() == 2);
+  CHECK(status->nics(0).tx_bytes() == kSize / 2);
+  CHECK(status->nics(1).tx_bytes() == kSize / 2);
+}
+
+TEST_CASE("three agents, many sessions, concurrent transfers: no corruption") {
+  TestNetwork net = TestNetwork::Create(3, 1);
+  std::vector<std::unique_ptr<AgentProcess>> agents;
+  for (int i = 0; i < 3; ++i) agents.push_back(StartOn(net.host(i)));
+  const uint64_t kSlice = 1 << 20;
+  const int kWriters = 6;  // two sessions on each agent
+  // Every agent hosts one receiver region with a slice per writer.
+  std::vector<Pod> receivers;
+  for (int i = 0; i < 3; ++i) receivers.push_back(MakePod(agents[i]->socket(), kSlice * kWriters, 0));
+
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([&, w] {
+      Pod me = MakePod(agents[w % 3]->socket(), kSlice, 0);
+      for (int round = 0; round < 5; ++round) {
+        FillPattern(me.buf->data(), kSlice, w * 100 + round);
+        // Write the slice to the next agent's receiver, in 64 scattered chunks.
+        const Pod& dst = receivers[(w + 1) % 3];
+        v1::WriteRequest req;
+        req.set_src_region_id(me.reg.region_id());
+        *req.mutable_dst() = dst.reg.region();
+        for (int k = 0; k < 64; ++k) {
+          auto* c = req.mutable_chunks()->add_chunks();
+          c->set_src_offset(k * (kSlice / 64));
+          c->set_dst_offset(w * kSlice + (63 - k) * (kSlice / 64));
+          c->set_length(kSlice / 64);
+        }
+        auto r = me.client->WriteAndWait(req, absl::Seconds(60));
+        if (!r.ok()) {
+          ++failures;
+          continue;
+        }
+        for (int k = 0; k < 64; ++k) {
+          if (memcmp(dst.buf->data() + w * kSlice + (63 - k) * (kSlice / 64), me.buf->data() + k * (kSlice / 64),
+                     kSlice / 64) != 0) {
+            ++failures;
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(failures.load() == 0);
+}
+
+TEST_CASE("a restarted peer: old descriptors are stale, new ones work without restarting anything else") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartOn(net.host(0));
+  auto b = StartOn(net.host(1));
+  Pod sender = MakePod(a->socket(), 1 << 20, 0x33);
+  v1::RegionDescriptor old_descriptor;
+  {
+    Pod receiver = MakePod(b->socket(), 1 << 20, 0);
+    REQUIRE(sender.client->WriteAndWait(Whole(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(30)).ok());
+    old_descriptor = receiver.reg.region();
+  }
+  // Kill the peer agent outright and start it again on the same host, socket and peer
+  // port (as a DaemonSet pod restarts).
+  const std::string dir = b->dir();
+  const std::string peer_port = b->ready("peer_address").substr(b->ready("peer_address").rfind(':') + 1);
+  b->KeepDir();
+  CHECK(b->Stop(SIGKILL) == 128 + SIGKILL);
+  b.reset();
+  auto restarted = AgentProcess::Start({"--peer_address=" + net.host(1).nics[0] + ":" + peer_port,
+                                        "--fabric_iface=" + net.host(1).nics[0], "--fabric_provider=tcp;ofi_rxm"},
+                                       dir, net.host(1).wrapper);
+  INFO(restarted.status().ToString());
+  REQUIRE(restarted.ok());
+  b = std::move(*restarted);
+
+  auto stale = sender.client->Write(Whole(sender, old_descriptor, 0, 0, 4096)).status();
+  INFO(stale.ToString());
+  CHECK(stale.code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(stale.message()).find("stale") != std::string::npos);
+
+  Pod receiver = MakePod(b->socket(), 1 << 20, 0);
+  auto r = sender.client->WriteAndWait(Whole(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(30));
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(receiver.buf->data()[12345] == 0x33);
+}
+
+}  // namespace
+}  // namespace ferry
