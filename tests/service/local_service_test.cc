@@ -337,7 +337,7 @@ TEST_CASE("metrics scraped over HTTP follow the traffic") {
   CHECK(health.ok());
   auto before = testing::HttpGet(agent->metrics_port(), "/metrics");
   REQUIRE(before.ok());
-  CHECK(testing::MetricValue(*before, "ferry_build_info", R"(libfabric_version="",provider="auto",version="0.1.0")") == 1);
+  CHECK(testing::MetricValue(*before, "ferry_build_info", R"(libfabric_version="1.17",provider="",version="0.1.0")") == 1);
   CHECK(testing::MetricValue(*before, "ferry_sessions") == 0);
 
   Pod a = MakePod(agent->socket(), 1 << 20);
