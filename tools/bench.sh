@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Benchmarks (not tests). Prints nccl-tests-style tables with a baseline from the same run.
+#
+#   tools/bench.sh cross-node [--count=N]   ferry agent-to-agent vs raw libfabric fi_write
+#
+# Pinning (2-core machines): initiator side (agent A, the bench client, the raw
+# initiator) on CPU 0, target side (agent B, the raw target) on CPU 1. Both sides use
+# libfabric tcp;ofi_rxm on loopback (127.0.0.1 -> 127.0.0.2) with FI_DELIVERY_COMPLETE.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-}
+shift || true
+count=50
+for a in "$@"; do case $a in --count=*) count=${a#--count=} ;; esac; done
+[ "$mode" = cross-node ] || { echo "usage: tools/bench.sh cross-node [--count=N]" >&2; exit 2; }
+
+bash tools/setup.sh
+bazel build -c opt //agent/main:ferryd //tools/bench:fi_write_bench //tools/bench:ferry_bench 2>&1 | tail -n 1
+bin=bazel-bin
+work=$(mktemp -d /tmp/ferry-bench.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+wait_for() { for _ in $(seq 1 400); do [ -e "$1" ] && return 0; sleep 0.05; done; echo "timed out: $1" >&2; return 1; }
+ncpu=$(nproc)
+cpu_a=0; cpu_b=$(( ncpu > 1 ? 1 : 0 ))
+sizes=4096,65536,1048576,16777216,67108864
+
+echo "# ferry cross-node benchmark  $(date -u +%Y-%m-%dT%H:%MZ)  $(nproc) CPUs, $(uname -r)"
+echo "# provider tcp;ofi_rxm, loopback 127.0.0.1 -> 127.0.0.2, initiator side on CPU $cpu_a, target side on CPU $cpu_b"
+echo "# window 16 transfers in flight, count $count per size (capped at 1 GiB per size)"
+
+# Raw libfabric baseline.
+mkdir -p "$work/raw"
+taskset -c $cpu_b "$bin/tools/bench/fi_write_bench" target --iface=127.0.0.2 --dir="$work/raw" --size=$((64 << 20)) &
+pids+=($!)
+taskset -c $cpu_a "$bin/tools/bench/fi_write_bench" initiator --iface=127.0.0.1 --dir="$work/raw" \
+  --sizes=$sizes --count="$count" --window=16 --lat_iters=1000 > "$work/raw.txt"
+
+# ferry: two agents, a receiver pod on B, the bench client on A.
+for node in a b; do
+  if [ $node = a ]; then addr=127.0.0.1; cpu=$cpu_a; else addr=127.0.0.2; cpu=$cpu_b; fi
+  taskset -c $cpu "$bin/agent/main/ferryd" --socket="$work/$node.sock" --metrics_address=127.0.0.1:0 \
+    --peer_address=$addr:0 --fabric_iface=$addr --fabric_provider='tcp;ofi_rxm' \
+    --ready_file="$work/$node.ready" --log_level=warning 2>"$work/$node.log" &
+  pids+=($!)
+done
+wait_for "$work/a.ready"; wait_for "$work/b.ready"
+taskset -c $cpu_b "$bin/tools/bench/ferry_bench" receive --socket="$work/b.sock" --dir="$work" --size=$((64 << 20)) &
+pids+=($!)
+wait_for "$work/descriptor"
+run() { taskset -c $cpu_a "$bin/tools/bench/ferry_bench" "$@" --socket="$work/a.sock" --dir="$work"; }
+run send --sizes=$sizes --count="$count" --window=16 --layout=contiguous > "$work/contig.txt"
+run send --sizes=$sizes --count="$count" --window=16 --layout=paged > "$work/paged.txt"
+run latency --iters=1000 > "$work/lat.txt"
+run blocks --blocks=10000 --block=4096 > "$work/blocks.txt"
+
+python3 - "$work" <<'PY'
+import sys
+w = sys.argv[1]
+def table(path):
+    rows = {}
+    for line in open(path):
+        f = line.split()
+        if len(f) == 4 and f[0].isdigit():
+            rows[int(f[0])] = (int(f[1]), float(f[2]), float(f[3]))
+    return rows
+raw, contig, paged = table(f"{w}/raw.txt"), table(f"{w}/contig.txt"), table(f"{w}/paged.txt")
+def human(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024: return f"{n}{unit}"
+        n //= 1024
+print(f"\n{'size':>8} {'layout':>10} {'count':>6} {'time_us':>10} {'algbw_GBps':>11} {'raw_GBps':>9} {'ratio':>6}")
+worst = None
+for name, rows in (("contiguous", contig), ("paged-4KiB", paged)):
+    for size in sorted(rows):
+        n, us, bw = rows[size]
+        rb = raw.get(size, (0, 0, 0))[2]
+        ratio = bw / rb if rb else 0
+        print(f"{human(size):>8} {name:>10} {n:>6} {us:>10.1f} {bw:>11.3f} {rb:>9.3f} {ratio:>6.2f}")
+        if name == "contiguous" and size >= 1 << 20:
+            worst = ratio if worst is None else min(worst, ratio)
+lat = open(f"{w}/lat.txt").read().split()
+rlat = [l for l in open(f"{w}/raw.txt") if l.startswith("lat8")][0].split()
+print(f"\n8-byte write latency (us): ferry Write+Wait p50 {lat[1]} p99 {lat[2]}; raw fi_write p50 {rlat[1]} p99 {rlat[2]}")
+b = open(f"{w}/blocks.txt").read().split()
+print(f"paged write of {b[1]} blocks x {b[2]} B: {float(b[3]):.0f} us, {float(b[4])/1e6:.2f} M blocks/s, {b[5]} GB/s")
+print(f"ratio_1MiB_plus={worst:.2f}")
+PY

@@ -1,0 +1,230 @@
+// ferry_bench: the ferry side of tools/bench.sh.
+//
+//   ferry_bench receive --socket=S --dir=D --size=BYTES    registers, publishes descriptor
+//   ferry_bench send --socket=S --dir=D --sizes=... --count=N --window=W --layout=contiguous|paged
+//   ferry_bench latency --socket=S --dir=D --iters=K        8-byte Write+Wait p50/p99
+//   ferry_bench blocks --socket=S --dir=D --blocks=10000 --block=4096   paged chunk rate
+//
+// `send` keeps `window` transfers in flight (Write without waiting; completions from
+// WatchCompletions) and prints "size count time_us algbw_GBps" lines. The paged layout
+// moves each size as 4 KiB blocks scattered at random on both sides.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/cpp/ferry_client.h"
+
+ABSL_FLAG(std::string, socket, "/run/ferry/ferry.sock", "agent socket");
+ABSL_FLAG(std::string, dir, "/tmp", "shared directory");
+ABSL_FLAG(uint64_t, size, 64 << 20, "receive: region size");
+ABSL_FLAG(std::string, sizes, "4096,65536,1048576,16777216,67108864", "send: sizes");
+ABSL_FLAG(int, count, 50, "send: transfers per size (capped at 1 GiB per size)");
+ABSL_FLAG(int, window, 16, "send: transfers in flight");
+ABSL_FLAG(std::string, layout, "contiguous", "send: contiguous or paged");
+ABSL_FLAG(int, iters, 1000, "latency: iterations");
+ABSL_FLAG(int, blocks, 10000, "blocks: block count");
+ABSL_FLAG(int, block, 4096, "blocks: block size");
+
+namespace {
+
+int Fail(const absl::Status& s) {
+  fprintf(stderr, "ferry_bench: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+ferry::v1::RegionDescriptor LoadDescriptor() {
+  std::ifstream in(absl::GetFlag(FLAGS_dir) + "/descriptor", std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  ferry::v1::RegionDescriptor d;
+  d.ParseFromString(ss.str());
+  return d;
+}
+
+struct Sender {
+  std::unique_ptr<ferry::Client> client;
+  ferry::HostBuffer buf;
+  uint64_t region = 0;
+  ferry::v1::RegionDescriptor dst;
+};
+
+absl::StatusOr<Sender> Connect(uint64_t size) {
+  auto c = ferry::Client::Connect(absl::GetFlag(FLAGS_socket));
+  if (!c.ok()) return c.status();
+  auto b = ferry::HostBuffer::Create(size);
+  if (!b.ok()) return b.status();
+  auto r = (*c)->RegisterHost(*b);
+  if (!r.ok()) return r.status();
+  return Sender{std::move(*c), std::move(*b), r->region_id(), LoadDescriptor()};
+}
+
+ferry::v1::WriteRequest Request(const Sender& s, uint64_t size, bool paged, std::mt19937_64& rng) {
+  ferry::v1::WriteRequest req;
+  req.set_src_region_id(s.region);
+  *req.mutable_dst() = s.dst;
+  if (!paged) {
+    req.mutable_chunks()->add_chunks()->set_length(size);
+    return req;
+  }
+  const uint64_t block = 4096, n = std::max<uint64_t>(1, size / block);
+  const uint64_t slots = s.dst.size() / block;
+  std::vector<uint64_t> src(slots), dst(slots);
+  std::iota(src.begin(), src.end(), 0);
+  std::iota(dst.begin(), dst.end(), 0);
+  std::shuffle(src.begin(), src.end(), rng);
+  std::shuffle(dst.begin(), dst.end(), rng);
+  auto* p = req.mutable_paged();
+  p->set_block_size(block);
+  p->mutable_src_blocks()->Add(src.begin(), src.begin() + n);
+  p->mutable_dst_blocks()->Add(dst.begin(), dst.begin() + n);
+  return req;
+}
+
+int Send() {
+  std::vector<uint64_t> sizes;
+  for (absl::string_view v : absl::StrSplit(absl::GetFlag(FLAGS_sizes), ',')) {
+    uint64_t x;
+    if (absl::SimpleAtoi(v, &x)) sizes.push_back(x);
+  }
+  auto s = Connect(*std::max_element(sizes.begin(), sizes.end()));
+  if (!s.ok()) return Fail(s.status());
+  const bool paged = absl::GetFlag(FLAGS_layout) == "paged";
+  const int window = absl::GetFlag(FLAGS_window);
+  std::mt19937_64 rng(1);
+
+  // Completions arrive on one stream; a counter lets the sender keep `window` in flight.
+  absl::Mutex mu;
+  int completed = 0, failed = 0;
+  auto ctx = s->client->NewContext(absl::Hours(1));
+  auto stream = s->client->stub()->WatchCompletions(ctx.get(), ferry::v1::WatchCompletionsRequest());
+  std::thread reader([&] {
+    ferry::v1::TransferResult r;
+    while (stream->Read(&r)) {
+      absl::MutexLock lock(&mu);
+      ++completed;
+      if (r.code() != 0) {
+        ++failed;
+        fprintf(stderr, "transfer failed: %s\n", r.message().c_str());
+      }
+    }
+  });
+  // Warm up: connection, handshake, region open.
+  if (auto w = s->client->WriteAndWait(Request(*s, 4096, false, rng), absl::Seconds(30)); !w.ok()) return Fail(w.status());
+  {
+    absl::MutexLock lock(&mu);
+    auto one = [&]() { return completed >= 1; };
+    mu.AwaitWithTimeout(absl::Condition(&one), absl::Seconds(10));
+  }
+  int base = 1;
+  for (uint64_t size : sizes) {
+    const int n = std::max<int>(4, std::min<uint64_t>(absl::GetFlag(FLAGS_count), (1ull << 30) / size));
+    std::vector<ferry::v1::WriteRequest> reqs;
+    for (int i = 0; i < std::min(n, 8); ++i) reqs.push_back(Request(*s, size, paged, rng));
+    absl::Time t0 = absl::Now();
+    for (int i = 0; i < n; ++i) {
+      {
+        absl::MutexLock lock(&mu);
+        auto room = [&]() { return (base + i) - completed < window; };
+        mu.Await(absl::Condition(&room));
+      }
+      auto id = s->client->Write(reqs[i % reqs.size()]);
+      if (!id.ok()) return Fail(id.status());
+    }
+    {
+      absl::MutexLock lock(&mu);
+      auto all = [&]() { return completed >= base + n; };
+      if (!mu.AwaitWithTimeout(absl::Condition(&all), absl::Minutes(5))) return Fail(absl::DeadlineExceededError("stuck"));
+    }
+    double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    base += n;
+    printf("%llu %d %.1f %.3f\n", static_cast<unsigned long long>(size), n, us / n, size * n / us / 1e3);
+    fflush(stdout);
+  }
+  ctx->TryCancel();
+  reader.join();
+  return failed == 0 ? 0 : 3;
+}
+
+int Latency() {
+  auto s = Connect(4096);
+  if (!s.ok()) return Fail(s.status());
+  std::mt19937_64 rng(1);
+  ferry::v1::WriteRequest req = Request(*s, 8, false, rng);
+  std::vector<double> lat;
+  for (int i = 0; i < absl::GetFlag(FLAGS_iters) + 10; ++i) {
+    absl::Time t0 = absl::Now();
+    auto r = s->client->WriteAndWait(req, absl::Seconds(10));
+    if (!r.ok()) return Fail(r.status());
+    if (i >= 10) lat.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+  }
+  std::sort(lat.begin(), lat.end());
+  printf("lat8 %.1f %.1f\n", lat[lat.size() / 2], lat[lat.size() * 99 / 100]);
+  return 0;
+}
+
+int Blocks() {
+  const uint64_t block = absl::GetFlag(FLAGS_block), n = absl::GetFlag(FLAGS_blocks);
+  auto s = Connect(block * n);
+  if (!s.ok()) return Fail(s.status());
+  std::mt19937_64 rng(2);
+  std::vector<uint64_t> src(n), dst(n);
+  std::iota(src.begin(), src.end(), 0);
+  std::iota(dst.begin(), dst.end(), 0);
+  std::shuffle(src.begin(), src.end(), rng);
+  std::shuffle(dst.begin(), dst.end(), rng);
+  std::vector<double> times;
+  for (int i = 0; i < 6; ++i) {
+    absl::Time t0 = absl::Now();
+    auto id = s->client->WriteBlocks(s->region, s->dst, block, src, dst);
+    if (!id.ok()) return Fail(id.status());
+    auto r = s->client->Wait(*id, absl::Seconds(60));
+    if (!r.ok() || r->code() != 0) return Fail(r.ok() ? ferry::ResultStatus(*r) : r.status());
+    if (i > 0) times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+  }
+  std::sort(times.begin(), times.end());
+  double t = times[times.size() / 2];
+  printf("blocks %llu %llu %.1f %.0f %.3f\n", static_cast<unsigned long long>(n),
+         static_cast<unsigned long long>(block), t * 1e6, n / t, n * block / t / 1e9);
+  return 0;
+}
+
+int Receive() {
+  auto c = ferry::Client::Connect(absl::GetFlag(FLAGS_socket));
+  if (!c.ok()) return Fail(c.status());
+  auto b = ferry::HostBuffer::Create(absl::GetFlag(FLAGS_size));
+  if (!b.ok()) return Fail(b.status());
+  auto r = (*c)->RegisterHost(*b);
+  if (!r.ok()) return Fail(r.status());
+  const std::string path = absl::GetFlag(FLAGS_dir) + "/descriptor";
+  { std::ofstream(path + ".tmp", std::ios::binary) << r->region().SerializeAsString(); }
+  rename((path + ".tmp").c_str(), path.c_str());
+  absl::SleepFor(absl::Minutes(30));  // until killed
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    fprintf(stderr, "usage: ferry_bench receive|send|latency|blocks [flags]\n");
+    return 2;
+  }
+  std::string mode = args[1];
+  if (mode == "receive") return Receive();
+  if (mode == "send") return Send();
+  if (mode == "latency") return Latency();
+  if (mode == "blocks") return Blocks();
+  return 2;
+}

@@ -1,0 +1,199 @@
+// fi_write_bench: the raw libfabric baseline for tools/bench.sh cross-node.
+//
+//   fi_write_bench target    --iface=A --dir=D --size=BYTES
+//   fi_write_bench initiator --iface=B --dir=D --sizes=... --count=N --window=W --lat_iters=K
+//
+// The same provider (tcp;ofi_rxm), endpoint type (RDM), flags (FI_DELIVERY_COMPLETE) and
+// window as ferry's engine, without the agent: the target registers a buffer and
+// progresses its CQ; the initiator posts `count` writes of each size with `window` in
+// flight and prints "size count time_us algbw_GBps", then 8-byte write latencies.
+// Addresses and keys are exchanged through files in --dir.
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::string Arg(int argc, char** argv, const std::string& name, const std::string& def) {
+  std::string prefix = "--" + name + "=";
+  for (int i = 2; i < argc; ++i) {
+    if (strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) return argv[i] + prefix.size();
+  }
+  return def;
+}
+
+#define CHECK_FI(call)                                                          \
+  do {                                                                          \
+    int rc_ = (call);                                                           \
+    if (rc_) {                                                                  \
+      fprintf(stderr, "%s: %s (%d)\n", #call, fi_strerror(-rc_), rc_);          \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+struct Endpoint {
+  fi_info* info;
+  fid_fabric* fabric;
+  fid_domain* domain;
+  fid_av* av;
+  fid_cq* cq;
+  fid_ep* ep;
+};
+
+Endpoint Open(const std::string& iface) {
+  Endpoint e{};
+  fi_info* hints = fi_allocinfo();
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+  hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+  hints->fabric_attr->prov_name = strdup("tcp;ofi_rxm");
+  CHECK_FI(fi_getinfo(FI_VERSION(1, 9), iface.c_str(), nullptr, FI_SOURCE, hints, &e.info));
+  fi_freeinfo(hints);
+  CHECK_FI(fi_fabric(e.info->fabric_attr, &e.fabric, nullptr));
+  CHECK_FI(fi_domain(e.fabric, e.info, &e.domain, nullptr));
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  CHECK_FI(fi_av_open(e.domain, &av_attr, &e.av, nullptr));
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_CONTEXT;
+  cq_attr.size = 4096;
+  CHECK_FI(fi_cq_open(e.domain, &cq_attr, &e.cq, nullptr));
+  CHECK_FI(fi_endpoint(e.domain, e.info, &e.ep, nullptr));
+  CHECK_FI(fi_ep_bind(e.ep, &e.av->fid, 0));
+  CHECK_FI(fi_ep_bind(e.ep, &e.cq->fid, FI_TRANSMIT | FI_RECV));
+  CHECK_FI(fi_enable(e.ep));
+  return e;
+}
+
+void WriteFile(const std::string& path, const std::string& data) {
+  { std::ofstream(path + ".tmp", std::ios::binary) << data; }
+  rename((path + ".tmp").c_str(), path.c_str());
+}
+
+std::string ReadFileWait(const std::string& path) {
+  for (int i = 0; i < 2000 && access(path.c_str(), R_OK) != 0; ++i) usleep(5000);
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+int Target(int argc, char** argv) {
+  const std::string dir = Arg(argc, argv, "dir", "/tmp");
+  const size_t size = std::stoull(Arg(argc, argv, "size", "67108864"));
+  Endpoint e = Open(Arg(argc, argv, "iface", "127.0.0.1"));
+  std::vector<char> buf(size);
+  fid_mr* mr;
+  CHECK_FI(fi_mr_reg(e.domain, buf.data(), size, FI_REMOTE_WRITE, 0, 7, 0, &mr, nullptr));
+  char name[256];
+  size_t len = sizeof(name);
+  CHECK_FI(fi_getname(&e.ep->fid, name, &len));
+  uint64_t key = fi_mr_key(mr);
+  uint64_t base = (e.info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(buf.data()) : 0;
+  std::string info(name, len);
+  info.append(reinterpret_cast<char*>(&key), 8);
+  info.append(reinterpret_cast<char*>(&base), 8);
+  WriteFile(dir + "/target.addr", info);
+  // Progress until the initiator says it is done (the target posts nothing).
+  const std::string done = dir + "/initiator.done";
+  fi_cq_entry entry;
+  for (long i = 0; access(done.c_str(), R_OK) != 0 && i < 600000000L; ++i) fi_cq_read(e.cq, &entry, 1);
+  return 0;
+}
+
+int Initiator(int argc, char** argv) {
+  const std::string dir = Arg(argc, argv, "dir", "/tmp");
+  const int count = std::stoi(Arg(argc, argv, "count", "50"));
+  const int window = std::stoi(Arg(argc, argv, "window", "16"));
+  const int lat_iters = std::stoi(Arg(argc, argv, "lat_iters", "1000"));
+  std::vector<size_t> sizes;
+  std::string s = Arg(argc, argv, "sizes", "4096,65536,1048576,16777216,67108864");
+  for (size_t p = 0; p != std::string::npos;) {
+    size_t q = s.find(',', p);
+    sizes.push_back(std::stoull(s.substr(p, q == std::string::npos ? q : q - p)));
+    p = q == std::string::npos ? q : q + 1;
+  }
+  Endpoint e = Open(Arg(argc, argv, "iface", "127.0.0.1"));
+  std::string info = ReadFileWait(dir + "/target.addr");
+  if (info.size() < 17) return 1;
+  uint64_t key, base;
+  memcpy(&key, info.data() + info.size() - 16, 8);
+  memcpy(&base, info.data() + info.size() - 8, 8);
+  fi_addr_t peer;
+  if (fi_av_insert(e.av, info.data(), 1, &peer, 0, nullptr) != 1) return 1;
+  const size_t max_size = *std::max_element(sizes.begin(), sizes.end());
+  std::vector<char> buf(max_size, 'x');
+  fid_mr* mr;
+  CHECK_FI(fi_mr_reg(e.domain, buf.data(), max_size, FI_WRITE, 0, 9, 0, &mr, nullptr));
+  void* desc = fi_mr_desc(mr);
+  std::vector<fi_context2> ctx(window);
+
+  auto run = [&](size_t size, int n) {
+    int posted = 0, done = 0;
+    fi_cq_entry entries[64];
+    while (done < n) {
+      while (posted < n && posted - done < window) {
+        ssize_t rc = fi_write(e.ep, buf.data(), size, desc, peer, base, key, &ctx[posted % window]);
+        if (rc == -FI_EAGAIN) break;
+        if (rc) {
+          fprintf(stderr, "fi_write: %s\n", fi_strerror(-rc));
+          exit(1);
+        }
+        ++posted;
+      }
+      ssize_t c = fi_cq_read(e.cq, entries, 64);
+      if (c > 0) done += c;
+      if (c == -FI_EAVAIL) {
+        fi_cq_err_entry err{};
+        fi_cq_readerr(e.cq, &err, 0);
+        fprintf(stderr, "write failed: %s\n", fi_strerror(err.err));
+        exit(1);
+      }
+    }
+  };
+  run(8, 10);  // connect
+  for (size_t size : sizes) {
+    int n = std::max(4, std::min(count, static_cast<int>((1ull << 30) / size)));
+    double t0 = Now();
+    run(size, n);
+    double us = (Now() - t0) * 1e6;
+    printf("%zu %d %.1f %.3f\n", size, n, us / n, size * n / us / 1e3);
+    fflush(stdout);
+  }
+  std::vector<double> lat;
+  for (int i = 0; i < lat_iters; ++i) {
+    double t0 = Now();
+    run(8, 1);
+    lat.push_back((Now() - t0) * 1e6);
+  }
+  std::sort(lat.begin(), lat.end());
+  printf("lat8 %.1f %.1f\n", lat[lat.size() / 2], lat[lat.size() * 99 / 100]);
+  WriteFile(dir + "/initiator.done", "1");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: fi_write_bench target|initiator --iface=ADDR --dir=D ...\n");
+    return 2;
+  }
+  std::string mode = argv[1];
+  return mode == "target" ? Target(argc, argv) : Initiator(argc, argv);
+}
