@@ -239,6 +239,9 @@ void FabricEngine::Watchdog() {
     std::vector<std::shared_ptr<TransferState>> expired;
     {
       absl::MutexLock lock(&mu_);
+      // Nothing in flight: sleep until a transfer starts (an idle agent stays idle).
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !active_.empty(); };
+      mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Seconds(1));
       if (stopping_) return;
       const absl::Time now = absl::Now();
       auto keep = active_.begin();

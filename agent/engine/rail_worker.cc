@@ -15,9 +15,10 @@
 namespace ferry {
 namespace {
 constexpr int kCqBatch = 64;
-// Empty loop turns before the worker blocks: long enough to catch the next completion
-// of a busy stream, short enough that an idle worker sleeps almost at once.
-constexpr int kSpinTurns = 256;
+// How long the worker keeps polling after the last sign of activity before it blocks:
+// long enough to ride a stream of incoming writes (rxm/tcp move data only while the
+// target polls), short enough that an idle agent sleeps almost at once.
+constexpr absl::Duration kSpin = absl::Microseconds(100);
 }  // namespace
 
 RailWorker::RailWorker(FabricNic* nic, Metrics* metrics, std::vector<int> cpus)
@@ -165,20 +166,24 @@ bool RailWorker::ReadCompletions() {
   return false;
 }
 
-void RailWorker::Sleep(bool busy) {
+bool RailWorker::Sleep(bool busy) {
   // Block until the CQ or the submit eventfd has something; fi_trywait makes sure no
   // completion is already waiting. Busy (ops in flight): short timeout as a safety net.
   const int timeout_ms = busy ? 1 : 100;
+  int woken = 0;
   if (nic_->wait_fd() >= 0 && nic_->TryWait()) {
     pollfd fds[2] = {{nic_->wait_fd(), POLLIN, 0}, {event_fd_, POLLIN, 0}};
-    poll(fds, 2, timeout_ms);
+    woken = poll(fds, 2, timeout_ms);
   } else if (nic_->wait_fd() < 0) {
     pollfd fd{event_fd_, POLLIN, 0};
-    poll(&fd, 1, busy ? 0 : 1);  // no wait object: poll the CQ at least every ms
+    woken = poll(&fd, 1, busy ? 0 : 1);  // no wait object: poll the CQ at least every ms
+  } else {
+    woken = 1;  // fi_trywait: something is already there
   }
   uint64_t drained;
   ssize_t ignored = read(event_fd_, &drained, sizeof(drained));
   (void)ignored;
+  return woken > 0;
 }
 
 bool RailWorker::StopNow() {
@@ -209,19 +214,19 @@ void RailWorker::Loop() {
     for (int c : cpus_) CPU_SET(c, &set);
     pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
   }
-  int idle_turns = 0;
+  absl::Time last_activity = absl::Now();
   for (;;) {
     bool progressed = TakeIncoming();
     progressed |= PostPending();
     progressed |= ReadCompletions();
     if (progressed) {
-      idle_turns = 0;
+      last_activity = absl::Now();
       continue;
     }
     if (StopNow()) break;
-    if (++idle_turns < kSpinTurns) continue;
-    Sleep(/*busy=*/inflight_ > 0 || pending_ > 0);
-    idle_turns = 0;
+    if (absl::Now() - last_activity < kSpin) continue;
+    // A wake-up by the CQ's fd is activity too: incoming writes progress only while we poll.
+    if (Sleep(/*busy=*/inflight_ > 0 || pending_ > 0)) last_activity = absl::Now();
   }
 }
 

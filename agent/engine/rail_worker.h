@@ -48,7 +48,8 @@ class RailWorker {
   bool PostPending();
   bool ReadCompletions();
   void Complete(WriteOp* op, const absl::Status& status);
-  void Sleep(bool busy);
+  // Blocks until there may be work; true if woken by activity rather than the timeout.
+  bool Sleep(bool busy);
   // During Stop(): true once everything drained or the 2 s grace period is over.
   bool StopNow();
   void Wake();
