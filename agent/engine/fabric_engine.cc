@@ -128,7 +128,9 @@ void FabricEngine::Submit(std::shared_ptr<Transfer> t, Done done) {
   auto target = std::static_pointer_cast<RemoteTarget>(t->executor_context);
   const size_t local_nics = workers_.size();
   const size_t remote_nics = target->peer->remote_nic_count();
-  const uint64_t max_op = std::max<uint64_t>(options_.max_op_bytes, 4096);
+  // Split at --fabric_max_op_bytes, and never past what the provider accepts in one op.
+  uint64_t max_op = std::max<uint64_t>(options_.max_op_bytes, 4096);
+  for (const auto& nic : nics_) max_op = std::min(max_op, nic->max_msg_size());
 
   // Coalesce chunks that continue each other on both sides, then split to max_op.
   std::vector<CopyChunk> pieces;

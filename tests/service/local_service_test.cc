@@ -363,6 +363,23 @@ TEST_CASE("metrics scraped over HTTP follow the traffic") {
   CHECK(testing::MetricValue(*after, "ferry_errors_total", R"(api="Write",code="OUT_OF_RANGE")") == 1);
 }
 
+TEST_CASE("ferryctl status prints the agent's state as a table and as JSON") {
+  auto agent = StartAgent();
+  Pod p = MakePod(agent->socket(), 1 << 20);
+  const std::string out = agent->dir() + "/ferryctl.out";
+  for (const std::string& format : {std::string("--json=false"), std::string("--json")}) {
+    auto ctl = testing::ChildProcess::Spawn(
+        {testing::RunfilePath("tools/ferryctl/ferryctl"), "--socket=" + agent->socket(), format, "status"}, out);
+    REQUIRE(ctl.ok());
+    REQUIRE((*ctl)->Wait(absl::Seconds(10)) == 0);
+  }
+  auto text = testing::WaitForFile(out + ".out", absl::Seconds(1));
+  REQUIRE(text.ok());
+  CHECK(text->find("sessions               1") != std::string::npos);
+  CHECK(text->find("regions                1 (1.0 MiB)") != std::string::npos);
+  CHECK(text->find("\"registeredBytes\": \"1048576\"") != std::string::npos);
+}
+
 TEST_CASE("SIGTERM stops cleanly; a stale socket does not block a restart; a live one does") {
   auto agent = StartAgent();
   const std::string dir = agent->dir();
