@@ -5,6 +5,11 @@
 #include <grpcpp/server_builder.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -13,6 +18,32 @@
 #include "agent/session/session_wire.h"
 
 namespace ferry {
+namespace {
+
+// NUMA nodes and their CPUs from sysfs ("0-3,8-11" lists). The topology issue replaces
+// this with full GPU/NIC/PCIe discovery.
+void FillNumaNodes(v1::GetTopologyResponse* resp) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/sys/devices/system/node", ec)) {
+    const std::string name = entry.path().filename().string();
+    int node;
+    if (name.rfind("node", 0) != 0 || !absl::SimpleAtoi(name.substr(4), &node)) continue;
+    std::ifstream in(entry.path() / "cpulist");
+    std::string list;
+    std::getline(in, list);
+    v1::CpuSet* set = resp->add_numa_nodes();
+    set->set_numa_node(node);
+    for (absl::string_view range : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> ends = absl::StrSplit(range, absl::MaxSplits('-', 1));
+      int lo, hi;
+      if (!absl::SimpleAtoi(ends.first, &lo)) continue;
+      if (ends.second.empty() || !absl::SimpleAtoi(ends.second, &hi)) hi = lo;
+      for (int c = lo; c <= hi; ++c) set->add_cpus(c);
+    }
+  }
+}
+
+}  // namespace
 
 Agent::Agent(const AgentConfig& config) : config_(config), incarnation_(RandomU64()) {
   if (config_.session_socket.empty()) config_.session_socket = SessionSocketPath(config_.socket);
@@ -81,6 +112,15 @@ absl::Status Agent::Init() {
     deps.registrar = engine_.get();
     deps.fill_status = [e = engine_.get()](v1::GetStatusResponse* r) { e->FillStatus(r); };
   }
+  deps.fill_topology = [e = engine_.get()](v1::GetTopologyResponse* r) {
+    FillNumaNodes(r);
+    if (e == nullptr) return;
+    for (FabricNic* nic : e->nics()) {
+      v1::NicInfo* n = r->add_nics();
+      n->set_name(nic->name());
+      n->set_fabric_address(nic->address_string());
+    }
+  };
   local_service_ = std::make_unique<LocalService>(std::move(deps));
 
   absl::Status claimed = ClaimSocketPath(config_.socket);
