@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "client/cpp/ferry_client.h"
 #include "tests/testing/agent_process.h"
+#include "tests/testing/test_pod.h"
 #include "tests/testing/netns.h"
 
 namespace ferry {
@@ -31,27 +32,8 @@ std::unique_ptr<AgentProcess> StartOn(const testing::TestHost& host, std::vector
   return std::move(*a);
 }
 
-struct Pod {
-  std::unique_ptr<Client> client;
-  std::unique_ptr<HostBuffer> buf;
-  v1::RegisterMemoryResponse reg;
-};
-
-Pod MakePod(const std::string& socket, uint64_t size, uint8_t fill) {
-  Pod p;
-  auto c = Client::Connect(socket);
-  REQUIRE(c.ok());
-  p.client = std::move(*c);
-  auto b = HostBuffer::Create(size);
-  REQUIRE(b.ok());
-  p.buf = std::make_unique<HostBuffer>(std::move(*b));
-  memset(p.buf->data(), fill, size);
-  auto r = p.client->RegisterHost(*p.buf);
-  INFO(r.status().ToString());
-  REQUIRE(r.ok());
-  p.reg = *r;
-  return p;
-}
+using Pod = testing::TestPod;
+using testing::MakePod;
 
 void FillPattern(uint8_t* p, size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);

@@ -15,32 +15,15 @@
 #include "absl/time/clock.h"
 #include "client/cpp/ferry_client.h"
 #include "tests/testing/agent_process.h"
+#include "tests/testing/test_pod.h"
 
 namespace ferry {
 namespace {
 
 using testing::AgentProcess;
 
-struct Pod {
-  std::unique_ptr<Client> client;
-  std::unique_ptr<HostBuffer> buf;
-  v1::RegisterMemoryResponse reg;
-};
-
-Pod MakePod(const std::string& socket, uint64_t size) {
-  Pod p;
-  auto c = Client::Connect(socket);
-  REQUIRE(c.ok());
-  p.client = std::move(*c);
-  auto b = HostBuffer::Create(size);
-  REQUIRE(b.ok());
-  p.buf = std::make_unique<HostBuffer>(std::move(*b));
-  auto r = p.client->RegisterHost(*p.buf);
-  INFO(r.status().ToString());
-  REQUIRE(r.ok());
-  p.reg = *r;
-  return p;
-}
+using Pod = testing::TestPod;
+using testing::MakePod;
 
 void FillRandom(uint8_t* p, size_t n, uint32_t seed) {
   std::mt19937_64 rng(seed);

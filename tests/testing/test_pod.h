@@ -1,0 +1,44 @@
+// TestPod: a stand-in for a workload pod inside a test — a session with an agent and
+// one registered host buffer.
+//
+//   TestPod p = MakePod(agent->socket(), 1 << 20, /*fill=*/0xAB);
+//   p.client->Write(p.reg.region_id(), other.reg.region(), {{0, 0, 4096}});
+#ifndef FERRY_TESTS_TESTING_TEST_POD_H_
+#define FERRY_TESTS_TESTING_TEST_POD_H_
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "client/cpp/ferry_client.h"
+
+namespace ferry::testing {
+
+struct TestPod {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<HostBuffer> buf;
+  v1::RegisterMemoryResponse reg;
+};
+
+// Connects, allocates `size` bytes filled with `fill`, registers them; REQUIREs success.
+inline TestPod MakePod(const std::string& socket, uint64_t size, uint8_t fill = 0) {
+  TestPod p;
+  auto c = Client::Connect(socket);
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  p.client = std::move(*c);
+  auto b = HostBuffer::Create(size);
+  REQUIRE(b.ok());
+  p.buf = std::make_unique<HostBuffer>(std::move(*b));
+  memset(p.buf->data(), fill, size);
+  auto r = p.client->RegisterHost(*p.buf);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  p.reg = *r;
+  return p;
+}
+
+}  // namespace ferry::testing
+
+#endif  // FERRY_TESTS_TESTING_TEST_POD_H_
