@@ -17,15 +17,7 @@ for a in "$@"; do case $a in --count=*) count=${a#--count=} ;; esac; done
 bash tools/setup.sh
 bazel build -c opt //agent/main:ferryd //tools/bench:fi_write_bench //tools/bench:ferry_bench 2>&1 | tail -n 1
 bin=bazel-bin
-work=$(mktemp -d /tmp/ferry-bench.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-wait_for() { for _ in $(seq 1 400); do [ -e "$1" ] && return 0; sleep 0.05; done; echo "timed out: $1" >&2; return 1; }
+source tools/lib.sh
 ncpu=$(nproc)
 cpu_a=0; cpu_b=$(( ncpu > 1 ? 1 : 0 ))
 sizes=4096,65536,1048576,16777216,67108864
@@ -36,23 +28,20 @@ echo "# window 16 transfers in flight, count $count per size (capped at 1 GiB pe
 
 # Raw libfabric baseline.
 mkdir -p "$work/raw"
-taskset -c $cpu_b "$bin/tools/bench/fi_write_bench" target --iface=127.0.0.2 --dir="$work/raw" --size=$((64 << 20)) &
-pids+=($!)
+start_bg taskset -c $cpu_b "$bin/tools/bench/fi_write_bench" target --iface=127.0.0.2 --dir="$work/raw" --size=$((64 << 20))
 taskset -c $cpu_a "$bin/tools/bench/fi_write_bench" initiator --iface=127.0.0.1 --dir="$work/raw" \
   --sizes=$sizes --count="$count" --window=16 --lat_iters=1000 > "$work/raw.txt"
 
 # ferry: two agents, a receiver pod on B, the bench client on A.
 for node in a b; do
   if [ $node = a ]; then addr=127.0.0.1; cpu=$cpu_a; else addr=127.0.0.2; cpu=$cpu_b; fi
-  taskset -c $cpu "$bin/agent/main/ferryd" --socket="$work/$node.sock" --metrics_address=127.0.0.1:0 \
+  start_bg taskset -c $cpu "$bin/agent/main/ferryd" --socket="$work/$node.sock" --metrics_address=127.0.0.1:0 \
     --peer_address=$addr:0 --fabric_iface=$addr --fabric_provider='tcp;ofi_rxm' \
-    --ready_file="$work/$node.ready" --log_level=warning 2>"$work/$node.log" &
-  pids+=($!)
+    --ready_file="$work/$node.ready" --log_level=warning 2>"$work/$node.log"
 done
-wait_for "$work/a.ready"; wait_for "$work/b.ready"
-taskset -c $cpu_b "$bin/tools/bench/ferry_bench" receive --socket="$work/b.sock" --dir="$work" --size=$((64 << 20)) &
-pids+=($!)
-wait_for "$work/descriptor"
+wait_for "$work/a.ready" 20; wait_for "$work/b.ready" 20
+start_bg taskset -c $cpu_b "$bin/tools/bench/ferry_bench" receive --socket="$work/b.sock" --dir="$work" --size=$((64 << 20))
+wait_for "$work/descriptor" 20
 run() { taskset -c $cpu_a "$bin/tools/bench/ferry_bench" "$@" --socket="$work/a.sock" --dir="$work"; }
 run send --sizes=$sizes --count="$count" --window=16 --layout=contiguous > "$work/contig.txt"
 run send --sizes=$sizes --count="$count" --window=16 --layout=paged > "$work/paged.txt"

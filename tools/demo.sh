@@ -12,19 +12,7 @@ echo "== building (the first build takes a few minutes) =="
 bazel build -c opt //agent/main:ferryd //tools/demo:demo_pod //tools/ferryctl 2>&1 | tail -n 2
 bin=bazel-bin
 
-work=$(mktemp -d /tmp/ferry-demo.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-wait_for() {  # wait_for FILE SECONDS
-  for _ in $(seq 1 $(( $2 * 20 ))); do [ -e "$1" ] && return 0; sleep 0.05; done
-  echo "demo: timed out waiting for $1" >&2; return 1
-}
+source tools/lib.sh
 
 # Two "nodes": network namespaces joined by a veth pair when this machine allows it
 # (root + iproute2), else two loopback addresses. Test traffic stays on this machine.
@@ -43,16 +31,14 @@ else
   addr_a=127.0.0.1; addr_b=127.0.0.2
   echo "nodes: loopback addresses $addr_a and $addr_b (network namespaces unavailable here)"
 fi
-cleanup_ns() { ip netns del "$ns_a" 2>/dev/null || true; ip netns del "$ns_b" 2>/dev/null || true; }
-trap 'cleanup; cleanup_ns' EXIT
+on_exit_extra() { ip netns del "$ns_a" 2>/dev/null || true; ip netns del "$ns_b" 2>/dev/null || true; }
 
 echo "== starting two ferryd agents (libfabric tcp;ofi_rxm) =="
 for node in a b; do
   if [ $node = a ]; then wrap=("${wrap_a[@]}"); addr=$addr_a; else wrap=("${wrap_b[@]}"); addr=$addr_b; fi
-  "${wrap[@]}" "$bin/agent/main/ferryd" --socket="$work/$node.sock" --metrics_address=127.0.0.1:0 \
+  start_bg "${wrap[@]}" "$bin/agent/main/ferryd" --socket="$work/$node.sock" --metrics_address=127.0.0.1:0 \
     --peer_address="$addr:0" --fabric_iface="$addr" --fabric_provider='tcp;ofi_rxm' \
-    --ready_file="$work/$node.ready" 2>"$work/ferryd-$node.log" &
-  pids+=($!)
+    --ready_file="$work/$node.ready" 2>"$work/ferryd-$node.log"
 done
 wait_for "$work/a.ready" 20
 wait_for "$work/b.ready" 20
@@ -60,9 +46,8 @@ echo "agent a: unix:$work/a.sock, peer $(sed -n 's/^peer_address=//p' "$work/a.r
 echo "agent b: unix:$work/b.sock, peer $(sed -n 's/^peer_address=//p' "$work/b.ready")"
 
 echo "== pods: the receiver on node b registers 64 MiB; the sender on node a writes into it =="
-"$bin/tools/demo/demo_pod" receive --socket="$work/b.sock" --dir="$work" --size=$((64 << 20)) \
-  2>"$work/receiver.log" &
-pids+=($!)
+start_bg "$bin/tools/demo/demo_pod" receive --socket="$work/b.sock" --dir="$work" --size=$((64 << 20)) \
+  2>"$work/receiver.log"
 wait_for "$work/descriptor" 20
 "$bin/tools/demo/demo_pod" send --socket="$work/a.sock" --dir="$work" \
   --sizes=4096,65536,1048576,16777216,67108864 --iters=5
