@@ -33,15 +33,8 @@ std::unique_ptr<AgentProcess> StartOn(const testing::TestHost& host, std::vector
 }
 
 using Pod = testing::TestPod;
+using testing::FillRandom;
 using testing::MakePod;
-
-void FillPattern(uint8_t* p, size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t v = rng();
-    memcpy(p + i, &v, std::min<size_t>(8, n - i));
-  }
-}
 
 v1::WriteRequest Whole(const Pod& src, const v1::RegionDescriptor& dst, uint64_t src_off, uint64_t dst_off,
                        uint64_t len) {
@@ -62,7 +55,7 @@ TEST_CASE("two agents: chunk list and paged writes land byte for byte, notified 
   const uint64_t kSize = 8 << 20;
   Pod sender = MakePod(a->socket(), kSize, 0);
   Pod receiver = MakePod(b->socket(), kSize, 0xEE);
-  FillPattern(sender.buf->data(), kSize, 11);
+  FillRandom(sender.buf->data(), kSize, 11);
 
   auto ctx = receiver.client->NewContext(absl::Seconds(60));
   auto stream = receiver.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
@@ -151,7 +144,7 @@ TEST_CASE("two NICs per agent: transfers stripe over both (per-NIC byte counters
   const uint64_t kSize = 32 << 20;
   Pod sender = MakePod(a->socket(), kSize, 0);
   Pod receiver = MakePod(b->socket(), kSize, 0);
-  FillPattern(sender.buf->data(), kSize, 21);
+  FillRandom(sender.buf->data(), kSize, 21);
   REQUIRE(sender.client->WriteAndWait(Whole(sender, receiver.reg.region(), 0, 0, kSize), absl::Seconds(60)).ok());
   CHECK(memcmp(receiver.buf->data(), sender.buf->data(), kSize) == 0);
 
@@ -178,7 +171,7 @@ TEST_CASE("three agents, many sessions, concurrent transfers: no corruption") {
     threads.emplace_back([&, w] {
       Pod me = MakePod(agents[w % 3]->socket(), kSlice, 0);
       for (int round = 0; round < 5; ++round) {
-        FillPattern(me.buf->data(), kSlice, w * 100 + round);
+        FillRandom(me.buf->data(), kSlice, w * 100 + round);
         // Write the slice to the next agent's receiver, in 64 scattered chunks.
         const Pod& dst = receivers[(w + 1) % 3];
         v1::WriteRequest req;

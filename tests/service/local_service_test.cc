@@ -23,15 +23,8 @@ namespace {
 using testing::AgentProcess;
 
 using Pod = testing::TestPod;
+using testing::FillRandom;
 using testing::MakePod;
-
-void FillRandom(uint8_t* p, size_t n, uint32_t seed) {
-  std::mt19937_64 rng(seed);
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t v = rng();
-    memcpy(p + i, &v, std::min<size_t>(8, n - i));
-  }
-}
 
 std::unique_ptr<AgentProcess> StartAgent(const std::vector<std::string>& flags = {}) {
   auto a = AgentProcess::Start(flags);

@@ -7,8 +7,10 @@
 #define FERRY_TESTS_TESTING_TEST_POD_H_
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 
 #include "client/cpp/ferry_client.h"
@@ -37,6 +39,15 @@ inline TestPod MakePod(const std::string& socket, uint64_t size, uint8_t fill = 
   REQUIRE(r.ok());
   p.reg = *r;
   return p;
+}
+
+// Fills [p, p + n) with a reproducible random pattern.
+inline void FillRandom(uint8_t* p, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t v = rng();
+    memcpy(p + i, &v, std::min<size_t>(8, n - i));
+  }
 }
 
 }  // namespace ferry::testing
