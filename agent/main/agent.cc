@@ -4,6 +4,8 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -91,7 +93,8 @@ absl::Status Agent::Init() {
     m->SetBuildInfo(kFerryVersion, LibfabricVersion(), "");
   }
 
-  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server = MetricsServer::Start(config_.metrics_address, m);
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server =
+      MetricsServer::Start(config_.metrics_address, m, [this] { return Readiness(); });
   if (!metrics_server.ok()) return metrics_server.status();
   metrics_server_ = std::move(*metrics_server);
   // Report the bound port, not 0.
@@ -147,9 +150,22 @@ absl::Status Agent::Init() {
   absl::Status started = session_server_->Start(config_.session_socket, config_.socket_mode, config_.socket_gid);
   if (!started.ok()) return started;
 
+  serving_.store(true);
   FERRY_LOG(INFO) << "ferryd " << kFerryVersion << " incarnation " << incarnation_ << " serving unix:"
                   << config_.socket << " (sessions " << config_.session_socket << "), metrics http://"
                   << config_.metrics_address << "/metrics";
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Readiness() const {
+  if (!serving_.load()) return absl::UnavailableError("the agent is starting or draining");
+  struct stat st;
+  if (stat(config_.socket.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+    return absl::UnavailableError(absl::StrCat("the API socket ", config_.socket, " is gone"));
+  }
+  if (!config_.peer_address.empty() && (engine_ == nullptr || engine_->nics().empty())) {
+    return absl::UnavailableError("the fabric is not up");
+  }
   return absl::OkStatus();
 }
 
@@ -190,6 +206,7 @@ absl::Status Agent::StartFabric() {
 void Agent::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
+  serving_.store(false);  // /readyz turns 503 first, so load balancers stop sending work
   if (local_service_) local_service_->BeginShutdown();
   // Let in-flight transfers finish (bounded).
   absl::Time deadline = absl::Now() + grace;

@@ -6,6 +6,7 @@
 #ifndef FERRY_AGENT_MAIN_AGENT_H_
 #define FERRY_AGENT_MAIN_AGENT_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -44,6 +45,8 @@ class Agent {
   absl::Status Init();
   // Opens the NICs and serves the peer API; sets advertise_address_.
   absl::Status StartFabric();
+  // OK when the agent takes work: initialised, not draining, socket in place, fabric up.
+  absl::Status Readiness() const;
 
   AgentConfig config_;
   const uint64_t incarnation_;
@@ -61,6 +64,7 @@ class Agent {
   std::unique_ptr<SessionSocketServer> session_server_;
   std::unique_ptr<MetricsServer> metrics_server_;
   bool shut_down_ = false;
+  std::atomic<bool> serving_{false};
 };
 
 }  // namespace ferry

@@ -24,7 +24,7 @@ ABSL_FLAG(std::string, socket_group, "",
           "Group (name or gid) that owns the sockets; workload pods run with it. Empty: the agent's group.");
 ABSL_FLAG(std::string, allowed_uids, "", "Comma-separated UIDs allowed to open sessions; empty allows any.");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
-          "host:port for /metrics and /healthz (port 0 picks a free one; see --ready_file).");
+          "host:port for /metrics, /healthz and /readyz (port 0 picks a free one; see --ready_file).");
 ABSL_FLAG(std::string, peer_address, "",
           "host:port of the agent-to-agent gRPC service; empty disables cross-node transfers.");
 ABSL_FLAG(std::string, advertise_address, "",

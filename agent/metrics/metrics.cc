@@ -1,10 +1,12 @@
 #include "agent/metrics/metrics.h"
 
-#include <exception>
+#include <civetweb.h>
+
+#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "prometheus/exposer.h"
+#include "prometheus/text_serializer.h"
 
 namespace ferry {
 namespace {
@@ -120,24 +122,56 @@ const char* StatusCodeName(int code) {
   return kNames[code];
 }
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
-                                                                    Metrics* metrics) {
-  std::unique_ptr<MetricsServer> server(new MetricsServer());
-  try {
-    server->exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
-  } catch (const std::exception& e) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot serve metrics on ", address, ": ", e.what(), " (--metrics_address)"));
+namespace {
+
+int Reply(struct mg_connection* conn, int code, const char* content_type, const std::string& body) {
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", code,
+            mg_get_response_code_text(conn, code), content_type, body.size());
+  mg_write(conn, body.data(), body.size());
+  return code;
+}
+
+}  // namespace
+
+int MetricsServer::ServeMetrics(struct mg_connection* conn, void* self) {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, static_cast<MetricsServer*>(self)->metrics_->registry()->Collect());
+  return Reply(conn, 200, "text/plain; version=0.0.4; charset=utf-8", out.str());
+}
+
+int MetricsServer::ServeHealth(struct mg_connection* conn, void*) {
+  return Reply(conn, 200, "text/plain", "ok\n");
+}
+
+int MetricsServer::ServeReady(struct mg_connection* conn, void* self) {
+  absl::Status ready = static_cast<MetricsServer*>(self)->ready_();
+  if (ready.ok()) return Reply(conn, 200, "text/plain", "ready\n");
+  return Reply(conn, 503, "text/plain", absl::StrCat("not ready: ", ready.message(), "\n"));
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address, Metrics* metrics,
+                                                                    ReadinessCheck ready) {
+  std::unique_ptr<MetricsServer> server(new MetricsServer(metrics, std::move(ready)));
+  mg_init_library(0);
+  const char* options[] = {"listening_ports", address.c_str(), "num_threads", "2", nullptr};
+  mg_callbacks callbacks{};
+  server->ctx_ = mg_start(&callbacks, nullptr, options);
+  if (server->ctx_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot serve metrics on ", address, " (--metrics_address: is the port free and the address local?)"));
   }
-  server->exposer_->RegisterCollectable(metrics->registry(), "/metrics");
-  // /healthz: answers 200 while the process serves HTTP at all.
-  server->health_ = std::make_shared<prometheus::Registry>();
-  server->exposer_->RegisterCollectable(server->health_, "/healthz");
-  std::vector<int> ports = server->exposer_->GetListeningPorts();
-  server->port_ = ports.empty() ? 0 : ports[0];
+  mg_set_request_handler(server->ctx_, "/metrics$", &MetricsServer::ServeMetrics, server.get());
+  mg_set_request_handler(server->ctx_, "/healthz$", &MetricsServer::ServeHealth, server.get());
+  mg_set_request_handler(server->ctx_, "/readyz$", &MetricsServer::ServeReady, server.get());
+  mg_server_port ports[4] = {};
+  if (mg_get_server_ports(server->ctx_, 4, ports) > 0) server->port_ = ports[0].port;
   return server;
 }
 
-MetricsServer::~MetricsServer() = default;
+MetricsServer::~MetricsServer() {
+  if (ctx_ != nullptr) mg_stop(ctx_);
+  mg_exit_library();
+}
 
 }  // namespace ferry

@@ -3,7 +3,8 @@
 //   Metrics m;
 //   m.SetBuildInfo("0.1.0", "1.17", "tcp;ofi_rxm");
 //   m.transfers_total("local", "OK").Increment();
-//   absl::StatusOr<std::unique_ptr<MetricsServer>> s = MetricsServer::Start("127.0.0.1:9464", &m);
+//   absl::StatusOr<std::unique_ptr<MetricsServer>> s =
+//       MetricsServer::Start("127.0.0.1:9464", &m, [] { return absl::OkStatus(); });
 //
 // Names are an interface (dashboards and alerts use them): see the metrics table in
 // deploy/grafana/README.md. Label values are bounded sets: never region ids, tokens,
@@ -11,6 +12,7 @@
 #ifndef FERRY_AGENT_METRICS_METRICS_H_
 #define FERRY_AGENT_METRICS_METRICS_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -21,9 +23,8 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
-namespace prometheus {
-class Exposer;
-}
+struct mg_connection;
+struct mg_context;
 
 namespace ferry {
 
@@ -84,18 +85,31 @@ class Metrics {
 // gRPC code name as used in status labels: "OK", "NOT_FOUND", ...
 const char* StatusCodeName(int code);
 
-// Serves /metrics and /healthz over HTTP.
+// Serves, over HTTP on one port:
+//   /metrics  the registry in the Prometheus text format (prometheus-cpp's serializer)
+//   /healthz  200 while the process answers at all (liveness)
+//   /readyz   200 when `ready` returns OK, else 503 with its message (readiness: a
+//             Kubernetes Service or the kubelet stops sending work to a draining agent)
 class MetricsServer {
  public:
-  // `address` is host:port; port 0 picks a free port (see port()).
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address, Metrics* metrics);
+  using ReadinessCheck = std::function<absl::Status()>;
+
+  // `address` is host:port; port 0 picks a free port (see port()). `ready` is called on
+  // the server's threads, so it must be thread-safe and must not block.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address, Metrics* metrics,
+                                                              ReadinessCheck ready);
   ~MetricsServer();
   int port() const { return port_; }
 
  private:
-  MetricsServer() = default;
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  std::shared_ptr<prometheus::Registry> health_;
+  MetricsServer(Metrics* metrics, ReadinessCheck ready) : metrics_(metrics), ready_(std::move(ready)) {}
+  static int ServeMetrics(struct mg_connection* conn, void* self);
+  static int ServeHealth(struct mg_connection* conn, void* self);
+  static int ServeReady(struct mg_connection* conn, void* self);
+
+  Metrics* const metrics_;
+  const ReadinessCheck ready_;
+  mg_context* ctx_ = nullptr;
   int port_ = 0;
 };
 

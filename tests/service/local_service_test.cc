@@ -339,6 +339,18 @@ TEST_CASE("metrics scraped over HTTP follow the traffic") {
   CHECK(testing::MetricValue(*after, "ferry_errors_total", R"(api="Write",code="OUT_OF_RANGE")") == 1);
 }
 
+TEST_CASE("/readyz answers 200 while the agent takes work and 503 with the reason when it cannot") {
+  auto agent = StartAgent();
+  auto ready = testing::HttpGet(agent->metrics_port(), "/readyz");
+  CHECK(ready.ok());
+  // Someone removed the API socket: pods can no longer reach this agent.
+  REQUIRE(unlink(agent->socket().c_str()) == 0);
+  auto gone = testing::HttpGet(agent->metrics_port(), "/readyz");
+  REQUIRE_FALSE(gone.ok());
+  CHECK_THAT(std::string(gone.status().message()), Catch::Matchers::Contains("503"));
+  CHECK(testing::HttpGet(agent->metrics_port(), "/healthz").ok());  // alive all the same
+}
+
 TEST_CASE("ferryctl status prints the agent's state as a table and as JSON") {
   auto agent = StartAgent();
   Pod p = MakePod(agent->socket(), 1 << 20);
