@@ -165,6 +165,7 @@ void FabricEngine::Submit(std::shared_ptr<Transfer> t, Done done) {
         } else if (t->notify) {
           Enqueue([this, t, nic_bytes, done] { SendNotify(t, nic_bytes, done); });
         } else {
+          AddRxReport(*t, peer, nic_bytes);
           done(absl::OkStatus());
         }
       });
@@ -216,6 +217,43 @@ void FabricEngine::SendNotify(const std::shared_ptr<Transfer>& t, const std::vec
   }
 }
 
+void FabricEngine::AddRxReport(const Transfer& t, const std::shared_ptr<PeerConnection>& peer,
+                               const std::vector<uint64_t>& nic_bytes) {
+  const v1::RegionDescriptor& d = t.dst_descriptor;
+  absl::MutexLock lock(&report_mu_);
+  RxReport& r = rx_reports_[{peer.get(), d.region_id()}];
+  if (r.peer == nullptr) {
+    r.peer = peer;
+    r.request.set_target_incarnation(d.agent_incarnation());
+    r.request.set_region_id(d.region_id());
+    r.request.set_token(d.token());
+    r.request.set_source_incarnation(options_.incarnation);
+    r.request.mutable_nic_bytes()->Resize(static_cast<int>(nic_bytes.size()), 0);
+  }
+  r.request.set_bytes(r.request.bytes() + t.plan.total_bytes);
+  for (size_t i = 0; i < nic_bytes.size() && i < static_cast<size_t>(r.request.nic_bytes_size()); ++i) {
+    r.request.set_nic_bytes(static_cast<int>(i), r.request.nic_bytes(static_cast<int>(i)) + nic_bytes[i]);
+  }
+}
+
+void FabricEngine::FlushRxReports() {
+  std::map<std::pair<const PeerConnection*, uint64_t>, RxReport> reports;
+  {
+    absl::MutexLock lock(&report_mu_);
+    reports.swap(rx_reports_);
+  }
+  for (auto& [key, report] : reports) {
+    Enqueue([r = std::move(report)] {
+      v1::NotifyResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+      grpc::Status s = r.peer->stub()->Notify(&ctx, r.request, &resp);
+      // Accounting only: a target that restarted or dropped the region loses the count.
+      if (!s.ok()) FERRY_LOG(DEBUG) << "receive report to " << r.peer->address() << ": " << s.error_message();
+    });
+  }
+}
+
 void FabricEngine::Enqueue(std::function<void()> job) {
   absl::MutexLock lock(&mu_);
   jobs_.push_back(std::move(job));
@@ -237,7 +275,12 @@ void FabricEngine::NotifyLoop() {
 }
 
 void FabricEngine::Watchdog() {
+  absl::Time last_report = absl::Now();
   for (;;) {
+    if (absl::Now() - last_report >= absl::Seconds(1)) {
+      FlushRxReports();
+      last_report = absl::Now();
+    }
     std::vector<std::shared_ptr<TransferState>> expired;
     {
       absl::MutexLock lock(&mu_);
@@ -289,6 +332,7 @@ void FabricEngine::FillStatus(v1::GetStatusResponse* resp) const {
     n->set_provider(w->nic()->provider());
     n->set_address(w->nic()->address_string());
     n->set_tx_bytes(w->tx_bytes());
+    n->set_rx_bytes(static_cast<uint64_t>(metrics_->transfer_bytes("rx", "fabric", w->nic()->name()).Value()));
     n->set_ops_inflight(w->inflight());
     for (int c : w->cpus()) n->add_cpus(c);
   }

@@ -10,6 +10,8 @@
 // writes to remote NIC i mod R). Each NIC's RailWorker posts and completes its ops.
 // Once every op reported delivery-complete, the target agent is told over gRPC (Notify)
 // when the writer asked for a notification; only then does the writer see success.
+// Transfers without a notification are reported to the target in the background, at
+// most once a second per target region, so its receive counters stay complete.
 // A watchdog enforces each transfer's deadline; a peer restart fails its transfers with
 // UNAVAILABLE.
 #ifndef FERRY_AGENT_ENGINE_FABRIC_ENGINE_H_
@@ -17,6 +19,7 @@
 
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -71,6 +74,17 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   void FailTransfersTo(const PeerConnection& peer);
   void SendNotify(const std::shared_ptr<Transfer>& t, const std::vector<uint64_t>& nic_bytes, Done done);
 
+  // Receive accounting for transfers the target was not notified of: one-sided writes
+  // are invisible to the target agent, so the initiator adds them up per target region
+  // and reports them (Notify with deliver=false) from the watchdog.
+  struct RxReport {
+    std::shared_ptr<PeerConnection> peer;
+    v1::NotifyRequest request;  // deliver=false; bytes and nic_bytes accumulate
+  };
+  void AddRxReport(const Transfer& t, const std::shared_ptr<PeerConnection>& peer,
+                   const std::vector<uint64_t>& nic_bytes);
+  void FlushRxReports();
+
   const FabricEngineOptions options_;
   Metrics* metrics_;
   std::vector<std::unique_ptr<FabricNic>> nics_;
@@ -81,6 +95,8 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::weak_ptr<TransferState>> active_ ABSL_GUARDED_BY(mu_);
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex report_mu_;
+  std::map<std::pair<const PeerConnection*, uint64_t>, RxReport> rx_reports_ ABSL_GUARDED_BY(report_mu_);
   std::thread watchdog_;
   std::vector<std::thread> notifiers_;
 };

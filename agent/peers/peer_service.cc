@@ -73,11 +73,12 @@ grpc::Status PeerService::OpenRegion(grpc::ServerContext*, const v1::OpenRegionR
 }
 
 grpc::Status PeerService::Notify(grpc::ServerContext*, const v1::NotifyRequest* req, v1::NotifyResponse*) {
+  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(req->target_incarnation(), req->region_id(), req->token());
+  if (!region.ok()) return Reply("peer.Notify", region.status());
+  // Counted only for a caller holding the region's token: nobody else can skew them.
   for (int i = 0; i < req->nic_bytes_size() && i < static_cast<int>(rx_bytes_.size()); ++i) {
     rx_bytes_[i]->Increment(static_cast<double>(req->nic_bytes(i)));
   }
-  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(req->target_incarnation(), req->region_id(), req->token());
-  if (!region.ok()) return Reply("peer.Notify", region.status());
   if (req->deliver()) {
     v1::Notification n;
     n.set_region_id(req->region_id());
