@@ -51,6 +51,12 @@ void FabricEngine::StartPeers(const std::string& self_address, std::shared_ptr<g
   for (const auto& nic : nics_) self.fabric_addresses.push_back(nic->address());
   peers_ = std::make_unique<PeerTable>(std::move(self), nics(), std::move(creds),
                                        [this](const PeerConnection& p) { FailTransfersTo(p); });
+  metrics_->SetScrapeHook([this] {
+    const PeerTable::StateCounts c = peers_->Count();
+    metrics_->peers("connected").Set(static_cast<double>(c.connected));
+    metrics_->peers("suspect").Set(static_cast<double>(c.suspect));
+    metrics_->peers("retired").Set(static_cast<double>(c.retired));
+  });
 }
 
 std::vector<FabricNic*> FabricEngine::nics() const {
@@ -78,6 +84,7 @@ void FabricEngine::Shutdown() {
   for (std::thread& t : notifiers_) t.join();
   notifiers_.clear();
   for (auto& w : workers_) w->Stop();
+  metrics_->SetScrapeHook(nullptr);
   peers_.reset();
 }
 

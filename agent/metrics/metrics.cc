@@ -135,8 +135,10 @@ int Reply(struct mg_connection* conn, int code, const char* content_type, const 
 }  // namespace
 
 int MetricsServer::ServeMetrics(struct mg_connection* conn, void* self) {
+  Metrics* metrics = static_cast<MetricsServer*>(self)->metrics_;
+  metrics->RunScrapeHook();
   std::ostringstream out;
-  prometheus::TextSerializer().Serialize(out, static_cast<MetricsServer*>(self)->metrics_->registry()->Collect());
+  prometheus::TextSerializer().Serialize(out, metrics->registry()->Collect());
   return Reply(conn, 200, "text/plain; version=0.0.4; charset=utf-8", out.str());
 }
 

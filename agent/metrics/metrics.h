@@ -7,7 +7,7 @@
 //       MetricsServer::Start("127.0.0.1:9464", &m, [] { return absl::OkStatus(); });
 //
 // Names are an interface (dashboards and alerts use them): see the metrics table in
-// deploy/grafana/README.md. Label values are bounded sets: never region ids, tokens,
+// README.md. Label values are bounded sets: never region ids, tokens,
 // pids or transfer ids. Bandwidth is rate(ferry_transfer_bytes_total[1m]) in PromQL.
 #ifndef FERRY_AGENT_METRICS_METRICS_H_
 #define FERRY_AGENT_METRICS_METRICS_H_
@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -35,6 +36,18 @@ class Metrics {
   void SetBuildInfo(const std::string& version, const std::string& libfabric_version, const std::string& provider);
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // `hook` runs before every scrape, on the HTTP server's thread, to refresh gauges that
+  // are cheaper to count on demand than to keep current (peers by state). Whoever sets
+  // it clears it (nullptr) before the state it reads goes away.
+  void SetScrapeHook(std::function<void()> hook) {
+    absl::MutexLock lock(&hook_mu_);
+    scrape_hook_ = std::move(hook);
+  }
+  void RunScrapeHook() {
+    absl::MutexLock lock(&hook_mu_);
+    if (scrape_hook_) scrape_hook_();
+  }
 
   // Children are created on first use and cached by prometheus-cpp; call these off the
   // per-op hot path and keep the reference.
@@ -65,6 +78,8 @@ class Metrics {
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
+  absl::Mutex hook_mu_;
+  std::function<void()> scrape_hook_ ABSL_GUARDED_BY(hook_mu_);
   prometheus::Family<prometheus::Counter>& transfer_bytes_;
   prometheus::Family<prometheus::Counter>& transfers_;
   prometheus::Family<prometheus::Histogram>& transfer_duration_;

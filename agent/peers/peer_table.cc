@@ -193,4 +193,12 @@ std::vector<PeerTable::PeerInfo> PeerTable::List() const {
   return out;
 }
 
+PeerTable::StateCounts PeerTable::Count() const {
+  StateCounts c;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [addr, p] : peers_) ++(p->suspect() ? c.suspect : c.connected);
+  c.retired = retired_.size();
+  return c;
+}
+
 }  // namespace ferry

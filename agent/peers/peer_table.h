@@ -121,6 +121,13 @@ class PeerTable {
   };
   std::vector<PeerInfo> List() const;
 
+  // For ferry_peers{state}: live connections (connected or suspect) and connections
+  // retired since start (peer restarted or became unreachable).
+  struct StateCounts {
+    size_t connected = 0, suspect = 0, retired = 0;
+  };
+  StateCounts Count() const;
+
  private:
   absl::StatusOr<v1::HandshakeResponse> Handshake(grpc::Channel& channel, const std::string& address,
                                                  absl::Time deadline);
