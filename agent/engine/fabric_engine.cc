@@ -121,7 +121,7 @@ absl::Status FabricEngine::Prepare(Transfer& t) {
                                                 " bytes on its agent)"));
     }
   }
-  if (t.src->nics().size() != nics_.size()) {
+  if (t.src != nullptr && t.src->nics().size() != nics_.size()) {
     return absl::FailedPreconditionError(absl::StrCat("src_region_id ", t.src->id(), " is not registered with the fabric"));
   }
   auto target = std::make_shared<RemoteTarget>();
@@ -256,7 +256,9 @@ void FabricEngine::FlushRxReports() {
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
       grpc::Status s = r.peer->stub()->Notify(&ctx, r.request, &resp);
       // Accounting only: a target that restarted or dropped the region loses the count.
-      if (!s.ok()) FERRY_LOG(DEBUG) << "receive report to " << r.peer->address() << ": " << s.error_message();
+      if (!s.ok()) {
+        FERRY_LOG(DEBUG) << "receive report to " << r.peer->address() << ": " << s.error_message();
+      }
     });
   }
 }

@@ -56,8 +56,10 @@ void RailWorker::Submit(std::vector<WriteOp*> ops) {
     absl::MutexLock lock(&mu_);
     incoming_.insert(incoming_.end(), ops.begin(), ops.end());
   }
-  has_incoming_.store(true, std::memory_order_release);
-  Wake();
+  has_incoming_.store(true, std::memory_order_seq_cst);
+  // A spinning worker sees has_incoming_ on its next turn; only a sleeping one needs
+  // the eventfd (a syscall and a context switch per transfer otherwise).
+  if (sleeping_.load(std::memory_order_seq_cst)) Wake();
 }
 
 void RailWorker::Wake() {
@@ -225,8 +227,13 @@ void RailWorker::Loop() {
     }
     if (StopNow()) break;
     if (absl::Now() - last_activity < kSpin) continue;
+    // Announce the sleep, then look once more: a Submit that saw sleeping_ == false
+    // before the announcement did not ring the eventfd.
+    sleeping_.store(true, std::memory_order_seq_cst);
+    bool woken = has_incoming_.load(std::memory_order_seq_cst) || Sleep(/*busy=*/inflight_ > 0 || pending_ > 0);
+    sleeping_.store(false, std::memory_order_seq_cst);
     // A wake-up by the CQ's fd is activity too: incoming writes progress only while we poll.
-    if (Sleep(/*busy=*/inflight_ > 0 || pending_ > 0)) last_activity = absl::Now();
+    if (woken) last_activity = absl::Now();
   }
 }
 

@@ -66,6 +66,7 @@ class RailWorker {
   std::vector<WriteOp*> incoming_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> has_incoming_{false};
+  std::atomic<bool> sleeping_{false};  // set around Sleep(); Submit wakes only a sleeper
   int event_fd_ = -1;
 
   // Owned by the worker thread: ops not yet posted, one FIFO per destination.

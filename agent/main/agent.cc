@@ -75,7 +75,8 @@ absl::Status Agent::Init() {
   sessions_ = std::make_unique<SessionRegistry>(
       limits,
       /*on_close=*/
-      [m, regions](Session& s) {
+      [this, m, regions](Session& s) {
+        if (queue_poller_) queue_poller_->RemoveSession(s.id());
         size_t n = regions->RemoveSession(s.id());
         m->sessions().Decrement();
         FERRY_LOG(INFO) << "session " << s.id() << " (pid " << s.creds().pid << ") ended; reclaimed " << n
@@ -101,6 +102,9 @@ absl::Status Agent::Init() {
   config_.metrics_address = absl::StrCat(config_.metrics_address.substr(0, config_.metrics_address.rfind(':')), ":",
                                          metrics_server_->port());
 
+  queue_poller_ = std::make_unique<QueuePoller>(
+      [this](const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e) { local_service_->OnQueueEntry(q, e); });
+
   LocalServiceDeps deps;
   deps.config = &config_;
   deps.incarnation = incarnation_;
@@ -110,6 +114,7 @@ absl::Status Agent::Init() {
   deps.sessions = sessions_.get();
   deps.transfers = transfers_.get();
   deps.local = local_copier_.get();
+  deps.queues = queue_poller_.get();
   if (engine_ != nullptr) {
     deps.remote = engine_.get();
     deps.registrar = engine_.get();
@@ -125,6 +130,7 @@ absl::Status Agent::Init() {
     }
   };
   local_service_ = std::make_unique<LocalService>(std::move(deps));
+  queue_poller_->Start();
 
   absl::Status claimed = ClaimSocketPath(config_.socket);
   if (!claimed.ok()) return claimed;
@@ -217,6 +223,7 @@ void Agent::Shutdown(absl::Duration grace) {
   if (local_server_) local_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (peer_server_) peer_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (session_server_) session_server_->Stop();
+  if (queue_poller_) queue_poller_->Stop();
   if (sessions_) sessions_->CloseAll();
   // After the sessions: their regions' fabric registrations close before the NICs do.
   if (engine_) engine_->Shutdown();

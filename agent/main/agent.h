@@ -20,6 +20,7 @@
 #include "agent/memory/region_table.h"
 #include "agent/metrics/metrics.h"
 #include "agent/peers/peer_service.h"
+#include "agent/queue/queue_poller.h"
 #include "agent/service/local_service.h"
 #include "agent/session/session_registry.h"
 #include "agent/session/session_socket.h"
@@ -60,6 +61,7 @@ class Agent {
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<grpc::Server> peer_server_;
   std::unique_ptr<LocalService> local_service_;
+  std::unique_ptr<QueuePoller> queue_poller_;  // after local_service_: its handler
   std::unique_ptr<grpc::Server> local_server_;
   std::unique_ptr<SessionSocketServer> session_server_;
   std::unique_ptr<MetricsServer> metrics_server_;

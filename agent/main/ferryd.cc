@@ -9,6 +9,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -42,6 +43,7 @@ ABSL_FLAG(uint64_t, max_region_bytes, 1ull << 40, "Largest region one RegisterMe
 ABSL_FLAG(uint64_t, max_chunks_per_write, 1 << 20, "Most chunks (or paged blocks) in one Write.");
 ABSL_FLAG(uint64_t, max_pending_fds, 64, "Most fds a session may hold before registering them.");
 ABSL_FLAG(uint64_t, max_inflight_transfers, 4096, "Most transfers one session may have in flight.");
+ABSL_FLAG(uint64_t, max_queues, 256, "Most shared-memory transfer queues (CreateQueue), all sessions together.");
 ABSL_FLAG(uint32_t, transfer_timeout_ms, 30000, "Default transfer deadline when a Write sets none.");
 ABSL_FLAG(uint32_t, max_wait_ms, 60000, "Longest a single Wait call blocks.");
 ABSL_FLAG(int32_t, local_copy_threads, 2, "Threads for node-local host copies.");
@@ -64,6 +66,9 @@ int main(int argc, char** argv) {
       "ferry node agent: moves registered GPU/host memory between pods and nodes.\n"
       "Usage: ferryd [--socket=/run/ferry/ferry.sock] [--peer_address=HOST:PORT --fabric_iface=ADDR] ...");
   absl::ParseCommandLine(argc, argv);
+  // Debian's Abseil checks every Mutex acquisition for lock-order cycles; that costs
+  // more than the agent's per-transfer work. The tsan build is the place for such checks.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   const std::string level = absl::GetFlag(FLAGS_log_level);
   if (level == "debug") ferry::SetMinLogLevel(ferry::LogLevel::kDebug);
@@ -108,6 +113,7 @@ int main(int argc, char** argv) {
   config.max_chunks_per_write = absl::GetFlag(FLAGS_max_chunks_per_write);
   config.max_pending_fds = absl::GetFlag(FLAGS_max_pending_fds);
   config.max_inflight_transfers = absl::GetFlag(FLAGS_max_inflight_transfers);
+  config.max_queues = absl::GetFlag(FLAGS_max_queues);
   config.transfer_timeout_ms = absl::GetFlag(FLAGS_transfer_timeout_ms);
   config.max_wait_ms = absl::GetFlag(FLAGS_max_wait_ms);
   config.local_copy_threads = absl::GetFlag(FLAGS_local_copy_threads);

@@ -128,14 +128,7 @@ grpc::Status LocalService::DeregisterMemory(grpc::ServerContext* ctx, const v1::
 
 // ---------------------------------------------------------------- Write
 
-absl::StatusOr<uint64_t> LocalService::DoWrite(const std::shared_ptr<Session>& session,
-                                               const v1::WriteRequest& req) {
-  const AgentConfig& cfg = *deps_.config;
-  absl::StatusOr<std::shared_ptr<Region>> src = OwnedRegion(*deps_.regions, *session, req.src_region_id(), "src_region_id");
-  if (!src.ok()) return src.status();
-
-  if (!req.has_dst()) return absl::InvalidArgumentError("dst: the destination RegionDescriptor is missing");
-  const v1::RegionDescriptor& dst = req.dst();
+absl::StatusOr<uint64_t> LocalService::ResolveDestination(const v1::RegionDescriptor& dst, Transfer& t) {
   if (dst.version() != 1) {
     return absl::InvalidArgumentError(absl::StrCat("dst.version ", dst.version(), " is not supported (expected 1)"));
   }
@@ -143,17 +136,6 @@ absl::StatusOr<uint64_t> LocalService::DoWrite(const std::shared_ptr<Session>& s
   absl::StatusOr<Token> token = Token::FromBytes(dst.token(), "dst.token");
   if (!token.ok()) return token.status();
 
-  auto t = std::make_shared<Transfer>();
-  t->session = session;
-  t->src = *src;
-  t->notify = req.notify();
-  t->tag = req.tag();
-  t->submitted = absl::Now();
-  uint32_t timeout_ms = req.timeout_ms() != 0 ? req.timeout_ms() : cfg.transfer_timeout_ms;
-  t->deadline = t->submitted + absl::Milliseconds(timeout_ms);
-
-  uint64_t dst_size;
-  TransferExecutor* executor;
   if (dst.agent_incarnation() == deps_.incarnation) {
     absl::StatusOr<std::shared_ptr<Region>> d = deps_.regions->Lookup(dst.region_id());
     if (!d.ok()) {
@@ -163,47 +145,71 @@ absl::StatusOr<uint64_t> LocalService::DoWrite(const std::shared_ptr<Session>& s
     if (!(*d)->token().Equals(*token)) {
       return absl::PermissionDeniedError(absl::StrCat("dst.token does not match region ", dst.region_id()));
     }
-    t->dst = *d;
-    t->path = v1::TRANSFER_PATH_LOCAL;
-    dst_size = (*d)->size();
-    executor = deps_.local;
-  } else if (dst.agent_address().empty() || dst.agent_address() == deps_.advertise_address) {
+    t.dst = *d;
+    t.path = v1::TRANSFER_PATH_LOCAL;
+    t.executor = deps_.local;
+    return (*d)->size();
+  }
+  if (dst.agent_address().empty() || dst.agent_address() == deps_.advertise_address) {
     return absl::NotFoundError(absl::StrCat(
         "dst is a stale descriptor: it names agent incarnation ", dst.agent_incarnation(),
         ", which no longer runs (the agent restarted); ask the region's owner for a new descriptor"));
-  } else if (deps_.remote == nullptr) {
+  }
+  if (deps_.remote == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "dst lives on agent ", dst.agent_address(), " but this agent runs without a fabric (--peer_address unset)"));
-  } else {
-    t->dst_descriptor = dst;
-    t->path = v1::TRANSFER_PATH_FABRIC;
-    dst_size = dst.size();
-    executor = deps_.remote;
   }
+  t.dst_descriptor = dst;
+  t.path = v1::TRANSFER_PATH_FABRIC;
+  t.executor = deps_.remote;
+  return dst.size();
+}
+
+absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareWrite(const std::shared_ptr<Session>& session,
+                                                                     const v1::WriteRequest& req) {
+  const AgentConfig& cfg = *deps_.config;
+  absl::StatusOr<std::shared_ptr<Region>> src = OwnedRegion(*deps_.regions, *session, req.src_region_id(), "src_region_id");
+  if (!src.ok()) return src.status();
+  if (!req.has_dst()) return absl::InvalidArgumentError("dst: the destination RegionDescriptor is missing");
+
+  auto t = std::make_shared<Transfer>();
+  t->session = session;
+  t->src = *src;
+  t->notify = req.notify();
+  t->tag = req.tag();
+  t->submitted = absl::Now();
+  uint32_t timeout_ms = req.timeout_ms() != 0 ? req.timeout_ms() : cfg.transfer_timeout_ms;
+  t->deadline = t->submitted + absl::Milliseconds(timeout_ms);
+  absl::StatusOr<uint64_t> dst_size = ResolveDestination(req.dst(), *t);
+  if (!dst_size.ok()) return dst_size.status();
 
   absl::StatusOr<ChunkPlan> plan =
-      BuildChunkPlan(req, (*src)->size(), dst_size, ChunkLimits{cfg.max_chunks_per_write});
+      BuildChunkPlan(req, (*src)->size(), *dst_size, ChunkLimits{cfg.max_chunks_per_write});
   if (!plan.ok()) return plan.status();
   t->plan = std::move(*plan);
-  absl::Status prepared = executor->Prepare(*t);
+  absl::Status prepared = t->executor->Prepare(*t);
   if (!prepared.ok()) return prepared;
+  return t;
+}
 
-  t->id = deps_.transfers->NextId();
-  absl::Status begun = session->BeginTransfer(t->id);
-  if (!begun.ok()) return begun;
-  deps_.transfers->Begin(*t);
+void LocalService::Launch(std::shared_ptr<Transfer> t) {
   TransferManager* manager = deps_.transfers;
+  manager->Begin(*t);
+  TransferExecutor* executor = t->executor;
   executor->Submit(t, [manager, t](absl::Status s) { manager->Finish(*t, s); });
-  return t->id;
 }
 
 grpc::Status LocalService::Write(grpc::ServerContext* ctx, const v1::WriteRequest* req, v1::WriteResponse* resp) {
   absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
   if (!session.ok()) return Reply("Write", session.status());
   if (shutting_down_.load()) return Reply("Write", absl::UnavailableError("the agent is shutting down"));
-  absl::StatusOr<uint64_t> id = DoWrite(*session, *req);
-  if (!id.ok()) return Reply("Write", id.status());
-  resp->set_transfer_id(*id);
+  absl::StatusOr<std::shared_ptr<Transfer>> t = PrepareWrite(*session, *req);
+  if (!t.ok()) return Reply("Write", t.status());
+  (*t)->id = deps_.transfers->NextId();
+  absl::Status begun = (*session)->BeginTransfer((*t)->id);
+  if (!begun.ok()) return Reply("Write", begun);
+  Launch(*t);
+  resp->set_transfer_id((*t)->id);
   return grpc::Status::OK;
 }
 
@@ -218,6 +224,110 @@ grpc::Status LocalService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest*
   if (!r.ok()) return Reply("Wait", r.status());
   *resp = std::move(*r);
   return grpc::Status::OK;
+}
+
+// ---------------------------------------------------------------- queues
+
+absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Session>& session,
+                                                     const v1::CreateQueueRequest& req) {
+  constexpr int kMaxDestinations = 64;
+  if (deps_.queues == nullptr) return absl::FailedPreconditionError("this agent serves no transfer queues");
+  if (req.destinations_size() < 1 || req.destinations_size() > kMaxDestinations) {
+    return absl::InvalidArgumentError(absl::StrCat("destinations must hold 1..", kMaxDestinations,
+                                                   " descriptors, got ", req.destinations_size()));
+  }
+  const uint32_t timeout_ms = req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms;
+  // Check every destination now and warm the peer and region caches, so that entries
+  // (handled on the poller thread) never wait for a handshake.
+  for (int i = 0; i < req.destinations_size(); ++i) {
+    Transfer probe;
+    probe.deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+    absl::StatusOr<uint64_t> size = ResolveDestination(req.destinations(i), probe);
+    absl::Status s = size.ok() ? probe.executor->Prepare(probe) : size.status();
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("destinations[", i, "]: ", s.message()));
+  }
+  absl::StatusOr<UniqueFd> ring = session->TakeFd(req.ring_fd());
+  if (!ring.ok()) return absl::Status(ring.status().code(), absl::StrCat("ring_fd: ", ring.status().message()));
+  absl::StatusOr<UniqueFd> submit = session->TakeFd(req.submit_doorbell_fd());
+  if (!submit.ok()) {
+    return absl::Status(submit.status().code(), absl::StrCat("submit_doorbell_fd: ", submit.status().message()));
+  }
+  absl::StatusOr<UniqueFd> complete = session->TakeFd(req.complete_doorbell_fd());
+  if (!complete.ok()) {
+    return absl::Status(complete.status().code(),
+                        absl::StrCat("complete_doorbell_fd: ", complete.status().message()));
+  }
+  static std::atomic<uint64_t> next_queue_id{1};
+  const uint64_t id = next_queue_id.fetch_add(1);
+  absl::StatusOr<std::shared_ptr<TransferQueue>> q =
+      TransferQueue::Open(id, session->id(), std::move(*ring), std::move(*submit), std::move(*complete), req.entries(),
+                          {req.destinations().begin(), req.destinations().end()});
+  if (!q.ok()) return q.status();
+  (*q)->set_timeout_ms(timeout_ms);
+  absl::Status added = deps_.queues->Add(*q, deps_.config->max_queues);
+  if (!added.ok()) return added;
+  return id;
+}
+
+grpc::Status LocalService::CreateQueue(grpc::ServerContext* ctx, const v1::CreateQueueRequest* req,
+                                       v1::CreateQueueResponse* resp) {
+  absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
+  if (!session.ok()) return Reply("CreateQueue", session.status());
+  absl::StatusOr<uint64_t> id = DoCreateQueue(*session, *req);
+  if (!id.ok()) return Reply("CreateQueue", id.status());
+  resp->set_queue_id(*id);
+  return grpc::Status::OK;
+}
+
+namespace {
+
+queue::CompletionEntry ToCompletion(uint64_t user_data, const v1::TransferResult& r) {
+  queue::CompletionEntry c{};
+  c.user_data = user_data;
+  c.transfer_id = r.transfer_id();
+  c.bytes = r.bytes();
+  c.duration_ns = r.duration_ns();
+  c.code = r.code();
+  c.path = static_cast<uint32_t>(r.path());
+  snprintf(c.message, sizeof(c.message), "%s", r.message().c_str());
+  return c;
+}
+
+}  // namespace
+
+void LocalService::OnQueueEntry(const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e) {
+  auto refuse = [&](const absl::Status& s) {
+    deps_.metrics->errors("Queue", StatusCodeName(static_cast<int>(s.code()))).Increment();
+    v1::TransferResult r;
+    r.set_code(static_cast<int>(s.code()));
+    r.set_message(std::string(s.message()));
+    q->Complete(ToCompletion(e.user_data, r));
+  };
+  if (shutting_down_.load()) return refuse(absl::UnavailableError("the agent is shutting down"));
+  std::shared_ptr<Session> session = deps_.sessions->FindById(q->session_id());
+  if (session == nullptr) return refuse(absl::UnavailableError("the session ended"));
+  if (e.dst_index >= q->destinations().size()) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat("dst_index ", e.dst_index, " is not one of the queue's ",
+                                                          q->destinations().size(), " destinations")));
+  }
+  if (e.flags & ~queue::kFlagNotify) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat("flags 0x", absl::Hex(e.flags), " has unknown bits")));
+  }
+  v1::WriteRequest req;
+  req.set_src_region_id(e.src_region);
+  *req.mutable_dst() = q->destinations()[e.dst_index];
+  v1::Chunk* c = req.mutable_chunks()->add_chunks();
+  c->set_src_offset(e.src_offset);
+  c->set_dst_offset(e.dst_offset);
+  c->set_length(e.length);
+  req.set_notify((e.flags & queue::kFlagNotify) != 0);
+  req.set_tag(e.tag);
+  req.set_timeout_ms(q->timeout_ms());
+  absl::StatusOr<std::shared_ptr<Transfer>> t = PrepareWrite(session, req);
+  if (!t.ok()) return refuse(t.status());
+  (*t)->id = deps_.transfers->NextId();
+  (*t)->on_result = [q, user_data = e.user_data](const v1::TransferResult& r) { q->Complete(ToCompletion(user_data, r)); };
+  Launch(std::move(*t));
 }
 
 // ---------------------------------------------------------------- streams

@@ -16,6 +16,7 @@
 #include "agent/config/config.h"
 #include "agent/memory/region_table.h"
 #include "agent/metrics/metrics.h"
+#include "agent/queue/queue_poller.h"
 #include "agent/session/session_registry.h"
 #include "agent/transfer/executor.h"
 #include "agent/transfer/transfer.h"
@@ -37,6 +38,8 @@ struct LocalServiceDeps {
   TransferExecutor* remote = nullptr;
   // Attaches fabric registrations to new regions; null without fabric.
   RegionRegistrar* registrar = nullptr;
+  // Serves shared-memory transfer queues; null disables CreateQueue.
+  QueuePoller* queues = nullptr;
   // Adds fabric, NIC and peer details to GetStatus; may be null.
   std::function<void(v1::GetStatusResponse*)> fill_status;
   std::function<void(v1::GetTopologyResponse*)> fill_topology;
@@ -55,6 +58,8 @@ class LocalService final : public v1::Agent::Service {
                                 v1::DeregisterMemoryResponse* resp) override;
   grpc::Status Write(grpc::ServerContext* ctx, const v1::WriteRequest* req, v1::WriteResponse* resp) override;
   grpc::Status Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req, v1::WaitResponse* resp) override;
+  grpc::Status CreateQueue(grpc::ServerContext* ctx, const v1::CreateQueueRequest* req,
+                           v1::CreateQueueResponse* resp) override;
   grpc::Status WatchCompletions(grpc::ServerContext* ctx, const v1::WatchCompletionsRequest* req,
                                 grpc::ServerWriter<v1::TransferResult>* writer) override;
   grpc::Status WatchNotifications(grpc::ServerContext* ctx, const v1::WatchNotificationsRequest* req,
@@ -64,10 +69,22 @@ class LocalService final : public v1::Agent::Service {
   grpc::Status GetTopology(grpc::ServerContext* ctx, const v1::GetTopologyRequest* req,
                            v1::GetTopologyResponse* resp) override;
 
+  // The QueuePoller's handler: one queue entry, validated and started like a Write; its
+  // result (or refusal) goes to the queue's completion ring.
+  void OnQueueEntry(const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e);
+
  private:
   absl::StatusOr<std::shared_ptr<Session>> SessionOf(grpc::ServerContext* ctx) const;
   absl::StatusOr<v1::RegisterMemoryResponse> DoRegister(Session& session, const v1::RegisterMemoryRequest& req);
-  absl::StatusOr<uint64_t> DoWrite(const std::shared_ptr<Session>& session, const v1::WriteRequest& req);
+  // Picks the path for `dst` (this agent's region, or another agent's) and fills t's
+  // destination, path and executor. Returns the destination's size.
+  absl::StatusOr<uint64_t> ResolveDestination(const v1::RegionDescriptor& dst, Transfer& t);
+  // Validates a write and prepares it with its executor; nothing has moved yet.
+  absl::StatusOr<std::shared_ptr<Transfer>> PrepareWrite(const std::shared_ptr<Session>& session,
+                                                         const v1::WriteRequest& req);
+  // Starts a prepared transfer whose id is set.
+  void Launch(std::shared_ptr<Transfer> t);
+  absl::StatusOr<uint64_t> DoCreateQueue(const std::shared_ptr<Session>& session, const v1::CreateQueueRequest& req);
   // Counts errors by API and code, converts to grpc::Status.
   grpc::Status Reply(const char* api, const absl::Status& status);
   template <typename Event>

@@ -49,7 +49,11 @@ void TransferManager::Finish(const Transfer& t, const absl::Status& status) {
     n.set_bytes(t.plan.total_bytes);
     Notify(*t.dst, n);
   }
-  t.session->FinishTransfer(result);
+  if (t.on_result) {
+    t.on_result(result);
+  } else {
+    t.session->FinishTransfer(result);
+  }
 }
 
 void TransferManager::Notify(const Region& region, const v1::Notification& n) {

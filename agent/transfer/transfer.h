@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -25,6 +26,8 @@
 #include "proto/ferry/v1/ferry.pb.h"
 
 namespace ferry {
+
+class TransferExecutor;
 
 // What an executor attaches to a transfer in Prepare (e.g. the resolved peer).
 class ExecutorContext {
@@ -47,6 +50,10 @@ struct Transfer {
   // Remote destination (path FABRIC / STAGED).
   v1::RegionDescriptor dst_descriptor;
   std::shared_ptr<ExecutorContext> executor_context;
+  TransferExecutor* executor = nullptr;  // local or remote, chosen by the destination
+  // Where the result goes: when set (a shared-memory queue's completion ring) instead
+  // of the session's Wait / WatchCompletions bookkeeping.
+  std::function<void(const v1::TransferResult&)> on_result;
 };
 
 const char* PathLabel(v1::TransferPath path);  // "local", "fabric", "staged"

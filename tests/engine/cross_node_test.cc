@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/cpp/ferry_client.h"
+#include "client/cpp/write_queue.h"
 #include "tests/testing/agent_process.h"
 #include "tests/testing/test_pod.h"
 #include "tests/testing/netns.h"
@@ -108,6 +109,51 @@ TEST_CASE("two agents: chunk list and paged writes land byte for byte, notified 
   int extra = 0;
   while (stream->Read(&n)) ++extra;
   CHECK(extra == 0);
+}
+
+TEST_CASE("a write queue to another agent: bytes land, the receiver is notified, completions come back") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartOn(net.host(0));
+  auto b = StartOn(net.host(1));
+  const uint64_t kSize = 1 << 20, kBlock = 16 << 10;
+  Pod sender = MakePod(a->socket(), kSize, 0);
+  Pod receiver = MakePod(b->socket(), kSize, 0xEE);
+  FillRandom(sender.buf->data(), kSize, 31);
+  auto ctx = receiver.client->NewContext(absl::Seconds(60));
+  auto stream = receiver.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
+
+  auto q = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 64);
+  INFO(q.status().ToString() << "\n" << a->Log());
+  REQUIRE(q.ok());
+  const uint64_t n = kSize / kBlock;
+  for (uint64_t i = 0; i < n; ++i) {
+    WriteQueue::Entry e;
+    e.src_region = sender.reg.region_id();
+    e.src_offset = i * kBlock;
+    e.dst_offset = (n - 1 - i) * kBlock;  // reversed order
+    e.length = kBlock;
+    e.user_data = i;
+    e.notify = (i == n - 1);
+    e.tag = 77;
+    REQUIRE((*q)->Post(e).ok());
+  }
+  std::vector<WriteQueue::Completion> done;
+  for (absl::Time end = absl::Now() + absl::Seconds(30); done.size() < n && absl::Now() < end;) {
+    (*q)->Reap(&done, n, absl::Milliseconds(200));
+  }
+  REQUIRE(done.size() == n);
+  for (const auto& c : done) {
+    INFO(c.status.ToString());
+    REQUIRE(c.status.ok());
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    REQUIRE(memcmp(receiver.buf->data() + (n - 1 - i) * kBlock, sender.buf->data() + i * kBlock, kBlock) == 0);
+  }
+  v1::Notification note;
+  REQUIRE(stream->Read(&note));
+  CHECK(note.tag() == 77);
+  CHECK(note.bytes() == kBlock);
+  ctx->TryCancel();
 }
 
 TEST_CASE("a wrong token or out-of-bounds destination is refused before any byte moves") {

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/cpp/ferry_client.h"
+#include "client/cpp/write_queue.h"
 
 ABSL_FLAG(std::string, socket, "/run/ferry/ferry.sock", "agent socket");
 ABSL_FLAG(std::string, dir, "/tmp", "shared directory");
@@ -32,6 +33,7 @@ ABSL_FLAG(std::string, sizes, "4096,65536,1048576,16777216,67108864", "send: siz
 ABSL_FLAG(int, count, 50, "send: transfers per size (capped at 1 GiB per size)");
 ABSL_FLAG(int, window, 16, "send: transfers in flight");
 ABSL_FLAG(std::string, layout, "contiguous", "send: contiguous or paged");
+ABSL_FLAG(std::string, api, "rpc", "send: rpc (Write + WatchCompletions) or queue (WriteQueue, contiguous only)");
 ABSL_FLAG(int, iters, 1000, "latency: iterations");
 ABSL_FLAG(int, blocks, 10000, "blocks: block count");
 ABSL_FLAG(int, block, 4096, "blocks: block size");
@@ -91,6 +93,37 @@ ferry::v1::WriteRequest Request(const Sender& s, uint64_t size, bool paged, std:
   return req;
 }
 
+// The shared-memory queue: `window` writes in flight, each reaped completion replaced.
+int SendQueue(Sender& s, const std::vector<uint64_t>& sizes, int window) {
+  auto q = ferry::WriteQueue::Create(*s.client, {s.dst}, 256);
+  if (!q.ok()) return Fail(q.status());
+  std::vector<ferry::WriteQueue::Completion> done;
+  for (uint64_t size : sizes) {
+    const int n = std::max<int>(4, std::min<uint64_t>(absl::GetFlag(FLAGS_count), (1ull << 30) / size));
+    ferry::WriteQueue::Entry e;
+    e.src_region = s.region;
+    e.length = size;
+    absl::Time t0 = absl::Now();
+    int posted = 0, completed = 0;
+    while (completed < n) {
+      while (posted < n && posted - completed < window) {
+        e.user_data = posted++;
+        if (absl::Status st = (*q)->Post(e); !st.ok()) return Fail(st);
+      }
+      done.clear();
+      if ((*q)->Reap(&done, 64, absl::Seconds(60)) == 0) return Fail(absl::DeadlineExceededError("stuck"));
+      for (const auto& c : done) {
+        if (!c.status.ok()) return Fail(c.status);
+      }
+      completed += static_cast<int>(done.size());
+    }
+    double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    printf("%llu %d %.1f %.3f\n", static_cast<unsigned long long>(size), n, us / n, size * n / us / 1e3);
+    fflush(stdout);
+  }
+  return 0;
+}
+
 int Send() {
   std::vector<uint64_t> sizes;
   for (absl::string_view v : absl::StrSplit(absl::GetFlag(FLAGS_sizes), ',')) {
@@ -101,6 +134,7 @@ int Send() {
   if (!s.ok()) return Fail(s.status());
   const bool paged = absl::GetFlag(FLAGS_layout) == "paged";
   const int window = absl::GetFlag(FLAGS_window);
+  if (absl::GetFlag(FLAGS_api) == "queue") return SendQueue(*s, sizes, window);
   std::mt19937_64 rng(1);
 
   // Completions arrive on one stream; a counter lets the sender keep `window` in flight.

@@ -1,0 +1,85 @@
+// The shared-memory transfer queue: the layout both the client library and the agent
+// map. It is the fast path for many small writes, where a gRPC call per transfer would
+// cost more than moving the bytes (see tools/bench/RESULTS.md).
+//
+//   Client                                    Agent (QueuePoller thread)
+//   write SubmitEntry at sq[tail % n]
+//   sq_tail.store(tail + 1)          ──────►  copies entries out, validates each exactly
+//   (eventfd only if agent_sleeping)          like a Write RPC, starts the transfers
+//                                             ...
+//   reads cq[head % n]               ◄──────  CompletionEntry at cq[cq_tail % n]
+//   cq_head.store(head + 1)                   (eventfd only if client_waiting)
+//
+// The memory is the client's (a memfd passed on the session socket), so the agent
+// treats every byte of it as untrusted: it copies an entry before looking at it, trusts
+// no cursor beyond its own bookkeeping, and never writes more completions than there
+// are free slots. A client that corrupts its queue hurts only itself.
+//
+// Cursors are free-running uint32 counters (index = counter % entries). Each cursor has
+// one writer and sits on its own cache line.
+#ifndef FERRY_AGENT_QUEUE_RING_LAYOUT_H_
+#define FERRY_AGENT_QUEUE_RING_LAYOUT_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace ferry::queue {
+
+inline constexpr uint32_t kRingMagic = 0x31515246;  // "FRQ1"
+inline constexpr uint32_t kMinEntries = 8;
+inline constexpr uint32_t kMaxEntries = 4096;
+
+// SubmitEntry.flags
+inline constexpr uint32_t kFlagNotify = 1;
+
+struct alignas(64) Cursor {
+  std::atomic<uint32_t> value;
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "cursors are shared between processes");
+
+struct RingHeader {
+  uint32_t magic;    // kRingMagic, written by the client before CreateQueue
+  uint32_t entries;  // power of two in [kMinEntries, kMaxEntries]
+  Cursor sq_tail;         // client: entries submitted
+  Cursor sq_head;         // agent: entries consumed (their slots may be reused)
+  Cursor cq_tail;         // agent: completions written
+  Cursor cq_head;         // client: completions consumed
+  Cursor agent_sleeping;  // agent: 1 while blocked on the submit doorbell
+  Cursor client_waiting;  // client: 1 while blocked on the completion doorbell
+};
+
+// One contiguous write: [src_offset, +length) of a region the session registered to
+// [dst_offset, +length) of destination `dst_index` (given at CreateQueue).
+struct SubmitEntry {
+  uint64_t user_data;  // returned in the completion, opaque to the agent
+  uint64_t src_region;
+  uint64_t src_offset;
+  uint64_t dst_offset;
+  uint64_t length;
+  uint64_t tag;  // passed to the receiver's notification
+  uint32_t dst_index;
+  uint32_t flags;
+  uint64_t reserved;
+};
+static_assert(sizeof(SubmitEntry) == 64, "ABI");
+
+struct CompletionEntry {
+  uint64_t user_data;
+  uint64_t transfer_id;  // 0 when the entry was refused before it started
+  uint64_t bytes;
+  uint64_t duration_ns;
+  int32_t code;    // absl / gRPC status code; 0 = OK
+  uint32_t path;   // ferry.v1.TransferPath
+  char message[216];  // NUL-terminated error message (truncated)
+};
+static_assert(sizeof(CompletionEntry) == 256, "ABI");
+
+inline constexpr size_t kSubmitOffset = sizeof(RingHeader);
+inline size_t CompletionOffset(uint32_t entries) { return kSubmitOffset + size_t{entries} * sizeof(SubmitEntry); }
+inline size_t RingBytes(uint32_t entries) { return CompletionOffset(entries) + size_t{entries} * sizeof(CompletionEntry); }
+inline bool ValidEntries(uint32_t n) { return n >= kMinEntries && n <= kMaxEntries && (n & (n - 1)) == 0; }
+
+}  // namespace ferry::queue
+
+#endif  // FERRY_AGENT_QUEUE_RING_LAYOUT_H_

@@ -1,0 +1,141 @@
+#include "agent/queue/transfer_queue.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/log.h"
+
+namespace ferry {
+namespace {
+
+absl::Status CheckEventFd(int fd, const char* field) {
+  char link[64] = {0};
+  const std::string path = absl::StrCat("/proc/self/fd/", fd);
+  ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
+  if (n <= 0 || std::string(link, n) != "anon_inode:[eventfd]") {
+    return absl::InvalidArgumentError(absl::StrCat(field, " must be an eventfd (eventfd(2)), got ",
+                                                   n > 0 ? std::string(link, n) : "an unreadable fd"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(uint64_t id, uint64_t session_id, UniqueFd ring,
+                                                                   UniqueFd submit_doorbell,
+                                                                   UniqueFd complete_doorbell, uint32_t entries,
+                                                                   std::vector<v1::RegionDescriptor> destinations) {
+  if (!queue::ValidEntries(entries)) {
+    return absl::InvalidArgumentError(absl::StrCat("entries must be a power of two in [", queue::kMinEntries, ", ",
+                                                   queue::kMaxEntries, "], got ", entries));
+  }
+  if (absl::Status s = CheckEventFd(submit_doorbell.get(), "submit_doorbell_fd"); !s.ok()) return s;
+  if (absl::Status s = CheckEventFd(complete_doorbell.get(), "complete_doorbell_fd"); !s.ok()) return s;
+  // Non-blocking for both ends (the flag lives in the shared open file): nothing the
+  // client does to its doorbells can block an agent thread.
+  for (int fd : {submit_doorbell.get(), complete_doorbell.get()}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  struct stat st;
+  if (fstat(ring.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError("ring_fd must be a memfd or regular file");
+  }
+  const size_t bytes = queue::RingBytes(entries);
+  if (static_cast<uint64_t>(st.st_size) < bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("ring_fd holds ", st.st_size, " bytes; a queue of ", entries,
+                                                   " entries needs ", bytes));
+  }
+  std::shared_ptr<TransferQueue> q(new TransferQueue(id, session_id, entries));
+  q->map_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ring.get(), 0);
+  if (q->map_ == MAP_FAILED) {
+    q->map_ = nullptr;
+    return absl::InvalidArgumentError(absl::StrCat("ring_fd cannot be mapped shared: ", strerror(errno)));
+  }
+  q->map_bytes_ = bytes;
+  auto* base = static_cast<char*>(q->map_);
+  q->header_ = reinterpret_cast<queue::RingHeader*>(base);
+  q->sq_ = reinterpret_cast<const queue::SubmitEntry*>(base + queue::kSubmitOffset);
+  q->cq_ = reinterpret_cast<queue::CompletionEntry*>(base + queue::CompletionOffset(entries));
+  if (q->header_->magic != queue::kRingMagic || q->header_->entries != entries) {
+    return absl::InvalidArgumentError("ring_fd does not hold an initialised queue header (magic, entries)");
+  }
+  // Our cursors start where the client says the queue starts; from here on we keep our own.
+  q->sq_head_ = q->header_->sq_head.value.load(std::memory_order_acquire);
+  q->accepted_ = q->sq_head_;
+  q->cq_seen_ = q->header_->cq_head.value.load(std::memory_order_acquire);
+  q->cq_written_.store(q->header_->cq_tail.value.load(std::memory_order_acquire));
+  if (q->sq_head_ != q->cq_seen_ || q->cq_seen_ != q->cq_written_.load()) {
+    return absl::InvalidArgumentError("a new queue must start empty (sq_head == cq_head == cq_tail)");
+  }
+  q->ring_fd_ = std::move(ring);
+  q->submit_doorbell_ = std::move(submit_doorbell);
+  q->complete_doorbell_ = std::move(complete_doorbell);
+  q->destinations_ = std::move(destinations);
+  return q;
+}
+
+TransferQueue::~TransferQueue() {
+  if (map_ != nullptr) munmap(map_, map_bytes_);
+}
+
+size_t TransferQueue::Take(queue::SubmitEntry* out, size_t max) {
+  if (broken_) return 0;
+  const uint32_t tail = header_->sq_tail.value.load(std::memory_order_acquire);
+  const uint32_t submitted = tail - sq_head_;
+  if (submitted > entries_) {
+    FERRY_LOG(WARNING) << "queue " << id_ << " of session " << session_id_ << ": impossible sq_tail; queue stopped";
+    broken_ = true;
+    return 0;
+  }
+  // The client's cq_head may only move forward, and not past what we wrote.
+  const uint32_t written = cq_written_.load(std::memory_order_acquire);
+  const uint32_t head = header_->cq_head.value.load(std::memory_order_acquire);
+  if (head - cq_seen_ <= written - cq_seen_) cq_seen_ = head;
+  const uint32_t budget = entries_ - (accepted_ - cq_seen_);  // free completion slots
+  const size_t n = std::min<size_t>({submitted, budget, max});
+  const uint32_t mask = entries_ - 1;
+  for (size_t i = 0; i < n; ++i) {
+    // Copy first: the client may change the slot while we look at it.
+    memcpy(&out[i], &sq_[(sq_head_ + i) & mask], sizeof(queue::SubmitEntry));
+  }
+  sq_head_ += static_cast<uint32_t>(n);
+  accepted_ += static_cast<uint32_t>(n);
+  header_->sq_head.value.store(sq_head_, std::memory_order_release);
+  return n;
+}
+
+void TransferQueue::SetSleeping(bool sleeping) {
+  header_->agent_sleeping.value.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
+}
+
+bool TransferQueue::HasSubmissions() const {
+  return !broken_ && header_->sq_tail.value.load(std::memory_order_seq_cst) != sq_head_;
+}
+
+void TransferQueue::DrainDoorbell() {
+  uint64_t v;
+  ssize_t ignored = read(submit_doorbell_.get(), &v, sizeof(v));  // O_NONBLOCK: never waits
+  (void)ignored;
+}
+
+void TransferQueue::Complete(const queue::CompletionEntry& c) {
+  {
+    absl::MutexLock lock(&cq_mu_);
+    const uint32_t t = cq_written_.load(std::memory_order_relaxed);
+    memcpy(&cq_[t & (entries_ - 1)], &c, sizeof(c));
+    header_->cq_tail.value.store(t + 1, std::memory_order_release);
+    cq_written_.store(t + 1, std::memory_order_release);
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (header_->client_waiting.value.load(std::memory_order_seq_cst) != 0) {
+    uint64_t one = 1;
+    ssize_t ignored = write(complete_doorbell_.get(), &one, sizeof(one));
+    (void)ignored;
+  }
+}
+
+}  // namespace ferry

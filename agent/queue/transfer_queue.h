@@ -1,0 +1,88 @@
+// TransferQueue: the agent's side of one shared-memory queue (see ring_layout.h).
+//
+//   absl::StatusOr<std::shared_ptr<TransferQueue>> q = TransferQueue::Open(id, session, std::move(ring),
+//                                                                           std::move(submit_fd),
+//                                                                           std::move(complete_fd), 256, dsts);
+//   queue::SubmitEntry batch[64];
+//   size_t n = (*q)->Take(batch, 64);        // poller thread only
+//   (*q)->Complete(completion);              // any thread, once per taken entry
+//
+// Take() hands out an entry only when its completion is sure to have a free slot, so a
+// client that stops reaping completions stalls its own queue and nothing else.
+#ifndef FERRY_AGENT_QUEUE_TRANSFER_QUEUE_H_
+#define FERRY_AGENT_QUEUE_TRANSFER_QUEUE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/queue/ring_layout.h"
+#include "agent/session/session.h"
+#include "proto/ferry/v1/ferry.pb.h"
+
+namespace ferry {
+
+class TransferQueue {
+ public:
+  // Maps `ring` (a memfd of at least queue::RingBytes(entries) whose header the client
+  // initialised) and keeps the two eventfds. INVALID_ARGUMENT names what is wrong.
+  static absl::StatusOr<std::shared_ptr<TransferQueue>> Open(uint64_t id, uint64_t session_id, UniqueFd ring,
+                                                             UniqueFd submit_doorbell, UniqueFd complete_doorbell,
+                                                             uint32_t entries,
+                                                             std::vector<v1::RegionDescriptor> destinations);
+  ~TransferQueue();
+  TransferQueue(const TransferQueue&) = delete;
+  TransferQueue& operator=(const TransferQueue&) = delete;
+
+  uint64_t id() const { return id_; }
+  uint64_t session_id() const { return session_id_; }
+  const std::vector<v1::RegionDescriptor>& destinations() const { return destinations_; }
+  int submit_doorbell() const { return submit_doorbell_.get(); }
+  // Deadline of each transfer (set once, before the queue is served).
+  uint32_t timeout_ms() const { return timeout_ms_; }
+  void set_timeout_ms(uint32_t ms) { timeout_ms_ = ms; }
+
+  // Poller thread only. Copies up to `max` submitted entries out of shared memory.
+  // Returns 0 once the queue is broken (the client wrote an impossible cursor).
+  size_t Take(queue::SubmitEntry* out, size_t max);
+  // Poller thread only: the doorbell protocol. While sleeping, the client rings the
+  // submit doorbell after submitting; HasSubmissions() closes the race.
+  void SetSleeping(bool sleeping);
+  bool HasSubmissions() const;
+  void DrainDoorbell();
+  bool broken() const { return broken_; }
+
+  // Any thread. Writes one completion and wakes the client if it waits.
+  void Complete(const queue::CompletionEntry& c);
+
+ private:
+  TransferQueue(uint64_t id, uint64_t session_id, uint32_t entries) : id_(id), session_id_(session_id), entries_(entries) {}
+
+  const uint64_t id_;
+  const uint64_t session_id_;
+  const uint32_t entries_;
+  std::vector<v1::RegionDescriptor> destinations_;
+  uint32_t timeout_ms_ = 0;
+  UniqueFd ring_fd_, submit_doorbell_, complete_doorbell_;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  queue::RingHeader* header_ = nullptr;
+  const queue::SubmitEntry* sq_ = nullptr;
+  queue::CompletionEntry* cq_ = nullptr;
+
+  // Poller-thread state.
+  uint32_t sq_head_ = 0;    // entries taken
+  uint32_t accepted_ = 0;   // == sq_head_; completions owed in total
+  uint32_t cq_seen_ = 0;    // the client's cq_head, as far as we believe it
+  bool broken_ = false;
+
+  absl::Mutex cq_mu_;
+  std::atomic<uint32_t> cq_written_{0};
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_QUEUE_TRANSFER_QUEUE_H_

@@ -1,0 +1,138 @@
+#include "client/cpp/write_queue.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace ferry {
+
+absl::StatusOr<std::unique_ptr<WriteQueue>> WriteQueue::Create(Client& client,
+                                                               const std::vector<v1::RegionDescriptor>& destinations,
+                                                               uint32_t entries, uint32_t timeout_ms) {
+  if (!queue::ValidEntries(entries)) {
+    return absl::InvalidArgumentError(absl::StrCat("entries must be a power of two in [", queue::kMinEntries, ", ",
+                                                   queue::kMaxEntries, "], got ", entries));
+  }
+  std::unique_ptr<WriteQueue> q(new WriteQueue());
+  q->entries_ = entries;
+  q->map_bytes_ = queue::RingBytes(entries);
+  q->ring_fd_ = memfd_create("ferry-write-queue", MFD_CLOEXEC);
+  q->submit_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  q->complete_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (q->ring_fd_ < 0 || q->submit_fd_ < 0 || q->complete_fd_ < 0 ||
+      ftruncate(q->ring_fd_, static_cast<off_t>(q->map_bytes_)) != 0) {
+    return absl::InternalError(absl::StrCat("creating the queue's memfd and eventfds: ", strerror(errno)));
+  }
+  q->map_ = mmap(nullptr, q->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, q->ring_fd_, 0);
+  if (q->map_ == MAP_FAILED) {
+    q->map_ = nullptr;
+    return absl::InternalError(absl::StrCat("mapping the queue: ", strerror(errno)));
+  }
+  auto* base = static_cast<char*>(q->map_);
+  q->header_ = new (base) queue::RingHeader{};  // zeroed cursors
+  q->header_->magic = queue::kRingMagic;
+  q->header_->entries = entries;
+  q->sq_ = reinterpret_cast<queue::SubmitEntry*>(base + queue::kSubmitOffset);
+  q->cq_ = reinterpret_cast<const queue::CompletionEntry*>(base + queue::CompletionOffset(entries));
+
+  v1::CreateQueueRequest req;
+  for (int fd : {q->ring_fd_, q->submit_fd_, q->complete_fd_}) {
+    absl::StatusOr<uint64_t> handle = client.SendFd(fd);
+    if (!handle.ok()) return handle.status();
+    if (fd == q->ring_fd_) req.set_ring_fd(*handle);
+    if (fd == q->submit_fd_) req.set_submit_doorbell_fd(*handle);
+    if (fd == q->complete_fd_) req.set_complete_doorbell_fd(*handle);
+  }
+  req.set_entries(entries);
+  req.set_timeout_ms(timeout_ms);
+  for (const v1::RegionDescriptor& d : destinations) *req.add_destinations() = d;
+  v1::CreateQueueResponse resp;
+  auto ctx = client.NewContext();
+  absl::Status s = FromGrpc(client.stub()->CreateQueue(ctx.get(), req, &resp));
+  if (!s.ok()) return s;
+  q->id_ = resp.queue_id();
+  return q;
+}
+
+WriteQueue::~WriteQueue() {
+  if (map_ != nullptr) munmap(map_, map_bytes_);
+  for (int fd : {ring_fd_, submit_fd_, complete_fd_}) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+absl::Status WriteQueue::Post(const Entry& e) {
+  if (posted_ - reaped_ >= entries_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the queue already has ", entries_, " writes in flight; Reap completions first"));
+  }
+  queue::SubmitEntry& slot = sq_[posted_ & (entries_ - 1)];
+  slot.user_data = e.user_data;
+  slot.src_region = e.src_region;
+  slot.src_offset = e.src_offset;
+  slot.dst_offset = e.dst_offset;
+  slot.length = e.length;
+  slot.tag = e.tag;
+  slot.dst_index = e.dst_index;
+  slot.flags = e.notify ? queue::kFlagNotify : 0;
+  slot.reserved = 0;
+  ++posted_;
+  header_->sq_tail.value.store(posted_, std::memory_order_seq_cst);
+  if (header_->agent_sleeping.value.load(std::memory_order_seq_cst) != 0) {
+    uint64_t one = 1;
+    ssize_t ignored = write(submit_fd_, &one, sizeof(one));
+    (void)ignored;
+  }
+  return absl::OkStatus();
+}
+
+size_t WriteQueue::Take(std::vector<Completion>* out, size_t max) {
+  const uint32_t tail = header_->cq_tail.value.load(std::memory_order_acquire);
+  size_t n = 0;
+  for (; reaped_ != tail && n < max; ++n, ++reaped_) {
+    const queue::CompletionEntry& c = cq_[reaped_ & (entries_ - 1)];
+    Completion r;
+    r.user_data = c.user_data;
+    r.transfer_id = c.transfer_id;
+    r.bytes = c.bytes;
+    if (c.code != 0) {
+      r.status = absl::Status(static_cast<absl::StatusCode>(c.code),
+                              std::string(c.message, strnlen(c.message, sizeof(c.message))));
+    }
+    out->push_back(std::move(r));
+  }
+  if (n > 0) header_->cq_head.value.store(reaped_, std::memory_order_release);
+  return n;
+}
+
+size_t WriteQueue::Reap(std::vector<Completion>* out, size_t max, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    if (size_t n = Take(out, max); n > 0) return n;
+    // Announce the wait, then look again: a completion written before the announcement
+    // would otherwise not ring the doorbell.
+    header_->client_waiting.value.store(1, std::memory_order_seq_cst);
+    if (header_->cq_tail.value.load(std::memory_order_seq_cst) == reaped_) {
+      const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+      if (left_ms < 0) {
+        header_->client_waiting.value.store(0, std::memory_order_relaxed);
+        return 0;
+      }
+      pollfd p{complete_fd_, POLLIN, 0};
+      poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms + 1, 1000)));
+      uint64_t v;
+      ssize_t ignored = read(complete_fd_, &v, sizeof(v));
+      (void)ignored;
+    }
+    header_->client_waiting.value.store(0, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace ferry

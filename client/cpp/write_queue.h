@@ -1,0 +1,82 @@
+// WriteQueue: many small writes to fixed destinations without an RPC per transfer.
+//
+// A shared-memory ring between this process and the agent (agent/queue/ring_layout.h):
+// Post() writes an entry and rings a doorbell only when the agent sleeps; Reap() reads
+// completions and sleeps on a doorbell only when there are none. Each entry is checked
+// by the agent exactly like a Write; refusals come back as completions with a status.
+//
+//   absl::StatusOr<std::unique_ptr<ferry::WriteQueue>> q =
+//       ferry::WriteQueue::Create(*client, {receiver_descriptor}, /*entries=*/256);
+//   (*q)->Post({.src_region = region, .dst_index = 0, .length = 65536, .user_data = 1});
+//   std::vector<ferry::WriteQueue::Completion> done;
+//   (*q)->Reap(&done, /*max=*/16, absl::Seconds(1));
+//   if (!done[0].status.ok()) ...
+//
+// Not thread-safe: one thread posts and reaps (wrap it in a mutex to share it). At most
+// `entries` writes are in flight; Post answers RESOURCE_EXHAUSTED until Reap frees room.
+#ifndef FERRY_CLIENT_CPP_WRITE_QUEUE_H_
+#define FERRY_CLIENT_CPP_WRITE_QUEUE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "agent/queue/ring_layout.h"
+#include "client/cpp/ferry_client.h"
+
+namespace ferry {
+
+class WriteQueue {
+ public:
+  struct Entry {
+    uint64_t src_region = 0;
+    uint32_t dst_index = 0;  // into the destinations given to Create
+    uint64_t src_offset = 0;
+    uint64_t dst_offset = 0;
+    uint64_t length = 0;
+    uint64_t user_data = 0;  // returned in the completion
+    bool notify = false;
+    uint64_t tag = 0;
+  };
+  struct Completion {
+    uint64_t user_data = 0;
+    uint64_t transfer_id = 0;  // 0 when refused before starting
+    absl::Status status;
+    uint64_t bytes = 0;
+  };
+
+  // `timeout_ms`: deadline of each write; 0 means the agent's --transfer_timeout_ms.
+  static absl::StatusOr<std::unique_ptr<WriteQueue>> Create(Client& client,
+                                                            const std::vector<v1::RegionDescriptor>& destinations,
+                                                            uint32_t entries = 256, uint32_t timeout_ms = 0);
+  ~WriteQueue();
+  WriteQueue(const WriteQueue&) = delete;
+  WriteQueue& operator=(const WriteQueue&) = delete;
+
+  absl::Status Post(const Entry& e);
+  // Appends up to `max` completions to `out`; waits up to `timeout` for the first.
+  // Returns how many it appended.
+  size_t Reap(std::vector<Completion>* out, size_t max, absl::Duration timeout);
+  uint32_t inflight() const { return posted_ - reaped_; }
+  uint64_t id() const { return id_; }
+
+ private:
+  WriteQueue() = default;
+  size_t Take(std::vector<Completion>* out, size_t max);
+
+  uint64_t id_ = 0;
+  uint32_t entries_ = 0;
+  int ring_fd_ = -1, submit_fd_ = -1, complete_fd_ = -1;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  queue::RingHeader* header_ = nullptr;
+  queue::SubmitEntry* sq_ = nullptr;
+  const queue::CompletionEntry* cq_ = nullptr;
+  uint32_t posted_ = 0, reaped_ = 0;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_CLIENT_CPP_WRITE_QUEUE_H_

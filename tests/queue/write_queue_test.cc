@@ -1,0 +1,283 @@
+// The shared-memory write queue against a real ferryd: data lands byte for byte, every
+// entry is validated like a Write, and a client that corrupts its own queue or hands
+// over the wrong fds hurts nobody else.
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <new>
+#include <random>
+
+#include "absl/time/clock.h"
+#include "agent/queue/ring_layout.h"
+#include "client/cpp/ferry_client.h"
+#include "client/cpp/write_queue.h"
+#include "tests/testing/agent_process.h"
+#include "tests/testing/test_pod.h"
+
+namespace ferry {
+namespace {
+
+using testing::AgentProcess;
+using testing::FillRandom;
+using testing::MakePod;
+using testing::TestPod;
+
+std::unique_ptr<AgentProcess> StartAgent() {
+  auto a = AgentProcess::Start({});
+  INFO(a.status().ToString());
+  REQUIRE(a.ok());
+  return std::move(*a);
+}
+
+// Reaps until `n` completions arrived (bounded).
+std::vector<WriteQueue::Completion> ReapAll(WriteQueue& q, size_t n) {
+  std::vector<WriteQueue::Completion> done;
+  const absl::Time end = absl::Now() + absl::Seconds(30);
+  while (done.size() < n && absl::Now() < end) q.Reap(&done, n - done.size(), absl::Milliseconds(200));
+  REQUIRE(done.size() == n);
+  return done;
+}
+
+TEST_CASE("a write queue moves many small writes byte for byte and returns each completion once") {
+  auto agent = StartAgent();
+  const uint64_t kSize = 4 << 20, kBlock = 4096, kBlocks = kSize / kBlock;
+  TestPod sender = MakePod(agent->socket(), kSize);
+  TestPod receiver = MakePod(agent->socket(), kSize, 0xEE);
+  FillRandom(sender.buf->data(), kSize, 3);
+  auto q = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 64);
+  INFO(q.status().ToString());
+  REQUIRE(q.ok());
+
+  std::vector<uint64_t> dst(kBlocks);
+  for (uint64_t i = 0; i < kBlocks; ++i) dst[i] = i;
+  std::shuffle(dst.begin(), dst.end(), std::mt19937(4));
+  std::vector<int> seen(kBlocks, 0);
+  uint64_t posted = 0, reaped = 0;
+  std::vector<WriteQueue::Completion> done;
+  const absl::Time end = absl::Now() + absl::Seconds(60);
+  while (reaped < kBlocks && absl::Now() < end) {
+    while (posted < kBlocks) {
+      WriteQueue::Entry e;
+      e.src_region = sender.reg.region_id();
+      e.src_offset = posted * kBlock;
+      e.dst_offset = dst[posted] * kBlock;
+      e.length = kBlock;
+      e.user_data = posted;
+      absl::Status s = (*q)->Post(e);
+      if (s.code() == absl::StatusCode::kResourceExhausted) break;  // 64 in flight: reap first
+      REQUIRE(s.ok());
+      ++posted;
+    }
+    CHECK((*q)->inflight() <= 64);
+    done.clear();
+    (*q)->Reap(&done, 64, absl::Milliseconds(200));
+    for (const auto& c : done) {
+      INFO(c.status.ToString());
+      REQUIRE(c.status.ok());
+      REQUIRE(c.user_data < kBlocks);
+      CHECK(c.bytes == kBlock);
+      CHECK(c.transfer_id != 0);
+      ++seen[c.user_data];
+    }
+    reaped += done.size();
+  }
+  REQUIRE(reaped == kBlocks);
+  CHECK(std::count(seen.begin(), seen.end(), 1) == static_cast<long>(kBlocks));
+  for (uint64_t i = 0; i < kBlocks; ++i) {
+    REQUIRE(memcmp(receiver.buf->data() + dst[i] * kBlock, sender.buf->data() + i * kBlock, kBlock) == 0);
+  }
+}
+
+TEST_CASE("queue entries are validated like Writes: refusals come back as completions, nothing moves") {
+  auto agent = StartAgent();
+  TestPod sender = MakePod(agent->socket(), 1 << 20, 0x11);
+  TestPod receiver = MakePod(agent->socket(), 1 << 16, 0x22);
+  TestPod other = MakePod(agent->socket(), 1 << 16, 0x33);
+  auto q = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 8);
+  REQUIRE(q.ok());
+
+  struct Case {
+    const char* name;
+    WriteQueue::Entry entry;
+    absl::StatusCode code;
+    const char* message_part;
+  };
+  const uint64_t src = sender.reg.region_id();
+  std::vector<Case> cases = {
+      {"unknown destination index", {src, 1, 0, 0, 8}, absl::StatusCode::kInvalidArgument, "dst_index 1"},
+      {"another session's source region", {other.reg.region_id(), 0, 0, 0, 8}, absl::StatusCode::kPermissionDenied,
+       "another session"},
+      {"unregistered source region", {987654, 0, 0, 0, 8}, absl::StatusCode::kNotFound, "987654"},
+      {"destination out of bounds", {src, 0, 0, (1 << 16) - 4, 8}, absl::StatusCode::kOutOfRange, "destination range"},
+      {"source out of bounds", {src, 0, (1 << 20) - 4, 0, 8}, absl::StatusCode::kOutOfRange, "source range"},
+      {"zero length", {src, 0, 0, 0, 0}, absl::StatusCode::kInvalidArgument, "length"},
+      {"offset + length overflows", {src, 0, ~0ull - 2, 0, 8}, absl::StatusCode::kOutOfRange, ""},
+  };
+  for (uint64_t i = 0; i < cases.size(); ++i) {
+    cases[i].entry.user_data = 100 + i;
+    REQUIRE((*q)->Post(cases[i].entry).ok());
+    auto done = ReapAll(**q, 1);
+    INFO(cases[i].name << ": " << done[0].status.ToString());
+    CHECK(done[0].user_data == 100 + i);
+    CHECK(done[0].status.code() == cases[i].code);
+    CHECK(std::string(done[0].status.message()).find(cases[i].message_part) != std::string::npos);
+    CHECK(done[0].transfer_id == 0);
+  }
+  for (uint64_t i = 0; i < (1 << 16); ++i) REQUIRE(receiver.buf->data()[i] == 0x22);
+
+  // The queue still works, and the refusals were counted.
+  REQUIRE((*q)->Post({src, 0, 0, 0, 4096, 7}).ok());
+  auto done = ReapAll(**q, 1);
+  CHECK(done[0].status.ok());
+  CHECK(memcmp(receiver.buf->data(), sender.buf->data(), 4096) == 0);
+  auto metrics = testing::HttpGet(agent->metrics_port(), "/metrics");
+  REQUIRE(metrics.ok());
+  CHECK(testing::MetricValue(*metrics, "ferry_errors_total", R"(api="Queue",code="OUT_OF_RANGE")") == 3);
+}
+
+// A queue assembled by hand, for what the client library would never send.
+struct RawQueue {
+  int ring = -1, submit = -1, complete = -1;
+  void* map = nullptr;
+  size_t bytes = 0;
+  queue::RingHeader* header = nullptr;
+
+  explicit RawQueue(uint32_t entries, size_t ring_bytes = 0) {
+    bytes = ring_bytes != 0 ? ring_bytes : queue::RingBytes(entries);
+    ring = memfd_create("raw-queue", MFD_CLOEXEC);
+    REQUIRE(ftruncate(ring, bytes) == 0);
+    map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ring, 0);
+    REQUIRE(map != MAP_FAILED);
+    header = new (map) queue::RingHeader{};
+    header->magic = queue::kRingMagic;
+    header->entries = entries;
+    submit = eventfd(0, EFD_CLOEXEC);
+    complete = eventfd(0, EFD_CLOEXEC);
+  }
+  ~RawQueue() {
+    munmap(map, bytes);
+    for (int fd : {ring, submit, complete}) close(fd);
+  }
+  queue::SubmitEntry* sq() { return reinterpret_cast<queue::SubmitEntry*>(static_cast<char*>(map) + queue::kSubmitOffset); }
+};
+
+absl::Status Create(Client& c, int ring, int submit, int complete, uint32_t entries,
+                    std::vector<v1::RegionDescriptor> dsts) {
+  v1::CreateQueueRequest req;
+  auto send = [&](int fd) -> uint64_t {
+    auto h = c.SendFd(fd);
+    REQUIRE(h.ok());
+    return *h;
+  };
+  req.set_ring_fd(send(ring));
+  req.set_submit_doorbell_fd(send(submit));
+  req.set_complete_doorbell_fd(send(complete));
+  req.set_entries(entries);
+  for (auto& d : dsts) *req.add_destinations() = d;
+  v1::CreateQueueResponse resp;
+  auto ctx = c.NewContext();
+  return FromGrpc(c.stub()->CreateQueue(ctx.get(), req, &resp));
+}
+
+TEST_CASE("CreateQueue refuses what is not a queue, naming the field") {
+  auto agent = StartAgent();
+  TestPod pod = MakePod(agent->socket(), 1 << 16);
+  const auto dst = pod.reg.region();
+  int pipe_fds[2];
+  REQUIRE(pipe(pipe_fds) == 0);
+  {
+    RawQueue rq(16);
+    auto s = Create(*pod.client, rq.ring, pipe_fds[0], rq.complete, 16, {dst});
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(s.message()).find("submit_doorbell_fd must be an eventfd") != std::string::npos);
+  }
+  {
+    RawQueue rq(16, /*ring_bytes=*/1024);
+    auto s = Create(*pod.client, rq.ring, rq.submit, rq.complete, 16, {dst});
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(s.message()).find("needs") != std::string::npos);
+  }
+  {
+    RawQueue rq(16);
+    auto s = Create(*pod.client, rq.ring, rq.submit, rq.complete, 12, {dst});
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(s.message()).find("power of two") != std::string::npos);
+  }
+  {
+    RawQueue rq(16);
+    rq.header->magic = 0;
+    auto s = Create(*pod.client, rq.ring, rq.submit, rq.complete, 16, {dst});
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  }
+  {
+    RawQueue rq(16);
+    auto s = Create(*pod.client, rq.ring, rq.submit, rq.complete, 16, {});
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(s.message()).find("destinations") != std::string::npos);
+  }
+  {
+    RawQueue rq(16);
+    v1::RegionDescriptor forged = dst;
+    forged.set_token(std::string(16, '\x01'));
+    auto s = Create(*pod.client, rq.ring, rq.submit, rq.complete, 16, {dst, forged});
+    CHECK(s.code() == absl::StatusCode::kPermissionDenied);
+    CHECK(std::string(s.message()).find("destinations[1]") != std::string::npos);
+  }
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+}
+
+TEST_CASE("a client that corrupts its queue stalls only that queue") {
+  auto agent = StartAgent();
+  TestPod evil = MakePod(agent->socket(), 1 << 16);
+  TestPod good = MakePod(agent->socket(), 1 << 16, 0x44);
+  TestPod receiver = MakePod(agent->socket(), 1 << 16, 0x55);
+  RawQueue rq(16);
+  REQUIRE(Create(*evil.client, rq.ring, rq.submit, rq.complete, 16, {receiver.reg.region()}).ok());
+  // A tail far ahead of anything submitted, and garbage in every slot.
+  memset(rq.sq(), 0xA5, 16 * sizeof(queue::SubmitEntry));
+  rq.header->sq_tail.value.store(100000);
+  uint64_t one = 1;
+  REQUIRE(write(rq.submit, &one, sizeof(one)) == sizeof(one));
+
+  auto q = WriteQueue::Create(*good.client, {receiver.reg.region()}, 16);
+  REQUIRE(q.ok());
+  REQUIRE((*q)->Post({good.reg.region_id(), 0, 0, 0, 4096, 1}).ok());
+  auto done = ReapAll(**q, 1);
+  CHECK(done[0].status.ok());
+  CHECK(receiver.buf->data()[0] == 0x44);
+  CHECK(receiver.buf->data()[4096] == 0x55);
+  CHECK(rq.header->cq_tail.value.load() == 0);  // the corrupt queue got nothing
+  auto status = good.client->GetStatus();
+  REQUIRE(status.ok());  // the agent is alive and serving
+}
+
+TEST_CASE("a client that stops reaping cannot make the agent overwrite unread completions") {
+  auto agent = StartAgent();
+  TestPod pod = MakePod(agent->socket(), 1 << 16);
+  TestPod receiver = MakePod(agent->socket(), 1 << 16);
+  RawQueue rq(8);
+  REQUIRE(Create(*pod.client, rq.ring, rq.submit, rq.complete, 8, {receiver.reg.region()}).ok());
+  // Submit 8 writes, never advance cq_head, then submit 8 more by reusing the slots.
+  for (uint32_t round = 0; round < 2; ++round) {
+    for (uint32_t i = 0; i < 8; ++i) {
+      queue::SubmitEntry& e = rq.sq()[i];
+      e = queue::SubmitEntry{round * 8 + i, pod.reg.region_id(), 0, i * 64, 64, 0, 0, 0, 0};
+    }
+    // Round 1 lies: its slots were never freed from the agent's point of view.
+    rq.header->sq_tail.value.store((round + 1) * 8);
+    uint64_t one = 1;
+    REQUIRE(write(rq.submit, &one, sizeof(one)) == sizeof(one));
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (rq.header->cq_tail.value.load() < 8 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  CHECK(rq.header->cq_tail.value.load() == 8);  // never past the unread eight
+  CHECK(rq.header->sq_head.value.load() == 8);  // the second eight wait for room
+}
+
+}  // namespace
+}  // namespace ferry
