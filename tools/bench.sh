@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
 shift || true
-count=50
+count=2000
 for a in "$@"; do case $a in --count=*) count=${a#--count=} ;; esac; done
 [ "$mode" = cross-node ] || { echo "usage: tools/bench.sh cross-node [--count=N]" >&2; exit 2; }
 
@@ -47,6 +47,7 @@ run send --sizes=$sizes --count="$count" --window=16 --api=queue > "$work/queue.
 run send --sizes=$sizes --count="$count" --window=16 --layout=contiguous > "$work/contig.txt"
 run send --sizes=$sizes --count="$count" --window=16 --layout=paged > "$work/paged.txt"
 run latency --iters=1000 > "$work/lat.txt"
+run latency --iters=1000 --api=queue > "$work/lat_queue.txt"
 run blocks --blocks=10000 --block=4096 > "$work/blocks.txt"
 
 python3 - "$work" <<'PY'
@@ -75,8 +76,10 @@ for api, name, rows in (("queue", "contiguous", queue), ("rpc", "contiguous", co
         if api == "queue" and size >= 1 << 20:
             worst = ratio if worst is None else min(worst, ratio)
 lat = open(f"{w}/lat.txt").read().split()
+qlat = open(f"{w}/lat_queue.txt").read().split()
 rlat = [l for l in open(f"{w}/raw.txt") if l.startswith("lat8")][0].split()
-print(f"\n8-byte write latency (us): ferry Write+Wait p50 {lat[1]} p99 {lat[2]}; raw fi_write p50 {rlat[1]} p99 {rlat[2]}")
+print(f"\n8-byte write latency (us): ferry queue Post+Reap p50 {qlat[1]} p99 {qlat[2]}; "
+      f"Write+Wait RPCs p50 {lat[1]} p99 {lat[2]}; raw fi_write p50 {rlat[1]} p99 {rlat[2]}")
 b = open(f"{w}/blocks.txt").read().split()
 print(f"paged write of {b[1]} blocks x {b[2]} B: {float(b[3]):.0f} us, {float(b[4])/1e6:.2f} M blocks/s, {b[5]} GB/s")
 print(f"ratio_1MiB_plus={worst:.2f}  (queue API)")

@@ -2,7 +2,7 @@
 //
 //   ferry_bench receive --socket=S --dir=D --size=BYTES    registers, publishes descriptor
 //   ferry_bench send --socket=S --dir=D --sizes=... --count=N --window=W --layout=contiguous|paged
-//   ferry_bench latency --socket=S --dir=D --iters=K        8-byte Write+Wait p50/p99
+//   ferry_bench latency --socket=S --dir=D --iters=K [--api=queue]   8-byte write p50/p99
 //   ferry_bench blocks --socket=S --dir=D --blocks=10000 --block=4096   paged chunk rate
 //
 // `send` keeps `window` transfers in flight (Write without waiting; completions from
@@ -195,11 +195,27 @@ int Latency() {
   if (!s.ok()) return Fail(s.status());
   std::mt19937_64 rng(1);
   ferry::v1::WriteRequest req = Request(*s, 8, false, rng);
+  const bool queue = absl::GetFlag(FLAGS_api) == "queue";
+  std::unique_ptr<ferry::WriteQueue> q;
+  if (queue) {
+    auto created = ferry::WriteQueue::Create(*s->client, {s->dst}, 8);
+    if (!created.ok()) return Fail(created.status());
+    q = std::move(*created);
+  }
+  std::vector<ferry::WriteQueue::Completion> done;
   std::vector<double> lat;
   for (int i = 0; i < absl::GetFlag(FLAGS_iters) + 10; ++i) {
     absl::Time t0 = absl::Now();
-    auto r = s->client->WriteAndWait(req, absl::Seconds(10));
-    if (!r.ok()) return Fail(r.status());
+    if (queue) {
+      done.clear();
+      if (absl::Status st = q->Post({s->region, 0, 0, 0, 8, static_cast<uint64_t>(i)}); !st.ok()) return Fail(st);
+      if (q->Reap(&done, 1, absl::Seconds(10)) != 1 || !done[0].status.ok()) {
+        return Fail(done.empty() ? absl::DeadlineExceededError("no completion") : done[0].status);
+      }
+    } else {
+      auto r = s->client->WriteAndWait(req, absl::Seconds(10));
+      if (!r.ok()) return Fail(r.status());
+    }
     if (i >= 10) lat.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
   std::sort(lat.begin(), lat.end());
