@@ -46,10 +46,11 @@ absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricE
 
 FabricEngine::~FabricEngine() { Shutdown(); }
 
-void FabricEngine::StartPeers(const std::string& self_address, std::shared_ptr<grpc::ChannelCredentials> creds) {
+void FabricEngine::StartPeers(const std::string& self_address, std::shared_ptr<grpc::ChannelCredentials> creds,
+                              grpc::ChannelArguments args) {
   PeerTable::Self self{options_.incarnation, self_address, provider(), {}};
   for (const auto& nic : nics_) self.fabric_addresses.push_back(nic->address());
-  peers_ = std::make_unique<PeerTable>(std::move(self), nics(), std::move(creds),
+  peers_ = std::make_unique<PeerTable>(std::move(self), nics(), std::move(creds), std::move(args),
                                        [this](const PeerConnection& p) { FailTransfersTo(p); });
   metrics_->SetScrapeHook([this] {
     const PeerTable::StateCounts c = peers_->Count();

@@ -1,7 +1,7 @@
 // FabricEngine: cross-node transfers over libfabric.
 //
 //   absl::StatusOr<std::unique_ptr<FabricEngine>> e = FabricEngine::Create(options, metrics);
-//   (*e)->StartPeers(self_address, credentials);   // once the peer server is bound
+//   (*e)->StartPeers(self_address, credentials, args);   // once the peer server is bound
 //   // as RegionRegistrar: every new region is registered on every NIC
 //   // as TransferExecutor: Prepare() resolves the destination, Submit() moves the bytes
 //
@@ -54,7 +54,8 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   ~FabricEngine() override;
 
   // Enables outgoing transfers; `self_address` is this agent's peer address.
-  void StartPeers(const std::string& self_address, std::shared_ptr<grpc::ChannelCredentials> creds);
+  void StartPeers(const std::string& self_address, std::shared_ptr<grpc::ChannelCredentials> creds,
+                  grpc::ChannelArguments args = {});
   // Fails every transfer in flight with UNAVAILABLE and stops the workers (bounded).
   void Shutdown();
 

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "agent/common/log.h"
 #include "agent/common/token.h"
+#include "agent/peers/peer_tls.h"
 #include "agent/session/session_wire.h"
 
 namespace ferry {
@@ -186,11 +187,13 @@ absl::Status Agent::StartFabric() {
   if (!engine.ok()) return engine.status();
   engine_ = std::move(*engine);
 
+  absl::StatusOr<PeerTls> tls = PeerTls::Load(config_);
+  if (!tls.ok()) return tls.status();
   peer_service_ = std::make_unique<PeerService>(incarnation_, engine_->nics(), regions_.get(), transfers_.get(),
                                                 metrics_.get());
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config_.peer_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config_.peer_address, tls->server, &port);
   builder.RegisterService(peer_service_.get());
   peer_server_ = builder.BuildAndStart();
   if (peer_server_ == nullptr || port == 0) {
@@ -204,8 +207,9 @@ absl::Status Agent::StartFabric() {
     if (host.empty() || host == "0.0.0.0" || host == "[::]") host = engine_->nics()[0]->iface();
     advertise_address_ = absl::StrCat(host, ":", port);
   }
-  engine_->StartPeers(advertise_address_, grpc::InsecureChannelCredentials());
-  FERRY_LOG(INFO) << "peer API on " << config_.peer_address << ", advertised as " << advertise_address_;
+  engine_->StartPeers(advertise_address_, tls->channel, tls->channel_args);
+  FERRY_LOG(INFO) << "peer API on " << config_.peer_address << ", advertised as " << advertise_address_
+                  << (tls->enabled ? " (mTLS)" : " (plaintext)");
   return absl::OkStatus();
 }
 

@@ -37,11 +37,19 @@ ABSL_FLAG(std::string, fabric_iface, "",
           "--peer_address: the agent never guesses an interface.");
 ABSL_FLAG(uint64_t, fabric_tx_size, 0,
           "Transmit queue depth per NIC; 0 keeps the provider's. Small values force -FI_EAGAIN (tests).");
+ABSL_FLAG(std::string, peer_tls_cert, "",
+          "PEM certificate of this agent for agent-to-agent mTLS (with --peer_tls_key and --peer_tls_ca; "
+          "e.g. from a Kubernetes Secret). With TLS on, plaintext peers are refused.");
+ABSL_FLAG(std::string, peer_tls_key, "", "PEM private key for --peer_tls_cert.");
+ABSL_FLAG(std::string, peer_tls_ca, "", "PEM CA bundle that signs every agent's certificate.");
+ABSL_FLAG(std::string, peer_tls_server_name, "ferry-peer",
+          "Name (DNS SAN) every agent certificate carries; verified instead of the peer's IP address.");
 ABSL_FLAG(uint64_t, fabric_max_op_bytes, 4 << 20,
           "Largest single RDMA write; larger chunks are split so they stripe over the NICs.");
 ABSL_FLAG(uint64_t, max_region_bytes, 1ull << 40, "Largest region one RegisterMemory may register.");
 ABSL_FLAG(uint64_t, max_chunks_per_write, 1 << 20, "Most chunks (or paged blocks) in one Write.");
 ABSL_FLAG(uint64_t, max_pending_fds, 64, "Most fds a session may hold before registering them.");
+ABSL_FLAG(uint64_t, max_regions_per_session, 4096, "Most regions one session may have registered.");
 ABSL_FLAG(uint64_t, max_inflight_transfers, 4096, "Most transfers one session may have in flight.");
 ABSL_FLAG(uint64_t, max_queues, 256, "Most shared-memory transfer queues (CreateQueue), all sessions together.");
 ABSL_FLAG(uint32_t, transfer_timeout_ms, 30000, "Default transfer deadline when a Write sets none.");
@@ -109,9 +117,14 @@ int main(int argc, char** argv) {
   config.fabric_ifaces = absl::StrSplit(absl::GetFlag(FLAGS_fabric_iface), ',', absl::SkipEmpty());
   config.fabric_tx_size = absl::GetFlag(FLAGS_fabric_tx_size);
   config.fabric_max_op_bytes = absl::GetFlag(FLAGS_fabric_max_op_bytes);
+  config.peer_tls_cert = absl::GetFlag(FLAGS_peer_tls_cert);
+  config.peer_tls_key = absl::GetFlag(FLAGS_peer_tls_key);
+  config.peer_tls_ca = absl::GetFlag(FLAGS_peer_tls_ca);
+  config.peer_tls_server_name = absl::GetFlag(FLAGS_peer_tls_server_name);
   config.max_region_bytes = absl::GetFlag(FLAGS_max_region_bytes);
   config.max_chunks_per_write = absl::GetFlag(FLAGS_max_chunks_per_write);
   config.max_pending_fds = absl::GetFlag(FLAGS_max_pending_fds);
+  config.max_regions_per_session = absl::GetFlag(FLAGS_max_regions_per_session);
   config.max_inflight_transfers = absl::GetFlag(FLAGS_max_inflight_transfers);
   config.max_queues = absl::GetFlag(FLAGS_max_queues);
   config.transfer_timeout_ms = absl::GetFlag(FLAGS_transfer_timeout_ms);

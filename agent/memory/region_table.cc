@@ -14,14 +14,21 @@ void RegionTable::Notify(MemoryKind kind) {
   if (observer_) observer_(kind, stats(kind));
 }
 
-void RegionTable::Insert(std::shared_ptr<Region> region) {
+absl::Status RegionTable::Insert(std::shared_ptr<Region> region, size_t max_per_session) {
   MemoryKind kind = region->kind();
   {
     absl::MutexLock lock(&mu_);
+    size_t& owned = per_session_[region->owner_session()];
+    if (owned >= max_per_session) {
+      return absl::ResourceExhaustedError(absl::StrCat("this session already has ", owned,
+                                                       " regions (--max_regions_per_session); deregister some"));
+    }
+    ++owned;
     UpdateStatsLocked(*region, +1);
     regions_[region->id()] = std::move(region);
   }
   Notify(kind);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Region>> RegionTable::Lookup(uint64_t id) const {
@@ -48,6 +55,7 @@ absl::Status RegionTable::Remove(uint64_t id, uint64_t session) {
     doomed = std::move(it->second);
     regions_.erase(it);
     UpdateStatsLocked(*doomed, -1);
+    if (--per_session_[session] == 0) per_session_.erase(session);
   }
   Notify(doomed->kind());
   return absl::OkStatus();
@@ -66,6 +74,7 @@ size_t RegionTable::RemoveSession(uint64_t session) {
         ++it;
       }
     }
+    per_session_.erase(session);
   }
   if (!doomed.empty()) {
     Notify(MemoryKind::kHost);

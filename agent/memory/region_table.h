@@ -39,7 +39,8 @@ class RegionTable {
 
   uint64_t NextId() { return next_id_.fetch_add(1); }
 
-  void Insert(std::shared_ptr<Region> region);
+  // RESOURCE_EXHAUSTED when the owner session already has `max_per_session` regions.
+  absl::Status Insert(std::shared_ptr<Region> region, size_t max_per_session = SIZE_MAX);
   // NOT_FOUND if no region has this id.
   absl::StatusOr<std::shared_ptr<Region>> Lookup(uint64_t id) const;
   // NOT_FOUND if unknown, PERMISSION_DENIED if `session` does not own it.
@@ -59,6 +60,7 @@ class RegionTable {
   Observer observer_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Region>> regions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, size_t> per_session_ ABSL_GUARDED_BY(mu_);
   KindStats host_ ABSL_GUARDED_BY(mu_);
   KindStats cuda_ ABSL_GUARDED_BY(mu_);
 };

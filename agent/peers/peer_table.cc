@@ -147,7 +147,7 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::Reg
     }
   }
   absl::MutexLock handshake_lock(&handshake_mu_);
-  std::shared_ptr<grpc::Channel> channel = cached ? cached->channel() : grpc::CreateChannel(address, creds_);
+  std::shared_ptr<grpc::Channel> channel = cached ? cached->channel() : grpc::CreateCustomChannel(address, creds_, args_);
   absl::StatusOr<v1::HandshakeResponse> resp = Handshake(*channel, address, deadline);
 
   absl::MutexLock lock(&mu_);

@@ -104,8 +104,14 @@ class PeerTable {
   // Called when a peer connection is retired (restart detected): fail its transfers.
   using OnRetire = std::function<void(const PeerConnection&)>;
 
-  PeerTable(Self self, std::vector<FabricNic*> nics, std::shared_ptr<grpc::ChannelCredentials> creds, OnRetire on_retire)
-      : self_(std::move(self)), nics_(std::move(nics)), creds_(std::move(creds)), on_retire_(std::move(on_retire)) {}
+  // `args` go to every peer channel (e.g. the TLS name to verify).
+  PeerTable(Self self, std::vector<FabricNic*> nics, std::shared_ptr<grpc::ChannelCredentials> creds,
+            grpc::ChannelArguments args, OnRetire on_retire)
+      : self_(std::move(self)),
+        nics_(std::move(nics)),
+        creds_(std::move(creds)),
+        args_(std::move(args)),
+        on_retire_(std::move(on_retire)) {}
   ~PeerTable();
 
   // The connection for the agent a descriptor names, handshaking when needed.
@@ -139,6 +145,7 @@ class PeerTable {
   const Self self_;
   const std::vector<FabricNic*> nics_;
   std::shared_ptr<grpc::ChannelCredentials> creds_;
+  const grpc::ChannelArguments args_;
   OnRetire on_retire_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<PeerConnection>> peers_ ABSL_GUARDED_BY(mu_);

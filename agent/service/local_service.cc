@@ -83,7 +83,8 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
     if (!reg.ok()) return reg.status();
     region->set_registration(std::move(*reg));
   }
-  deps_.regions->Insert(region);
+  absl::Status inserted = deps_.regions->Insert(region, cfg.max_regions_per_session);
+  if (!inserted.ok()) return inserted;
 
   v1::RegisterMemoryResponse resp;
   resp.set_region_id(region->id());

@@ -266,6 +266,23 @@ TEST_CASE("bad input gets a precise status and writes nothing") {
   }
 }
 
+TEST_CASE("a session cannot register more than --max_regions_per_session regions") {
+  auto agent = StartAgent({"--max_regions_per_session=2"});
+  Pod p = MakePod(agent->socket(), 4096);
+  auto second = HostBuffer::Create(4096);
+  auto third = HostBuffer::Create(4096);
+  REQUIRE(second.ok());
+  REQUIRE(third.ok());
+  auto r2 = p.client->RegisterHost(*second);
+  REQUIRE(r2.ok());
+  auto r3 = p.client->RegisterHost(*third);
+  CHECK(r3.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(std::string(r3.status().message()).find("--max_regions_per_session") != std::string::npos);
+  Pod other = MakePod(agent->socket(), 4096);  // the limit is per session
+  REQUIRE(p.client->Deregister(r2->region_id()).ok());
+  CHECK(p.client->RegisterHost(*third).ok());
+}
+
 TEST_CASE("a killed client's regions are reclaimed (status and metrics agree)") {
   auto agent = StartAgent();
   std::string ready = agent->dir() + "/holder.ready";
