@@ -24,7 +24,7 @@ sizes=4096,65536,1048576,16777216,67108864
 
 echo "# ferry cross-node benchmark  $(date -u +%Y-%m-%dT%H:%MZ)  $(nproc) CPUs, $(uname -r)"
 echo "# provider tcp;ofi_rxm, loopback 127.0.0.1 -> 127.0.0.2, initiator side on CPU $cpu_a, target side on CPU $cpu_b"
-echo "# window 16 transfers in flight, count $count per size (capped at 1 GiB per size)"
+echo "# window 16 transfers in flight, count $count per size (capped at 1 GiB per size); target agent --fabric_spin_us=1000000"
 
 # Raw libfabric baseline.
 mkdir -p "$work/raw"
@@ -33,10 +33,12 @@ taskset -c $cpu_a "$bin/tools/bench/fi_write_bench" initiator --iface=127.0.0.1 
   --sizes=$sizes --count="$count" --window=16 --lat_iters=1000 > "$work/raw.txt"
 
 # ferry: two agents, a receiver pod on B, the bench client on A.
+# The target agent busy-polls its NIC (--fabric_spin_us), as the raw target spins on
+# fi_cq_read; the initiator agent keeps the default (it shares its core with the client).
 for node in a b; do
-  if [ $node = a ]; then addr=127.0.0.1; cpu=$cpu_a; else addr=127.0.0.2; cpu=$cpu_b; fi
+  if [ $node = a ]; then addr=127.0.0.1; cpu=$cpu_a; spin=100; else addr=127.0.0.2; cpu=$cpu_b; spin=1000000; fi
   start_bg taskset -c $cpu "$bin/agent/main/ferryd" --socket="$work/$node.sock" --metrics_address=127.0.0.1:0 \
-    --peer_address=$addr:0 --fabric_iface=$addr --fabric_provider='tcp;ofi_rxm' \
+    --peer_address=$addr:0 --fabric_iface=$addr --fabric_provider='tcp;ofi_rxm' --fabric_spin_us=$spin \
     --ready_file="$work/$node.ready" --log_level=warning 2>"$work/$node.log"
 done
 wait_for "$work/a.ready" 20; wait_for "$work/b.ready" 20

@@ -27,6 +27,7 @@ struct AgentConfig {
   std::vector<std::string> fabric_ifaces;  // one per NIC: IPv4 address or interface name
   size_t fabric_tx_size = 0;               // > 0 overrides the provider's queue depth
   uint64_t fabric_max_op_bytes = 4 << 20;  // larger chunks are split (and striped)
+  uint32_t fabric_spin_us = 100;           // NIC worker polling after activity
   // Agent-to-agent mTLS: PEM files (all three, or none for plaintext), and the name
   // every agent's certificate carries (a DNS SAN), checked instead of the peer's IP.
   std::string peer_tls_cert, peer_tls_key, peer_tls_ca;

@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricE
     e->nics_.push_back(std::move(*nic));
   }
   for (auto& nic : e->nics_) {
-    e->workers_.push_back(std::make_unique<RailWorker>(nic.get(), metrics));
+    e->workers_.push_back(std::make_unique<RailWorker>(nic.get(), metrics, options.worker_spin));
     e->workers_.back()->Start();
   }
   e->watchdog_ = std::thread([p = e.get()] { p->Watchdog(); });

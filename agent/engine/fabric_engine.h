@@ -29,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "agent/engine/rail_worker.h"
 #include "agent/fabric/fabric_nic.h"
 #include "agent/memory/region.h"
@@ -45,6 +46,7 @@ struct FabricEngineOptions {
   // Largest single write; larger chunks are split so they can stripe over NICs.
   uint64_t max_op_bytes = 4 << 20;
   size_t tx_size = 0;  // > 0 overrides the provider's queue depth
+  absl::Duration worker_spin = absl::Microseconds(100);  // see RailWorker
   int notify_threads = 2;
 };
 

@@ -15,14 +15,11 @@
 namespace ferry {
 namespace {
 constexpr int kCqBatch = 64;
-// How long the worker keeps polling after the last sign of activity before it blocks:
-// long enough to ride a stream of incoming writes (rxm/tcp move data only while the
-// target polls), short enough that an idle agent sleeps almost at once.
-constexpr absl::Duration kSpin = absl::Microseconds(100);
 }  // namespace
 
-RailWorker::RailWorker(FabricNic* nic, Metrics* metrics, std::vector<int> cpus)
+RailWorker::RailWorker(FabricNic* nic, Metrics* metrics, absl::Duration spin, std::vector<int> cpus)
     : nic_(nic),
+      spin_(spin),
       cpus_(std::move(cpus)),
       tx_counter_(metrics->transfer_bytes("tx", "fabric", nic->name())),
       op_duration_(metrics->op_duration(nic->name())),
@@ -226,7 +223,7 @@ void RailWorker::Loop() {
       continue;
     }
     if (StopNow()) break;
-    if (absl::Now() - last_activity < kSpin) continue;
+    if (absl::Now() - last_activity < spin_) continue;
     // Announce the sleep, then look once more: a Submit that saw sleeping_ == false
     // before the announcement did not ring the eventfd.
     sleeping_.store(true, std::memory_order_seq_cst);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "agent/engine/write_op.h"
 #include "agent/fabric/fabric_nic.h"
 #include "agent/metrics/metrics.h"
@@ -28,7 +29,11 @@ namespace ferry {
 
 class RailWorker {
  public:
-  RailWorker(FabricNic* nic, Metrics* metrics, std::vector<int> cpus = {});
+  // `spin`: how long the worker keeps polling after the last sign of activity before it
+  // blocks on the CQ's fd. Long enough to ride a stream of incoming writes (rxm/tcp move
+  // data only while the target polls); short enough that an idle agent sleeps at once.
+  // A dedicated progress core may spin far longer (--fabric_spin_us).
+  RailWorker(FabricNic* nic, Metrics* metrics, absl::Duration spin, std::vector<int> cpus = {});
   ~RailWorker();
 
   void Start();
@@ -55,6 +60,7 @@ class RailWorker {
   void Wake();
 
   FabricNic* nic_;
+  const absl::Duration spin_;
   std::vector<int> cpus_;
   prometheus::Counter& tx_counter_;
   prometheus::Histogram& op_duration_;

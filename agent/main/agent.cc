@@ -183,6 +183,7 @@ absl::Status Agent::StartFabric() {
   options.incarnation = incarnation_;
   options.tx_size = config_.fabric_tx_size;
   options.max_op_bytes = config_.fabric_max_op_bytes;
+  options.worker_spin = absl::Microseconds(config_.fabric_spin_us);
   absl::StatusOr<std::unique_ptr<FabricEngine>> engine = FabricEngine::Create(options, metrics_.get());
   if (!engine.ok()) return engine.status();
   engine_ = std::move(*engine);

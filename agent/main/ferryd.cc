@@ -44,6 +44,10 @@ ABSL_FLAG(std::string, peer_tls_key, "", "PEM private key for --peer_tls_cert.")
 ABSL_FLAG(std::string, peer_tls_ca, "", "PEM CA bundle that signs every agent's certificate.");
 ABSL_FLAG(std::string, peer_tls_server_name, "ferry-peer",
           "Name (DNS SAN) every agent certificate carries; verified instead of the peer's IP address.");
+ABSL_FLAG(uint32_t, fabric_spin_us, 100,
+          "How long a NIC worker keeps polling after its last activity before it sleeps on the CQ. Raise it "
+          "(e.g. 1000000) on nodes with a core to spare for progress: rxm/tcp move incoming data only while "
+          "the target polls. Idle CPU grows with it.");
 ABSL_FLAG(uint64_t, fabric_max_op_bytes, 4 << 20,
           "Largest single RDMA write; larger chunks are split so they stripe over the NICs.");
 ABSL_FLAG(uint64_t, max_region_bytes, 1ull << 40, "Largest region one RegisterMemory may register.");
@@ -117,6 +121,7 @@ int main(int argc, char** argv) {
   config.fabric_ifaces = absl::StrSplit(absl::GetFlag(FLAGS_fabric_iface), ',', absl::SkipEmpty());
   config.fabric_tx_size = absl::GetFlag(FLAGS_fabric_tx_size);
   config.fabric_max_op_bytes = absl::GetFlag(FLAGS_fabric_max_op_bytes);
+  config.fabric_spin_us = absl::GetFlag(FLAGS_fabric_spin_us);
   config.peer_tls_cert = absl::GetFlag(FLAGS_peer_tls_cert);
   config.peer_tls_key = absl::GetFlag(FLAGS_peer_tls_key);
   config.peer_tls_ca = absl::GetFlag(FLAGS_peer_tls_ca);
