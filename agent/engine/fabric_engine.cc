@@ -299,19 +299,25 @@ void FabricEngine::Watchdog() {
       mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Seconds(1));
       if (stopping_) return;
       const absl::Time now = absl::Now();
-      auto keep = active_.begin();
-      for (auto& w : active_) {
-        std::shared_ptr<TransferState> s = w.lock();
+      // Compact in place. Never move an element onto itself: libstdc++'s weak_ptr move
+      // assignment empties a self-assigned pointer, which would drop that transfer from
+      // the watchdog (and its deadline) for good.
+      size_t keep = 0;
+      for (size_t i = 0; i < active_.size(); ++i) {
+        std::shared_ptr<TransferState> s = active_[i].lock();
         if (s == nullptr || s->finished()) continue;
         if (now > s->deadline()) {
           expired.push_back(std::move(s));
           continue;
         }
-        *keep++ = std::move(w);
+        if (keep != i) active_[keep] = std::move(active_[i]);
+        ++keep;
       }
-      active_.erase(keep, active_.end());
+      active_.resize(keep);
     }
     for (auto& s : expired) {
+      FERRY_LOG(WARNING) << "transfer " << s->transfer().id << " to agent " << s->peer()->address()
+                         << " passed its deadline";
       s->Finish(absl::DeadlineExceededError(
           absl::StrCat("transfer ", s->transfer().id, " to agent ", s->peer()->address(), " passed its deadline")));
       s->peer()->MarkSuspect();

@@ -1,5 +1,6 @@
 // region_holder SOCKET COUNT SIZE READY_FILE: registers COUNT host regions of SIZE
-// bytes, writes READY_FILE, then sleeps (at most 10 minutes) until killed.
+// bytes, writes the first region's descriptor to READY_FILE.desc and then READY_FILE,
+// then sleeps (at most 10 minutes) until killed.
 #include <unistd.h>
 
 #include <cstdio>
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     buffers.push_back(std::move(*buf));
+    if (i == 0) std::ofstream(std::string(argv[4]) + ".desc", std::ios::binary) << reg->region().SerializeAsString();
   }
   std::string tmp = std::string(argv[4]) + ".tmp";
   { std::ofstream(tmp) << "ok\n"; }

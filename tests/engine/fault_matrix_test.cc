@@ -1,0 +1,331 @@
+// The fault matrix: real ferryd processes on test hosts (network namespaces when root),
+// with pods, peers and links failing while writes are in flight. Every case is bounded
+// in time; "fails cleanly" means a status within the transfer deadline, never a hang,
+// and the agents keep serving everyone else.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/cpp/ferry_client.h"
+#include "client/cpp/write_queue.h"
+#include "tests/testing/agent_process.h"
+#include "tests/testing/netns.h"
+#include "tests/testing/test_pod.h"
+
+namespace ferry {
+namespace {
+
+using testing::AgentProcess;
+using testing::FillRandom;
+using testing::MakePod;
+using testing::TestNetwork;
+using testing::TestPod;
+
+std::unique_ptr<AgentProcess> StartOn(const testing::TestHost& host, std::vector<std::string> flags = {},
+                                      const std::string& dir = "") {
+  flags.push_back("--peer_address=" + host.nics[0] + ":0");
+  flags.push_back("--fabric_iface=" + absl::StrJoin(host.nics, ","));
+  flags.push_back("--fabric_provider=tcp;ofi_rxm");
+  auto a = AgentProcess::Start(flags, dir, host.wrapper);
+  INFO(a.status().ToString());
+  REQUIRE(a.ok());
+  return std::move(*a);
+}
+
+v1::WriteRequest Chunk(const TestPod& src, const v1::RegionDescriptor& dst, uint64_t src_off, uint64_t dst_off,
+                       uint64_t len) {
+  v1::WriteRequest req;
+  req.set_src_region_id(src.reg.region_id());
+  *req.mutable_dst() = dst;
+  auto* c = req.mutable_chunks()->add_chunks();
+  c->set_src_offset(src_off);
+  c->set_dst_offset(dst_off);
+  c->set_length(len);
+  return req;
+}
+
+// A fresh receiver on `agent` gets a write from `sender`: the agents still serve.
+void StillServes(TestPod& sender, AgentProcess& agent) {
+  TestPod receiver = MakePod(agent.socket(), 1 << 16, 0);
+  auto r = sender.client->WriteAndWait(Chunk(sender, receiver.reg.region(), 0, 0, 1 << 16), absl::Seconds(20));
+  INFO(r.status().ToString() << "\n" << agent.Log());
+  REQUIRE(r.ok());
+  REQUIRE(r->code() == 0);
+  CHECK(memcmp(receiver.buf->data(), sender.buf->data(), 1 << 16) == 0);
+}
+
+bool IsCleanFailure(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kCancelled:
+      return true;
+    default:
+      return false;
+  }
+}
+
+TEST_CASE("fault 2: the destination pod dies while writes stream into its region") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartOn(net.host(0));
+  auto b = StartOn(net.host(1));
+  const std::string ready = b->dir() + "/holder.ready";
+  auto holder = testing::ChildProcess::Spawn(
+      {testing::RunfilePath("tests/testing/region_holder"), b->socket(), "1", std::to_string(8 << 20), ready},
+      b->dir() + "/holder.log");
+  REQUIRE(holder.ok());
+  REQUIRE(testing::WaitForFile(ready, absl::Seconds(20)).ok());
+  std::ifstream in(ready + ".desc", std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  v1::RegionDescriptor dst;
+  REQUIRE(dst.ParseFromString(ss.str()));
+
+  TestPod sender = MakePod(a->socket(), 8 << 20, 0x5A);
+  auto q = WriteQueue::Create(*sender.client, {dst}, 64, /*timeout_ms=*/5000);
+  REQUIRE(q.ok());
+  int ok = 0, failed = 0, posted = 0;
+  bool killed = false;
+  std::vector<WriteQueue::Completion> done;
+  const absl::Time end = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < end && (!killed || (*q)->inflight() > 0 || posted < ok + failed + 64)) {
+    while ((*q)->inflight() < 32 && absl::Now() < end) {
+      const uint64_t off = (posted % 32) * (256 << 10);
+      REQUIRE((*q)->Post({sender.reg.region_id(), 0, off, off, 256 << 10, static_cast<uint64_t>(posted)}).ok());
+      ++posted;
+    }
+    done.clear();
+    (*q)->Reap(&done, 64, absl::Milliseconds(100));
+    for (const auto& c : done) {
+      if (c.status.ok()) {
+        ++ok;
+      } else {
+        INFO(c.status.ToString());
+        CHECK(IsCleanFailure(c.status));
+        ++failed;
+      }
+    }
+    if (!killed && ok >= 50) {  // writes are streaming: kill the owner mid-stream
+      (*holder)->Kill(SIGKILL);
+      killed = true;
+    }
+    if (killed && failed > 0 && (*q)->inflight() == 0) break;
+  }
+  REQUIRE(killed);
+  CHECK(failed > 0);  // writes after the death are refused...
+  INFO(b->Log());
+  REQUIRE(b->running());  // ...and the target agent survived the region going away under them
+  StillServes(sender, *b);
+}
+
+TEST_CASE("fault 3: a peer agent SIGKILLed mid-transfer; transfers fail within their deadline, then recover") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartOn(net.host(0));
+  auto b = StartOn(net.host(1));
+  const uint64_t kSize = 64 << 20;
+  TestPod sender = MakePod(a->socket(), kSize, 0x77);
+  TestPod receiver = MakePod(b->socket(), kSize, 0);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 8; ++i) {
+    v1::WriteRequest req = Chunk(sender, receiver.reg.region(), 0, 0, kSize);
+    req.set_timeout_ms(10000);
+    auto id = sender.client->Write(req);
+    REQUIRE(id.ok());
+    ids.push_back(*id);
+  }
+  const std::string dir = b->dir();
+  const std::string peer_port = b->ready("peer_address").substr(b->ready("peer_address").rfind(':') + 1);
+  b->KeepDir();
+  CHECK(b->Stop(SIGKILL) == 128 + SIGKILL);
+  b.reset();
+  const absl::Time killed = absl::Now();
+  int failed = 0;
+  for (uint64_t id : ids) {
+    auto r = sender.client->Wait(id, absl::Seconds(20));
+    INFO(r.status().ToString() << " after " << absl::Now() - killed << "\n" << a->Log());
+    REQUIRE(r.ok());  // an answer, not a hang
+    if (r->code() != 0) {
+      ++failed;
+      absl::Status s = ResultStatus(*r);
+      INFO(s.ToString());
+      CHECK(IsCleanFailure(s));
+    }
+  }
+  CHECK(absl::Now() - killed < absl::Seconds(12));  // within the 10 s deadline (+ slack)
+  CHECK(failed > 0);
+
+  auto restarted = AgentProcess::Start({"--peer_address=" + net.host(1).nics[0] + ":" + peer_port,
+                                        "--fabric_iface=" + net.host(1).nics[0], "--fabric_provider=tcp;ofi_rxm"},
+                                       dir, net.host(1).wrapper);
+  INFO(restarted.status().ToString());
+  REQUIRE(restarted.ok());
+  StillServes(sender, **restarted);
+}
+
+TEST_CASE("fault 5: a cut link gives DEADLINE_EXCEEDED or UNAVAILABLE, and transfers work again once it is back") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  if (!net.namespaces()) {
+    WARN("no network namespaces here (" << net.description() << "): link cut not exercised");
+    return;
+  }
+  auto a = StartOn(net.host(0));
+  auto b = StartOn(net.host(1));
+  TestPod sender = MakePod(a->socket(), 4 << 20, 0x21);
+  TestPod receiver = MakePod(b->socket(), 4 << 20, 0);
+  REQUIRE(sender.client->WriteAndWait(Chunk(sender, receiver.reg.region(), 0, 0, 4096), absl::Seconds(20)).ok());
+
+  REQUIRE(net.SetLink(1, 0, /*up=*/false));
+  v1::WriteRequest req = Chunk(sender, receiver.reg.region(), 0, 0, 4 << 20);
+  req.set_timeout_ms(2000);
+  const absl::Time t0 = absl::Now();
+  auto id = sender.client->Write(req);
+  absl::Status s;
+  if (id.ok()) {
+    auto r = sender.client->Wait(*id, absl::Seconds(15));
+    INFO(r.status().ToString() << " after " << absl::Now() - t0 << "\n" << a->Log());
+    REQUIRE(r.ok());
+    s = ResultStatus(*r);
+  } else {
+    s = id.status();
+  }
+  INFO(s.ToString());
+  CHECK((s.code() == absl::StatusCode::kDeadlineExceeded || s.code() == absl::StatusCode::kUnavailable));
+  CHECK(absl::Now() - t0 < absl::Seconds(5));
+
+  REQUIRE(net.SetLink(1, 0, /*up=*/true));
+  absl::Status back = absl::UnavailableError("not tried");
+  for (absl::Time end = absl::Now() + absl::Seconds(30); !back.ok() && absl::Now() < end;) {
+    v1::WriteRequest retry = Chunk(sender, receiver.reg.region(), 0, 0, 4 << 20);
+    retry.set_timeout_ms(3000);
+    auto r = sender.client->WriteAndWait(retry, absl::Seconds(10));
+    back = r.ok() ? ResultStatus(*r) : r.status();
+    if (!back.ok()) absl::SleepFor(absl::Milliseconds(200));
+  }
+  INFO(back.ToString() << "\n" << a->Log());
+  REQUIRE(back.ok());
+  CHECK(memcmp(receiver.buf->data(), sender.buf->data(), 4 << 20) == 0);
+}
+
+TEST_CASE("fault 6: an -FI_EAGAIN storm (tx queue of 4) loses nothing") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartOn(net.host(0), {"--fabric_tx_size=4", "--fabric_max_op_bytes=65536"});
+  auto b = StartOn(net.host(1));
+  const uint64_t kSize = 16 << 20, kBlock = 4096, kBlocks = kSize / kBlock;
+  TestPod sender = MakePod(a->socket(), kSize, 0);
+  TestPod receiver = MakePod(b->socket(), kSize, 0);
+  FillRandom(sender.buf->data(), kSize, 66);
+  std::vector<uint64_t> src(kBlocks), dst(kBlocks);
+  for (uint64_t i = 0; i < kBlocks; ++i) src[i] = dst[i] = i;
+  std::shuffle(dst.begin(), dst.end(), std::mt19937(7));
+  std::vector<uint64_t> ids;
+  for (int w = 0; w < 4; ++w) {  // four concurrent paged writes plus a big contiguous one
+    const uint64_t n = kBlocks / 4;
+    std::vector<uint64_t> s(src.begin() + w * n, src.begin() + (w + 1) * n);
+    std::vector<uint64_t> d(dst.begin() + w * n, dst.begin() + (w + 1) * n);
+    auto id = sender.client->WriteBlocks(sender.reg.region_id(), receiver.reg.region(), kBlock, s, d);
+    REQUIRE(id.ok());
+    ids.push_back(*id);
+  }
+  for (uint64_t id : ids) {
+    auto r = sender.client->Wait(id, absl::Seconds(60));
+    REQUIRE(r.ok());
+    INFO(r->message());
+    REQUIRE(r->code() == 0);
+  }
+  for (uint64_t i = 0; i < kBlocks; ++i) {
+    REQUIRE(memcmp(receiver.buf->data() + dst[i] * kBlock, sender.buf->data() + src[i] * kBlock, kBlock) == 0);
+  }
+}
+
+TEST_CASE("fault 8: 64 sessions on two agents write at random with checksums: no corruption, no deadlock") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  std::vector<std::unique_ptr<AgentProcess>> agents;
+  agents.push_back(StartOn(net.host(0)));
+  agents.push_back(StartOn(net.host(1)));
+  constexpr int kSessions = 64;
+  constexpr uint64_t kSlot = 16 << 10, kSlots = 8;  // + one more slot: each writer's source
+  std::vector<TestPod> pods;
+  for (int i = 0; i < kSessions; ++i) pods.push_back(MakePod(agents[i % 2]->socket(), kSlot * (kSlots + 1), 0));
+  // Session i writes only into slot (i / 8) of session (i + 1) % 64's region, so
+  // destinations never overlap and every byte has exactly one expected writer.
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int i = 0; i < kSessions; ++i) {
+    threads.emplace_back([&, i] {
+      std::mt19937_64 rng(i);
+      TestPod& me = pods[i];
+      const TestPod& peer = pods[(i + 1) % kSessions];
+      const uint64_t slot = i / 8;
+      for (int round = 0; round < 5; ++round) {
+        uint8_t* src = me.buf->data() + kSlots * kSlot;  // nobody writes into this slot
+        FillRandom(src, kSlot, rng());
+        auto r = me.client->WriteAndWait(Chunk(me, peer.reg.region(), kSlots * kSlot, slot * kSlot, kSlot),
+                                         absl::Seconds(30));
+        if (!r.ok() || r->code() != 0 || memcmp(peer.buf->data() + slot * kSlot, src, kSlot) != 0) {
+          ++bad;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(bad.load() == 0);
+}
+
+TEST_CASE("fault 9 and 10: SIGTERM under load drains in bounded time; RSS stays bounded under sustained load") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartOn(net.host(0), {"--shutdown_grace_ms=3000"});
+  auto b = StartOn(net.host(1));
+  TestPod sender = MakePod(a->socket(), 4 << 20, 0x3C);
+  TestPod receiver = MakePod(b->socket(), 4 << 20, 0);
+  auto q = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 64);
+  REQUIRE(q.ok());
+  auto rss_kb = [&]() {
+    std::ifstream status("/proc/" + std::to_string(a->pid()) + "/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+    }
+    return 0L;
+  };
+  // Sustained load: 6 s of 64 KiB writes, RSS sampled after warm-up and at the end.
+  std::vector<WriteQueue::Completion> done;
+  long rss_warm = 0;
+  uint64_t completed = 0;
+  const absl::Time start = absl::Now();
+  for (uint64_t posted = 0; absl::Now() - start < absl::Seconds(6);) {
+    while ((*q)->inflight() < 32) {
+      const uint64_t off = (posted++ % 64) * (64 << 10);
+      REQUIRE((*q)->Post({sender.reg.region_id(), 0, off, off, 64 << 10, posted}).ok());
+    }
+    done.clear();
+    (*q)->Reap(&done, 64, absl::Seconds(10));
+    for (const auto& c : done) REQUIRE(c.status.ok());
+    completed += done.size();
+    if (rss_warm == 0 && absl::Now() - start > absl::Seconds(2)) rss_warm = rss_kb();
+  }
+  const long rss_end = rss_kb();
+  INFO("RSS after warm-up " << rss_warm << " kB, at the end " << rss_end << " kB, " << completed << " writes");
+  CHECK(completed > 1000);
+  CHECK(rss_end - rss_warm < 32 * 1024);  // no growth with the number of transfers
+
+  // SIGTERM with writes in flight: exits 0 within the grace period plus a bound.
+  for (int i = 0; i < 8; ++i) {
+    auto id = sender.client->Write(Chunk(sender, receiver.reg.region(), 0, 0, 4 << 20));
+    REQUIRE(id.ok());
+  }
+  const absl::Time t0 = absl::Now();
+  CHECK(a->Stop(SIGTERM, absl::Seconds(15)) == 0);
+  CHECK(absl::Now() - t0 < absl::Seconds(8));
+}
+
+}  // namespace
+}  // namespace ferry
