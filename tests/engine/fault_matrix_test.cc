@@ -74,6 +74,72 @@ bool IsCleanFailure(const absl::Status& s) {
   }
 }
 
+TEST_CASE("fault 1: a writing client SIGKILLed mid-stream: its regions are reclaimed, the peer is unaffected") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartOn(net.host(0));
+  auto b = StartOn(net.host(1));
+  TestPod receiver = MakePod(b->socket(), 64 << 20, 0);
+  const std::string dir = a->dir();
+  { std::ofstream(dir + "/descriptor", std::ios::binary) << receiver.reg.region().SerializeAsString(); }
+  auto writer = testing::ChildProcess::Spawn({testing::RunfilePath("tools/bench/ferry_bench"), "send",
+                                              "--socket=" + a->socket(), "--dir=" + dir, "--sizes=4194304",
+                                              "--count=100000", "--window=16"},
+                                             dir + "/writer.log");
+  REQUIRE(writer.ok());
+  auto observer = Client::Connect(a->socket());
+  REQUIRE(observer.ok());
+  // Wait until it streams, then kill it.
+  uint64_t completed = 0;
+  for (absl::Time end = absl::Now() + absl::Seconds(20); completed < 20 && absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(20))) {
+    auto st = (*observer)->GetStatus();
+    REQUIRE(st.ok());
+    completed = st->transfers_completed();
+  }
+  REQUIRE(completed >= 20);
+  (*writer)->Kill(SIGKILL);
+  REQUIRE((*writer)->Wait(absl::Seconds(10)) == 128 + SIGKILL);
+  uint32_t regions = 1, sessions = 2;
+  for (absl::Time end = absl::Now() + absl::Seconds(15); (regions != 0 || sessions != 1) && absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(50))) {
+    auto st = (*observer)->GetStatus();
+    REQUIRE(st.ok());
+    regions = st->regions();
+    sessions = st->sessions();
+  }
+  CHECK(regions == 0);   // the writer's source region is gone...
+  CHECK(sessions == 1);  // ...with its session; only the observer is left
+  REQUIRE(a->running());
+  REQUIRE(b->running());
+  TestPod sender = MakePod(a->socket(), 1 << 16, 0x19);
+  StillServes(sender, *b);
+}
+
+TEST_CASE("fault 7: a deregistered destination is refused; no byte lands after deregistration") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartOn(net.host(0));
+  auto b = StartOn(net.host(1));
+  TestPod sender = MakePod(a->socket(), 1 << 20, 0x61);
+  TestPod receiver = MakePod(b->socket(), 1 << 20, 0);
+  REQUIRE(sender.client->WriteAndWait(Chunk(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(20)).ok());
+  REQUIRE(receiver.client->Deregister(receiver.reg.region_id()).ok());
+  memset(receiver.buf->data(), 0, 1 << 20);  // the pod's own memory; the agent unmapped its view
+  // The initiator may still hold the region's keys: the write must fail, not land.
+  for (int i = 0; i < 2; ++i) {
+    auto id = sender.client->Write(Chunk(sender, receiver.reg.region(), 0, 0, 1 << 20));
+    absl::Status s = id.status();
+    if (id.ok()) {
+      auto r = sender.client->Wait(*id, absl::Seconds(20));
+      REQUIRE(r.ok());
+      s = ResultStatus(*r);
+    }
+    INFO(i << ": " << s.ToString());
+    CHECK((s.code() == absl::StatusCode::kNotFound || s.code() == absl::StatusCode::kUnavailable));
+  }
+  for (uint64_t i = 0; i < (1 << 20); ++i) REQUIRE(receiver.buf->data()[i] == 0);
+  StillServes(sender, *b);
+}
+
 TEST_CASE("fault 2: the destination pod dies while writes stream into its region") {
   TestNetwork net = TestNetwork::Create(2, 1);
   auto a = StartOn(net.host(0));
