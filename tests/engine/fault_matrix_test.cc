@@ -381,7 +381,12 @@ TEST_CASE("fault 9 and 10: SIGTERM under load drains in bounded time; RSS stays 
   const long rss_end = rss_kb();
   INFO("RSS after warm-up " << rss_warm << " kB, at the end " << rss_end << " kB, " << completed << " writes");
   CHECK(completed > 1000);
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan keeps freed memory in quarantine (256 MiB by default): RSS says nothing there.
+  WARN("RSS bound not checked under AddressSanitizer");
+#else
   CHECK(rss_end - rss_warm < 32 * 1024);  // no growth with the number of transfers
+#endif
 
   // SIGTERM with writes in flight: exits 0 within the grace period plus a bound.
   for (int i = 0; i < 8; ++i) {
