@@ -70,8 +70,10 @@ absl::Status QueuePoller::Add(std::shared_ptr<TransferQueue> queue, size_t max_q
 void QueuePoller::RemoveSession(uint64_t session_id) {
   {
     absl::MutexLock lock(&mu_);
-    auto gone = std::remove_if(queues_.begin(), queues_.end(),
-                               [&](const std::shared_ptr<TransferQueue>& q) { return q->session_id() == session_id; });
+    // partition, not remove_if: the session's queues must stay intact past `gone`.
+    auto gone = std::stable_partition(queues_.begin(), queues_.end(), [&](const std::shared_ptr<TransferQueue>& q) {
+      return q->session_id() != session_id;
+    });
     if (gone == queues_.end()) return;
     for (auto it = gone; it != queues_.end(); ++it) {
       epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, (*it)->submit_doorbell(), nullptr);

@@ -255,6 +255,40 @@ TEST_CASE("a client that corrupts its queue stalls only that queue") {
   REQUIRE(status.ok());  // the agent is alive and serving
 }
 
+TEST_CASE("a session's queues end with it, and the agent keeps serving") {
+  auto agent = StartAgent();
+  TestPod receiver = MakePod(agent->socket(), 1 << 16);
+  TestPod keeper = MakePod(agent->socket(), 1 << 16);
+  std::vector<std::unique_ptr<WriteQueue>> kept;  // queues created after each round's
+  for (int round = 0; round < 3; ++round) {
+    TestPod pod = MakePod(agent->socket(), 1 << 16, 0x40 + round);
+    std::vector<std::unique_ptr<WriteQueue>> queues;
+    for (int i = 0; i < 3; ++i) {
+      auto q = WriteQueue::Create(*pod.client, {receiver.reg.region()}, 8);
+      REQUIRE(q.ok());
+      queues.push_back(std::move(*q));
+    }
+    auto k = WriteQueue::Create(*keeper.client, {receiver.reg.region()}, 8);
+    REQUIRE(k.ok());
+    kept.push_back(std::move(*k));
+    REQUIRE(queues[1]->Post({pod.reg.region_id(), 0, 0, 0, 4096, 1}).ok());
+    REQUIRE(ReapAll(*queues[1], 1)[0].status.ok());
+  }  // the pods close their sessions here, queues and all
+  absl::SleepFor(absl::Milliseconds(300));
+  INFO(agent->Log());
+  REQUIRE(agent->running());
+  for (auto& k : kept) {  // the other session's queues still work
+    REQUIRE(k->Post({keeper.reg.region_id(), 0, 0, 0, 64, 1}).ok());
+    CHECK(ReapAll(*k, 1)[0].status.ok());
+  }
+  TestPod after = MakePod(agent->socket(), 1 << 16, 0x77);
+  auto q = WriteQueue::Create(*after.client, {receiver.reg.region()}, 8);
+  REQUIRE(q.ok());
+  REQUIRE((*q)->Post({after.reg.region_id(), 0, 0, 0, 4096, 1}).ok());
+  CHECK(ReapAll(**q, 1)[0].status.ok());
+  CHECK(receiver.buf->data()[0] == 0x77);
+}
+
 TEST_CASE("a client that stops reaping cannot make the agent overwrite unread completions") {
   auto agent = StartAgent();
   TestPod pod = MakePod(agent->socket(), 1 << 16);
