@@ -12,8 +12,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <sstream>
 
@@ -151,8 +153,22 @@ std::string AgentProcess::Log() const {
 
 AgentProcess::~AgentProcess() {
   if (pid_ > 0) {
-    kill(pid_, SIGKILL);
-    WaitPid(pid_, absl::Seconds(5));
+    // A test passes only if its agents stayed healthy to the end: one that died on its
+    // own (a crash after the test's last assertion, a sanitizer report) or that does not
+    // stop cleanly on SIGTERM fails the test binary — unless the test already failed.
+    int st = WaitPid(pid_, absl::ZeroDuration());
+    if (st < 0) {
+      kill(pid_, SIGTERM);
+      st = WaitPid(pid_, absl::Seconds(20));
+    }
+    if (st < 0) {
+      kill(pid_, SIGKILL);
+      WaitPid(pid_, absl::Seconds(5));
+    }
+    if (st != 0 && std::uncaught_exceptions() == 0) {
+      fprintf(stderr, "ferryd (pid %d) did not end cleanly: status %d. Its log:\n%s\n", pid_, st, Log().c_str());
+      std::abort();
+    }
   }
   if (!keep_dir_ && !dir_.empty()) {
     std::string cmd = "rm -rf '" + dir_ + "'";
