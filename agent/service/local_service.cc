@@ -258,8 +258,7 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
     return absl::Status(complete.status().code(),
                         absl::StrCat("complete_doorbell_fd: ", complete.status().message()));
   }
-  static std::atomic<uint64_t> next_queue_id{1};
-  const uint64_t id = next_queue_id.fetch_add(1);
+  const uint64_t id = next_queue_id_.fetch_add(1);
   absl::StatusOr<std::shared_ptr<TransferQueue>> q =
       TransferQueue::Open(id, session->id(), std::move(*ring), std::move(*submit), std::move(*complete), req.entries(),
                           {req.destinations().begin(), req.destinations().end()});

@@ -94,6 +94,7 @@ class LocalService final : public v1::Agent::Service {
   LocalServiceDeps deps_;
   absl::Time started_;
   std::atomic<bool> shutting_down_{false};
+  std::atomic<uint64_t> next_queue_id_{1};
 };
 
 }  // namespace ferry

@@ -1,7 +1,6 @@
 #include "agent/transfer/transfer.h"
 
 #include "absl/time/clock.h"
-#include "agent/common/log.h"
 
 namespace ferry {
 
@@ -20,7 +19,6 @@ const char* PathLabel(v1::TransferPath path) {
 
 void TransferManager::Finish(const Transfer& t, const absl::Status& status) {
   const absl::Duration elapsed = absl::Now() - t.submitted;
-  FERRY_LOG(DEBUG) << "transfer " << t.id << " finished: " << status;
   const char* path = PathLabel(t.path);
   metrics_->transfers_total(path, StatusCodeName(static_cast<int>(status.code()))).Increment();
   metrics_->transfer_duration(path).Observe(absl::ToDoubleSeconds(elapsed));

@@ -161,6 +161,14 @@ absl::StatusOr<v1::RegisterMemoryResponse> Client::RegisterHost(const HostBuffer
   return resp;
 }
 
+absl::StatusOr<HostRegion> Client::AllocateHost(uint64_t size) {
+  absl::StatusOr<HostBuffer> buffer = HostBuffer::Create(size);
+  if (!buffer.ok()) return buffer.status();
+  absl::StatusOr<v1::RegisterMemoryResponse> reg = RegisterHost(*buffer);
+  if (!reg.ok()) return reg.status();
+  return HostRegion{std::move(*buffer), std::move(*reg)};
+}
+
 absl::Status Client::Deregister(uint64_t region_id) {
   v1::DeregisterMemoryRequest req;
   req.set_region_id(region_id);

@@ -48,6 +48,16 @@ class HostBuffer {
   uint64_t size_ = 0;
 };
 
+// A host buffer together with its registration (see Client::AllocateHost).
+struct HostRegion {
+  HostBuffer buffer;
+  v1::RegisterMemoryResponse registration;
+
+  uint64_t id() const { return registration.region_id(); }
+  // What to hand to a pod that should write into this region.
+  const v1::RegionDescriptor& descriptor() const { return registration.region(); }
+};
+
 struct ChunkSpec {
   uint64_t src_offset;
   uint64_t dst_offset;
@@ -66,6 +76,8 @@ class Client {
   absl::StatusOr<uint64_t> SendFd(int fd);
 
   absl::StatusOr<v1::RegisterMemoryResponse> RegisterHost(const HostBuffer& buffer);
+  // HostBuffer::Create(size) and RegisterHost in one step.
+  absl::StatusOr<HostRegion> AllocateHost(uint64_t size);
   absl::Status Deregister(uint64_t region_id);
 
   absl::StatusOr<uint64_t> Write(uint64_t src_region, const v1::RegionDescriptor& dst,

@@ -28,22 +28,15 @@ constexpr uint64_t kSize = 4 << 20;
 
 struct Pod {
   std::unique_ptr<Client> client;
-  std::unique_ptr<HostBuffer> buf;
-  v1::RegisterMemoryResponse reg;
+  HostRegion region;
 };
 
 absl::StatusOr<Pod> Open(const std::string& socket) {
-  Pod p;
   auto c = Client::Connect(socket);
   if (!c.ok()) return c.status();
-  auto b = HostBuffer::Create(kSize);
-  if (!b.ok()) return b.status();
-  p.client = std::move(*c);
-  p.buf = std::make_unique<HostBuffer>(std::move(*b));
-  auto r = p.client->RegisterHost(*p.buf);
+  auto r = (*c)->AllocateHost(kSize);
   if (!r.ok()) return r.status();
-  p.reg = *r;
-  return p;
+  return Pod{std::move(*c), std::move(*r)};
 }
 
 absl::Status Expect(absl::StatusCode want, const absl::Status& got, const char* what) {
@@ -58,8 +51,8 @@ absl::Status Round(int round, Pod& a1, Pod& a2, Pod& b) {
   auto r = a1.client->WriteAndWait(
       [&] {
         v1::WriteRequest req;
-        req.set_src_region_id(a1.reg.region_id());
-        *req.mutable_dst() = b.reg.region();
+        req.set_src_region_id(a1.region.id());
+        *req.mutable_dst() = b.region.descriptor();
         req.mutable_chunks()->add_chunks()->set_length(1 << 20);
         req.set_notify(true);
         req.set_tag(round);
@@ -70,32 +63,30 @@ absl::Status Round(int round, Pod& a1, Pod& a2, Pod& b) {
   // Cross-agent, paged, not notified.
   std::vector<uint64_t> blocks(64);
   std::iota(blocks.begin(), blocks.end(), 0);
-  auto id = a1.client->WriteBlocks(a1.reg.region_id(), b.reg.region(), 4096, blocks, blocks);
+  auto id = a1.client->WriteBlocks(a1.region.id(), b.region.descriptor(), 4096, blocks, blocks);
   if (!id.ok()) return id.status();
   auto w = a1.client->Wait(*id, kWait);
   if (!w.ok()) return w.status();
   if (w->code() != 0) return ResultStatus(*w);
   // Node-local.
-  id = a1.client->Write(a1.reg.region_id(), a2.reg.region(), {{0, 0, 256 << 10}});
+  id = a1.client->Write(a1.region.id(), a2.region.descriptor(), {{0, 0, 256 << 10}});
   if (!id.ok()) return id.status();
   w = a1.client->Wait(*id, kWait);
   if (!w.ok()) return w.status();
   if (w->code() != 0) return ResultStatus(*w);
   // Registration churn.
-  auto extra = HostBuffer::Create(1 << 20);
+  auto extra = a2.client->AllocateHost(1 << 20);
   if (!extra.ok()) return extra.status();
-  auto reg = a2.client->RegisterHost(*extra);
-  if (!reg.ok()) return reg.status();
-  if (absl::Status s = a2.client->Deregister(reg->region_id()); !s.ok()) return s;
+  if (absl::Status s = a2.client->Deregister(extra->id()); !s.ok()) return s;
   // Requests the agent must refuse.
   if (round % 5 == 0) {
-    v1::RegionDescriptor forged = b.reg.region();
+    v1::RegionDescriptor forged = b.region.descriptor();
     forged.set_token(std::string(16, '\x5a'));
     absl::Status s = Expect(absl::StatusCode::kPermissionDenied,
-                            a1.client->Write(a1.reg.region_id(), forged, {{0, 0, 64}}).status(), "forged token");
+                            a1.client->Write(a1.region.id(), forged, {{0, 0, 64}}).status(), "forged token");
     if (!s.ok()) return s;
     s = Expect(absl::StatusCode::kOutOfRange,
-               a1.client->Write(a1.reg.region_id(), a2.reg.region(), {{0, kSize - 8, 64}}).status(), "out of bounds");
+               a1.client->Write(a1.region.id(), a2.region.descriptor(), {{0, kSize - 8, 64}}).status(), "out of bounds");
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

@@ -8,11 +8,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/cpp/ferry_client.h"
 #include "client/cpp/write_queue.h"
 #include "tests/testing/agent_process.h"
+#include "tests/testing/fabric_agent.h"
 #include "tests/testing/test_pod.h"
 #include "tests/testing/netns.h"
 
@@ -22,37 +22,16 @@ namespace {
 using testing::AgentProcess;
 using testing::TestNetwork;
 
-std::unique_ptr<AgentProcess> StartOn(const testing::TestHost& host, std::vector<std::string> flags = {},
-                                      const std::string& dir = "") {
-  flags.push_back("--peer_address=" + host.nics[0] + ":0");
-  flags.push_back("--fabric_iface=" + absl::StrJoin(host.nics, ","));
-  flags.push_back("--fabric_provider=tcp;ofi_rxm");
-  auto a = AgentProcess::Start(flags, dir, host.wrapper);
-  INFO(a.status().ToString());
-  REQUIRE(a.ok());
-  return std::move(*a);
-}
-
 using Pod = testing::TestPod;
 using testing::FillRandom;
+using testing::ChunkWrite;
 using testing::MakePod;
-
-v1::WriteRequest Whole(const Pod& src, const v1::RegionDescriptor& dst, uint64_t src_off, uint64_t dst_off,
-                       uint64_t len) {
-  v1::WriteRequest req;
-  req.set_src_region_id(src.reg.region_id());
-  *req.mutable_dst() = dst;
-  auto* c = req.mutable_chunks()->add_chunks();
-  c->set_src_offset(src_off);
-  c->set_dst_offset(dst_off);
-  c->set_length(len);
-  return req;
-}
+using testing::StartFabricAgent;
 
 TEST_CASE("two agents: chunk list and paged writes land byte for byte, notified once, after the data") {
   TestNetwork net = TestNetwork::Create(2, 1);
-  auto a = StartOn(net.host(0));
-  auto b = StartOn(net.host(1));
+  auto a = StartFabricAgent(net.host(0));
+  auto b = StartFabricAgent(net.host(1));
   const uint64_t kSize = 8 << 20;
   Pod sender = MakePod(a->socket(), kSize, 0);
   Pod receiver = MakePod(b->socket(), kSize, 0xEE);
@@ -62,7 +41,7 @@ TEST_CASE("two agents: chunk list and paged writes land byte for byte, notified 
   auto stream = receiver.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
 
   // Chunk list: three pieces, one larger than the 4 MiB op size (split), one tiny.
-  v1::WriteRequest req = Whole(sender, receiver.reg.region(), 0, 1 << 20, 5 << 20);
+  v1::WriteRequest req = ChunkWrite(sender, receiver.reg.region(), 0, 1 << 20, 5 << 20);
   auto* c2 = req.mutable_chunks()->add_chunks();
   c2->set_src_offset(7 << 20);
   c2->set_dst_offset(0);
@@ -104,7 +83,7 @@ TEST_CASE("two agents: chunk list and paged writes land byte for byte, notified 
   CHECK(receiver.buf->data()[kBlocks * kBlock] == 0xEE);
 
   // Exactly once: a write without notify produces no notification.
-  REQUIRE(sender.client->WriteAndWait(Whole(sender, receiver.reg.region(), 0, 0, 4096), absl::Seconds(30)).ok());
+  REQUIRE(sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 4096), absl::Seconds(30)).ok());
   ctx->TryCancel();
   int extra = 0;
   while (stream->Read(&n)) ++extra;
@@ -113,8 +92,8 @@ TEST_CASE("two agents: chunk list and paged writes land byte for byte, notified 
 
 TEST_CASE("a write queue to another agent: bytes land, the receiver is notified, completions come back") {
   TestNetwork net = TestNetwork::Create(2, 1);
-  auto a = StartOn(net.host(0));
-  auto b = StartOn(net.host(1));
+  auto a = StartFabricAgent(net.host(0));
+  auto b = StartFabricAgent(net.host(1));
   const uint64_t kSize = 1 << 20, kBlock = 16 << 10;
   Pod sender = MakePod(a->socket(), kSize, 0);
   Pod receiver = MakePod(b->socket(), kSize, 0xEE);
@@ -158,40 +137,40 @@ TEST_CASE("a write queue to another agent: bytes land, the receiver is notified,
 
 TEST_CASE("a wrong token or out-of-bounds destination is refused before any byte moves") {
   TestNetwork net = TestNetwork::Create(2, 1);
-  auto a = StartOn(net.host(0));
-  auto b = StartOn(net.host(1));
+  auto a = StartFabricAgent(net.host(0));
+  auto b = StartFabricAgent(net.host(1));
   Pod sender = MakePod(a->socket(), 1 << 20, 0x11);
   Pod receiver = MakePod(b->socket(), 1 << 16, 0x22);
 
   v1::RegionDescriptor wrong = receiver.reg.region();
   wrong.set_token(std::string(16, '\x01'));
-  auto s = sender.client->Write(Whole(sender, wrong, 0, 0, 4096)).status();
+  auto s = sender.client->Write(ChunkWrite(sender, wrong, 0, 0, 4096)).status();
   CHECK(s.code() == absl::StatusCode::kPermissionDenied);
 
   // A descriptor that lies about its size is checked against the region's real size.
   v1::RegionDescriptor lying = receiver.reg.region();
   lying.set_size(1 << 20);
-  s = sender.client->Write(Whole(sender, lying, 0, 0, 1 << 20)).status();
+  s = sender.client->Write(ChunkWrite(sender, lying, 0, 0, 1 << 20)).status();
   CHECK(s.code() == absl::StatusCode::kOutOfRange);
-  s = sender.client->Write(Whole(sender, receiver.reg.region(), 0, (1 << 16) - 10, 11)).status();
+  s = sender.client->Write(ChunkWrite(sender, receiver.reg.region(), 0, (1 << 16) - 10, 11)).status();
   CHECK(s.code() == absl::StatusCode::kOutOfRange);
 
   // The right token after a wrong one still works (no poisoned cache), and the wrong one
   // stays wrong once the region is cached.
-  REQUIRE(sender.client->WriteAndWait(Whole(sender, receiver.reg.region(), 0, 0, 8), absl::Seconds(30)).ok());
-  CHECK(sender.client->Write(Whole(sender, wrong, 0, 0, 8)).status().code() == absl::StatusCode::kPermissionDenied);
+  REQUIRE(sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 8), absl::Seconds(30)).ok());
+  CHECK(sender.client->Write(ChunkWrite(sender, wrong, 0, 0, 8)).status().code() == absl::StatusCode::kPermissionDenied);
   for (uint64_t i = 8; i < (1 << 16); ++i) REQUIRE(receiver.buf->data()[i] == 0x22);
 }
 
 TEST_CASE("two NICs per agent: transfers stripe over both (per-NIC byte counters)") {
   TestNetwork net = TestNetwork::Create(2, 2);
-  auto a = StartOn(net.host(0), {"--fabric_max_op_bytes=1048576"});
-  auto b = StartOn(net.host(1));
+  auto a = StartFabricAgent(net.host(0), {"--fabric_max_op_bytes=1048576"});
+  auto b = StartFabricAgent(net.host(1));
   const uint64_t kSize = 32 << 20;
   Pod sender = MakePod(a->socket(), kSize, 0);
   Pod receiver = MakePod(b->socket(), kSize, 0);
   FillRandom(sender.buf->data(), kSize, 21);
-  REQUIRE(sender.client->WriteAndWait(Whole(sender, receiver.reg.region(), 0, 0, kSize), absl::Seconds(60)).ok());
+  REQUIRE(sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, kSize), absl::Seconds(60)).ok());
   CHECK(memcmp(receiver.buf->data(), sender.buf->data(), kSize) == 0);
 
   auto status = sender.client->GetStatus();
@@ -218,7 +197,7 @@ TEST_CASE("two NICs per agent: transfers stripe over both (per-NIC byte counters
 TEST_CASE("three agents, many sessions, concurrent transfers: no corruption") {
   TestNetwork net = TestNetwork::Create(3, 1);
   std::vector<std::unique_ptr<AgentProcess>> agents;
-  for (int i = 0; i < 3; ++i) agents.push_back(StartOn(net.host(i)));
+  for (int i = 0; i < 3; ++i) agents.push_back(StartFabricAgent(net.host(i)));
   const uint64_t kSlice = 1 << 20;
   const int kWriters = 6;  // two sessions on each agent
   // Every agent hosts one receiver region with a slice per writer.
@@ -263,13 +242,13 @@ TEST_CASE("three agents, many sessions, concurrent transfers: no corruption") {
 
 TEST_CASE("a restarted peer: old descriptors are stale, new ones work without restarting anything else") {
   TestNetwork net = TestNetwork::Create(2, 1);
-  auto a = StartOn(net.host(0));
-  auto b = StartOn(net.host(1));
+  auto a = StartFabricAgent(net.host(0));
+  auto b = StartFabricAgent(net.host(1));
   Pod sender = MakePod(a->socket(), 1 << 20, 0x33);
   v1::RegionDescriptor old_descriptor;
   {
     Pod receiver = MakePod(b->socket(), 1 << 20, 0);
-    REQUIRE(sender.client->WriteAndWait(Whole(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(30)).ok());
+    REQUIRE(sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(30)).ok());
     old_descriptor = receiver.reg.region();
   }
   // Kill the peer agent outright and start it again on the same host, socket and peer
@@ -286,13 +265,13 @@ TEST_CASE("a restarted peer: old descriptors are stale, new ones work without re
   REQUIRE(restarted.ok());
   b = std::move(*restarted);
 
-  auto stale = sender.client->Write(Whole(sender, old_descriptor, 0, 0, 4096)).status();
+  auto stale = sender.client->Write(ChunkWrite(sender, old_descriptor, 0, 0, 4096)).status();
   INFO(stale.ToString());
   CHECK(stale.code() == absl::StatusCode::kNotFound);
   CHECK(std::string(stale.message()).find("stale") != std::string::npos);
 
   Pod receiver = MakePod(b->socket(), 1 << 20, 0);
-  auto r = sender.client->WriteAndWait(Whole(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(30));
+  auto r = sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(30));
   INFO(r.status().ToString());
   REQUIRE(r.ok());
   CHECK(receiver.buf->data()[12345] == 0x33);

@@ -12,11 +12,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/cpp/ferry_client.h"
 #include "client/cpp/write_queue.h"
 #include "tests/testing/agent_process.h"
+#include "tests/testing/fabric_agent.h"
 #include "tests/testing/netns.h"
 #include "tests/testing/test_pod.h"
 
@@ -25,37 +25,16 @@ namespace {
 
 using testing::AgentProcess;
 using testing::FillRandom;
+using testing::ChunkWrite;
 using testing::MakePod;
+using testing::StartFabricAgent;
 using testing::TestNetwork;
 using testing::TestPod;
-
-std::unique_ptr<AgentProcess> StartOn(const testing::TestHost& host, std::vector<std::string> flags = {},
-                                      const std::string& dir = "") {
-  flags.push_back("--peer_address=" + host.nics[0] + ":0");
-  flags.push_back("--fabric_iface=" + absl::StrJoin(host.nics, ","));
-  flags.push_back("--fabric_provider=tcp;ofi_rxm");
-  auto a = AgentProcess::Start(flags, dir, host.wrapper);
-  INFO(a.status().ToString());
-  REQUIRE(a.ok());
-  return std::move(*a);
-}
-
-v1::WriteRequest Chunk(const TestPod& src, const v1::RegionDescriptor& dst, uint64_t src_off, uint64_t dst_off,
-                       uint64_t len) {
-  v1::WriteRequest req;
-  req.set_src_region_id(src.reg.region_id());
-  *req.mutable_dst() = dst;
-  auto* c = req.mutable_chunks()->add_chunks();
-  c->set_src_offset(src_off);
-  c->set_dst_offset(dst_off);
-  c->set_length(len);
-  return req;
-}
 
 // A fresh receiver on `agent` gets a write from `sender`: the agents still serve.
 void StillServes(TestPod& sender, AgentProcess& agent) {
   TestPod receiver = MakePod(agent.socket(), 1 << 16, 0);
-  auto r = sender.client->WriteAndWait(Chunk(sender, receiver.reg.region(), 0, 0, 1 << 16), absl::Seconds(20));
+  auto r = sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 1 << 16), absl::Seconds(20));
   INFO(r.status().ToString() << "\n" << agent.Log());
   REQUIRE(r.ok());
   REQUIRE(r->code() == 0);
@@ -76,8 +55,8 @@ bool IsCleanFailure(const absl::Status& s) {
 
 TEST_CASE("fault 1: a writing client SIGKILLed mid-stream: its regions are reclaimed, the peer is unaffected") {
   TestNetwork net = TestNetwork::Create(2, 1);
-  auto a = StartOn(net.host(0));
-  auto b = StartOn(net.host(1));
+  auto a = StartFabricAgent(net.host(0));
+  auto b = StartFabricAgent(net.host(1));
   TestPod receiver = MakePod(b->socket(), 64 << 20, 0);
   const std::string dir = a->dir();
   { std::ofstream(dir + "/descriptor", std::ios::binary) << receiver.reg.region().SerializeAsString(); }
@@ -117,16 +96,16 @@ TEST_CASE("fault 1: a writing client SIGKILLed mid-stream: its regions are recla
 
 TEST_CASE("fault 7: a deregistered destination is refused; no byte lands after deregistration") {
   TestNetwork net = TestNetwork::Create(2, 1);
-  auto a = StartOn(net.host(0));
-  auto b = StartOn(net.host(1));
+  auto a = StartFabricAgent(net.host(0));
+  auto b = StartFabricAgent(net.host(1));
   TestPod sender = MakePod(a->socket(), 1 << 20, 0x61);
   TestPod receiver = MakePod(b->socket(), 1 << 20, 0);
-  REQUIRE(sender.client->WriteAndWait(Chunk(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(20)).ok());
+  REQUIRE(sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(20)).ok());
   REQUIRE(receiver.client->Deregister(receiver.reg.region_id()).ok());
   memset(receiver.buf->data(), 0, 1 << 20);  // the pod's own memory; the agent unmapped its view
   // The initiator may still hold the region's keys: the write must fail, not land.
   for (int i = 0; i < 2; ++i) {
-    auto id = sender.client->Write(Chunk(sender, receiver.reg.region(), 0, 0, 1 << 20));
+    auto id = sender.client->Write(ChunkWrite(sender, receiver.reg.region(), 0, 0, 1 << 20));
     absl::Status s = id.status();
     if (id.ok()) {
       auto r = sender.client->Wait(*id, absl::Seconds(20));
@@ -142,8 +121,8 @@ TEST_CASE("fault 7: a deregistered destination is refused; no byte lands after d
 
 TEST_CASE("fault 2: the destination pod dies while writes stream into its region") {
   TestNetwork net = TestNetwork::Create(2, 1);
-  auto a = StartOn(net.host(0));
-  auto b = StartOn(net.host(1));
+  auto a = StartFabricAgent(net.host(0));
+  auto b = StartFabricAgent(net.host(1));
   const std::string ready = b->dir() + "/holder.ready";
   auto holder = testing::ChildProcess::Spawn(
       {testing::RunfilePath("tests/testing/region_holder"), b->socket(), "1", std::to_string(8 << 20), ready},
@@ -195,14 +174,14 @@ TEST_CASE("fault 2: the destination pod dies while writes stream into its region
 
 TEST_CASE("fault 3: a peer agent SIGKILLed mid-transfer; transfers fail within their deadline, then recover") {
   TestNetwork net = TestNetwork::Create(2, 1);
-  auto a = StartOn(net.host(0));
-  auto b = StartOn(net.host(1));
+  auto a = StartFabricAgent(net.host(0));
+  auto b = StartFabricAgent(net.host(1));
   const uint64_t kSize = 64 << 20;
   TestPod sender = MakePod(a->socket(), kSize, 0x77);
   TestPod receiver = MakePod(b->socket(), kSize, 0);
   std::vector<uint64_t> ids;
   for (int i = 0; i < 8; ++i) {
-    v1::WriteRequest req = Chunk(sender, receiver.reg.region(), 0, 0, kSize);
+    v1::WriteRequest req = ChunkWrite(sender, receiver.reg.region(), 0, 0, kSize);
     req.set_timeout_ms(10000);
     auto id = sender.client->Write(req);
     REQUIRE(id.ok());
@@ -243,14 +222,14 @@ TEST_CASE("fault 5: a cut link gives DEADLINE_EXCEEDED or UNAVAILABLE, and trans
     WARN("no network namespaces here (" << net.description() << "): link cut not exercised");
     return;
   }
-  auto a = StartOn(net.host(0));
-  auto b = StartOn(net.host(1));
+  auto a = StartFabricAgent(net.host(0));
+  auto b = StartFabricAgent(net.host(1));
   TestPod sender = MakePod(a->socket(), 4 << 20, 0x21);
   TestPod receiver = MakePod(b->socket(), 4 << 20, 0);
-  REQUIRE(sender.client->WriteAndWait(Chunk(sender, receiver.reg.region(), 0, 0, 4096), absl::Seconds(20)).ok());
+  REQUIRE(sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 4096), absl::Seconds(20)).ok());
 
   REQUIRE(net.SetLink(1, 0, /*up=*/false));
-  v1::WriteRequest req = Chunk(sender, receiver.reg.region(), 0, 0, 4 << 20);
+  v1::WriteRequest req = ChunkWrite(sender, receiver.reg.region(), 0, 0, 4 << 20);
   req.set_timeout_ms(2000);
   const absl::Time t0 = absl::Now();
   auto id = sender.client->Write(req);
@@ -270,7 +249,7 @@ TEST_CASE("fault 5: a cut link gives DEADLINE_EXCEEDED or UNAVAILABLE, and trans
   REQUIRE(net.SetLink(1, 0, /*up=*/true));
   absl::Status back = absl::UnavailableError("not tried");
   for (absl::Time end = absl::Now() + absl::Seconds(30); !back.ok() && absl::Now() < end;) {
-    v1::WriteRequest retry = Chunk(sender, receiver.reg.region(), 0, 0, 4 << 20);
+    v1::WriteRequest retry = ChunkWrite(sender, receiver.reg.region(), 0, 0, 4 << 20);
     retry.set_timeout_ms(3000);
     auto r = sender.client->WriteAndWait(retry, absl::Seconds(10));
     back = r.ok() ? ResultStatus(*r) : r.status();
@@ -283,8 +262,8 @@ TEST_CASE("fault 5: a cut link gives DEADLINE_EXCEEDED or UNAVAILABLE, and trans
 
 TEST_CASE("fault 6: an -FI_EAGAIN storm (tx queue of 4) loses nothing") {
   TestNetwork net = TestNetwork::Create(2, 1);
-  auto a = StartOn(net.host(0), {"--fabric_tx_size=4", "--fabric_max_op_bytes=65536"});
-  auto b = StartOn(net.host(1));
+  auto a = StartFabricAgent(net.host(0), {"--fabric_tx_size=4", "--fabric_max_op_bytes=65536"});
+  auto b = StartFabricAgent(net.host(1));
   const uint64_t kSize = 16 << 20, kBlock = 4096, kBlocks = kSize / kBlock;
   TestPod sender = MakePod(a->socket(), kSize, 0);
   TestPod receiver = MakePod(b->socket(), kSize, 0);
@@ -315,8 +294,8 @@ TEST_CASE("fault 6: an -FI_EAGAIN storm (tx queue of 4) loses nothing") {
 TEST_CASE("fault 8: 64 sessions on two agents write at random with checksums: no corruption, no deadlock") {
   TestNetwork net = TestNetwork::Create(2, 1);
   std::vector<std::unique_ptr<AgentProcess>> agents;
-  agents.push_back(StartOn(net.host(0)));
-  agents.push_back(StartOn(net.host(1)));
+  agents.push_back(StartFabricAgent(net.host(0)));
+  agents.push_back(StartFabricAgent(net.host(1)));
   constexpr int kSessions = 64;
   constexpr uint64_t kSlot = 16 << 10, kSlots = 8;  // + one more slot: each writer's source
   std::vector<TestPod> pods;
@@ -334,7 +313,7 @@ TEST_CASE("fault 8: 64 sessions on two agents write at random with checksums: no
       for (int round = 0; round < 5; ++round) {
         uint8_t* src = me.buf->data() + kSlots * kSlot;  // nobody writes into this slot
         FillRandom(src, kSlot, rng());
-        auto r = me.client->WriteAndWait(Chunk(me, peer.reg.region(), kSlots * kSlot, slot * kSlot, kSlot),
+        auto r = me.client->WriteAndWait(ChunkWrite(me, peer.reg.region(), kSlots * kSlot, slot * kSlot, kSlot),
                                          absl::Seconds(30));
         if (!r.ok() || r->code() != 0 || memcmp(peer.buf->data() + slot * kSlot, src, kSlot) != 0) {
           ++bad;
@@ -348,8 +327,8 @@ TEST_CASE("fault 8: 64 sessions on two agents write at random with checksums: no
 
 TEST_CASE("fault 9 and 10: SIGTERM under load drains in bounded time; RSS stays bounded under sustained load") {
   TestNetwork net = TestNetwork::Create(2, 1);
-  auto a = StartOn(net.host(0), {"--shutdown_grace_ms=3000"});
-  auto b = StartOn(net.host(1));
+  auto a = StartFabricAgent(net.host(0), {"--shutdown_grace_ms=3000"});
+  auto b = StartFabricAgent(net.host(1));
   TestPod sender = MakePod(a->socket(), 4 << 20, 0x3C);
   TestPod receiver = MakePod(b->socket(), 4 << 20, 0);
   auto q = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 64);
@@ -390,7 +369,7 @@ TEST_CASE("fault 9 and 10: SIGTERM under load drains in bounded time; RSS stays 
 
   // SIGTERM with writes in flight: exits 0 within the grace period plus a bound.
   for (int i = 0; i < 8; ++i) {
-    auto id = sender.client->Write(Chunk(sender, receiver.reg.region(), 0, 0, 4 << 20));
+    auto id = sender.client->Write(ChunkWrite(sender, receiver.reg.region(), 0, 0, 4 << 20));
     REQUIRE(id.ok());
   }
   const absl::Time t0 = absl::Now();

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cpp/ferry_client.h"
 #include "tests/testing/agent_process.h"
+#include "tests/testing/fabric_agent.h"
 #include "tests/testing/test_pod.h"
 
 namespace ferry {
@@ -43,20 +44,12 @@ std::vector<std::string> TlsFlags(const std::string& dir, const std::string& ca,
 }
 
 std::unique_ptr<AgentProcess> StartOn(const std::string& addr, std::vector<std::string> flags) {
-  flags.insert(flags.end(), {"--peer_address=" + addr + ":0", "--fabric_iface=" + addr,
-                             "--fabric_provider=tcp;ofi_rxm", "--transfer_timeout_ms=5000"});
-  auto a = AgentProcess::Start(flags);
-  INFO(a.status().ToString());
-  REQUIRE(a.ok());
-  return std::move(*a);
+  flags.push_back("--transfer_timeout_ms=5000");
+  return testing::StartFabricAgent(testing::TestHost{{addr}, {}, ""}, flags);
 }
 
 absl::Status WriteTo(TestPod& from, const TestPod& to) {
-  v1::WriteRequest req;
-  req.set_src_region_id(from.reg.region_id());
-  *req.mutable_dst() = to.reg.region();
-  req.mutable_chunks()->add_chunks()->set_length(4096);
-  auto r = from.client->WriteAndWait(req, absl::Seconds(20));
+  auto r = from.client->WriteAndWait(testing::ChunkWrite(from, to.reg.region(), 0, 0, 4096), absl::Seconds(20));
   return r.ok() ? ResultStatus(*r) : r.status();
 }
 

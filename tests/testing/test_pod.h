@@ -41,6 +41,19 @@ inline TestPod MakePod(const std::string& socket, uint64_t size, uint8_t fill = 
   return p;
 }
 
+// A Write of [src_off, +len) of the pod's region to [dst_off, +len) of `dst`.
+inline v1::WriteRequest ChunkWrite(const TestPod& src, const v1::RegionDescriptor& dst, uint64_t src_off,
+                                   uint64_t dst_off, uint64_t len) {
+  v1::WriteRequest req;
+  req.set_src_region_id(src.reg.region_id());
+  *req.mutable_dst() = dst;
+  v1::Chunk* c = req.mutable_chunks()->add_chunks();
+  c->set_src_offset(src_off);
+  c->set_dst_offset(dst_off);
+  c->set_length(len);
+  return req;
+}
+
 // Fills [p, p + n) with a reproducible random pattern.
 inline void FillRandom(uint8_t* p, size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);

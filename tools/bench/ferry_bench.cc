@@ -56,7 +56,7 @@ ferry::v1::RegionDescriptor LoadDescriptor() {
 
 struct Sender {
   std::unique_ptr<ferry::Client> client;
-  ferry::HostBuffer buf;
+  ferry::HostRegion src;
   uint64_t region = 0;
   ferry::v1::RegionDescriptor dst;
 };
@@ -64,11 +64,10 @@ struct Sender {
 absl::StatusOr<Sender> Connect(uint64_t size) {
   auto c = ferry::Client::Connect(absl::GetFlag(FLAGS_socket));
   if (!c.ok()) return c.status();
-  auto b = ferry::HostBuffer::Create(size);
-  if (!b.ok()) return b.status();
-  auto r = (*c)->RegisterHost(*b);
+  auto r = (*c)->AllocateHost(size);
   if (!r.ok()) return r.status();
-  return Sender{std::move(*c), std::move(*b), r->region_id(), LoadDescriptor()};
+  const uint64_t id = r->id();
+  return Sender{std::move(*c), std::move(*r), id, LoadDescriptor()};
 }
 
 ferry::v1::WriteRequest Request(const Sender& s, uint64_t size, bool paged, std::mt19937_64& rng) {
@@ -252,12 +251,10 @@ int Blocks() {
 int Receive() {
   auto c = ferry::Client::Connect(absl::GetFlag(FLAGS_socket));
   if (!c.ok()) return Fail(c.status());
-  auto b = ferry::HostBuffer::Create(absl::GetFlag(FLAGS_size));
-  if (!b.ok()) return Fail(b.status());
-  auto r = (*c)->RegisterHost(*b);
+  auto r = (*c)->AllocateHost(absl::GetFlag(FLAGS_size));
   if (!r.ok()) return Fail(r.status());
   const std::string path = absl::GetFlag(FLAGS_dir) + "/descriptor";
-  { std::ofstream(path + ".tmp", std::ios::binary) << r->region().SerializeAsString(); }
+  { std::ofstream(path + ".tmp", std::ios::binary) << r->descriptor().SerializeAsString(); }
   rename((path + ".tmp").c_str(), path.c_str());
   absl::SleepFor(absl::Minutes(30));  // until killed
   return 0;

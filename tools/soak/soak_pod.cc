@@ -34,8 +34,7 @@ constexpr uint64_t kSlot = 64 << 10;
 
 struct Pod {
   std::unique_ptr<Client> client;
-  std::unique_ptr<HostBuffer> buf;
-  v1::RegisterMemoryResponse reg;
+  HostRegion region;
 };
 
 std::atomic<uint64_t> rounds{0}, ok{0}, failed{0}, corrupt{0};
@@ -44,9 +43,9 @@ void Run(std::vector<std::unique_ptr<Pod>>& pods, size_t me, absl::Time end) {
   std::mt19937_64 rng(me * 7919 + 1);
   Pod& p = *pods[me];
   const size_t n = pods.size();
-  uint8_t* src = p.buf->data() + n * kSlot;  // the slot after the per-writer slots
+  uint8_t* src = p.region.buffer.data() + n * kSlot;  // the slot after the per-writer slots
   std::vector<v1::RegionDescriptor> dsts;
-  for (auto& q : pods) dsts.push_back(q->reg.region());
+  for (auto& q : pods) dsts.push_back(q->region.descriptor());
   auto queue = WriteQueue::Create(*p.client, dsts, 8);
   if (!queue.ok()) {
     fprintf(stderr, "pod %zu: %s\n", me, queue.status().ToString().c_str());
@@ -68,7 +67,7 @@ void Run(std::vector<std::unique_ptr<Pod>>& pods, size_t me, absl::Time end) {
         auto r = p.client->WriteAndWait(
             [&] {
               v1::WriteRequest req;
-              req.set_src_region_id(p.reg.region_id());
+              req.set_src_region_id(p.region.id());
               *req.mutable_dst() = dsts[to];
               auto* c = req.mutable_chunks()->add_chunks();
               c->set_src_offset(n * kSlot);
@@ -86,7 +85,7 @@ void Run(std::vector<std::unique_ptr<Pod>>& pods, size_t me, absl::Time end) {
           blocks[b] = n * kSlot / 4096 + b;
           dblocks[b] = dst_off / 4096 + b;
         }
-        auto id = p.client->WriteBlocks(p.reg.region_id(), dsts[to], 4096, blocks, dblocks);
+        auto id = p.client->WriteBlocks(p.region.id(), dsts[to], 4096, blocks, dblocks);
         if (!id.ok()) {
           s = id.status();
           break;
@@ -96,7 +95,7 @@ void Run(std::vector<std::unique_ptr<Pod>>& pods, size_t me, absl::Time end) {
         break;
       }
       default: {
-        s = (*queue)->Post({p.reg.region_id(), static_cast<uint32_t>(to), n * kSlot, dst_off, len, 1});
+        s = (*queue)->Post({p.region.id(), static_cast<uint32_t>(to), n * kSlot, dst_off, len, 1});
         if (!s.ok()) break;
         done.clear();
         if ((*queue)->Reap(&done, 1, absl::Seconds(30)) != 1) {
@@ -112,7 +111,7 @@ void Run(std::vector<std::unique_ptr<Pod>>& pods, size_t me, absl::Time end) {
       ++failed;
       continue;
     }
-    if (memcmp(pods[to]->buf->data() + dst_off, src, len) != 0) {
+    if (memcmp(pods[to]->region.buffer.data() + dst_off, src, len) != 0) {
       fprintf(stderr, "pod %zu -> %zu: CORRUPT %llu bytes at %llu\n", me, to, static_cast<unsigned long long>(len),
               static_cast<unsigned long long>(dst_off));
       ++corrupt;
@@ -129,21 +128,17 @@ int Main() {
   const size_t n = sockets.size() * per_agent;
   for (const std::string& sock : sockets) {
     for (int i = 0; i < per_agent; ++i) {
-      auto p = std::make_unique<Pod>();
       auto c = Client::Connect(sock);
-      auto b = HostBuffer::Create((n + 1) * kSlot);
-      if (!c.ok() || !b.ok()) {
-        fprintf(stderr, "soak_pod: %s\n", (c.ok() ? b.status() : c.status()).ToString().c_str());
+      if (!c.ok()) {
+        fprintf(stderr, "soak_pod: %s\n", c.status().ToString().c_str());
         return 1;
       }
-      p->client = std::move(*c);
-      p->buf = std::make_unique<HostBuffer>(std::move(*b));
-      auto r = p->client->RegisterHost(*p->buf);
+      auto r = (*c)->AllocateHost((n + 1) * kSlot);
       if (!r.ok()) {
         fprintf(stderr, "soak_pod: %s\n", r.status().ToString().c_str());
         return 1;
       }
-      p->reg = *r;
+      auto p = std::make_unique<Pod>(Pod{std::move(*c), std::move(*r)});
       pods.push_back(std::move(p));
     }
   }
