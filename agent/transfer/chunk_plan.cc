@@ -56,6 +56,34 @@ absl::Status CheckDisjointDestinations(std::vector<CopyChunk> chunks) {
   return absl::OkStatus();
 }
 
+// Paged destinations are equal blocks on one grid: they overlap exactly when an id
+// repeats. A bitmap over the ids in range finds that in O(n) (a KV-cache write of
+// 16,384 blocks is validated in microseconds rather than a sort's milliseconds); ids
+// spread too sparsely for a small bitmap fall back to sorting them.
+absl::Status CheckDistinctBlocks(const v1::PagedChunks& p, uint64_t dst_size) {
+  const uint64_t n = p.dst_blocks_size();
+  const uint64_t id_limit = (dst_size - std::min(dst_size, p.dst_base())) / p.block_size() + 1;
+  auto duplicate = [&](uint64_t id) {
+    return absl::InvalidArgumentError(absl::StrCat("paged.dst_blocks: block ", id,
+                                                   " appears twice; every destination block may be written once"));
+  };
+  if (id_limit <= 64 * n + 4096) {
+    std::vector<uint64_t> seen((id_limit + 63) / 64, 0);
+    for (uint64_t id : p.dst_blocks()) {  // in range: AddChunk checked every block
+      uint64_t& word = seen[id / 64];
+      const uint64_t bit = 1ull << (id % 64);
+      if (word & bit) return duplicate(id);
+      word |= bit;
+    }
+    return absl::OkStatus();
+  }
+  std::vector<uint64_t> ids(p.dst_blocks().begin(), p.dst_blocks().end());
+  std::sort(ids.begin(), ids.end());
+  auto dup = std::adjacent_find(ids.begin(), ids.end());
+  if (dup != ids.end()) return duplicate(*dup);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64_t src_size,
@@ -103,7 +131,9 @@ absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64
         absl::Status s = AddChunk(plan, i, src, dst, p.block_size(), src_size, dst_size);
         if (!s.ok()) return s;
       }
-      break;
+      absl::Status distinct = CheckDistinctBlocks(p, dst_size);
+      if (!distinct.ok()) return distinct;
+      return plan;
     }
     default:
       return absl::InvalidArgumentError("layout: set either chunks or paged");

@@ -67,6 +67,10 @@ TEST_CASE("destination overlaps are refused, adjacency is fine") {
         absl::StatusCode::kInvalidArgument);
   CHECK(BuildChunkPlan(Paged(10, {0, 1}, {2, 2}), 100, 100, {}).status().code() ==
         absl::StatusCode::kInvalidArgument);
+  // Ids spread over a huge region (the sort fallback rather than the bitmap).
+  CHECK(BuildChunkPlan(Paged(8, {0, 1}, {1ull << 40, 1ull << 40}), 100, ~0ull, {}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(BuildChunkPlan(Paged(8, {0, 1}, {1ull << 40, 3}), 100, ~0ull, {}).ok());
   // Overlapping *sources* are fine (broadcast a block to two places).
   CHECK(BuildChunkPlan(Chunks({{0, 0, 10}, {0, 50, 10}}), 100, 100, {}).ok());
 }
