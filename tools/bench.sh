@@ -2,6 +2,7 @@
 # Benchmarks (not tests). Prints nccl-tests-style tables with a baseline from the same run.
 #
 #   tools/bench.sh cross-node [--count=N]   ferry agent-to-agent vs raw libfabric fi_write
+#   tools/bench.sh gpu [--bundle=DIR]       node-local GPU paths vs cuMemcpyAsync and NCCL (GPU host)
 #
 # Pinning (2-core machines): initiator side (agent A, the bench client, the raw
 # initiator) on CPU 0, target side (agent B, the raw target) on CPU 1. Both sides use
@@ -12,7 +13,11 @@ mode=${1:-}
 shift || true
 count=2000
 for a in "$@"; do case $a in --count=*) count=${a#--count=} ;; esac; done
-[ "$mode" = cross-node ] || { echo "usage: tools/bench.sh cross-node [--count=N]" >&2; exit 2; }
+case $mode in
+  cross-node) ;;
+  gpu) exec bash tools/bench/gpu.sh "$@" ;;
+  *) echo "usage: tools/bench.sh cross-node [--count=N] | gpu [--bundle=DIR]" >&2; exit 2 ;;
+esac
 
 bash tools/setup.sh
 bazel build -c opt //agent/main:ferryd //tools/bench:fi_write_bench //tools/bench:ferry_bench 2>&1 | tail -n 1

@@ -42,6 +42,7 @@ struct AgentConfig {
   uint32_t transfer_timeout_ms = 30000;
   uint32_t max_wait_ms = 60000;
   int local_copy_threads = 2;
+  bool gpu_kernel_pull = false;
   uint32_t shutdown_grace_ms = 5000;
 };
 

@@ -90,9 +90,9 @@ void FabricEngine::Shutdown() {
 }
 
 absl::StatusOr<RegionRegistration> FabricEngine::Register(const MemoryBacking& backing) {
-  if (backing.kind() != MemoryKind::kHost) {
-    return absl::FailedPreconditionError("the fabric engine registers host memory only");
-  }
+  // GPU memory stays node-local until the agent drives FI_HMEM or the staged path:
+  // no NIC registration, and Prepare / OpenRegion refuse cross-node use with a reason.
+  if (backing.kind() != MemoryKind::kHost) return RegionRegistration{};
   RegionRegistration reg;
   auto owner = std::make_unique<FabricRegistrations>();
   for (const auto& nic : nics_) {
@@ -121,6 +121,11 @@ absl::Status FabricEngine::Prepare(Transfer& t) {
                                                 ") is outside region ", d.region_id(), " (", (*region)->size,
                                                 " bytes on its agent)"));
     }
+  }
+  if (t.src != nullptr && t.src->kind() == MemoryKind::kCuda) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "src_region_id ", t.src->id(), " is GPU memory: cross-node writes from GPU memory need FI_HMEM or the "
+        "staged path, which this agent does not have yet (node-local GPU writes work)"));
   }
   if (t.src != nullptr && t.src->nics().size() != nics_.size()) {
     return absl::FailedPreconditionError(absl::StrCat("src_region_id ", t.src->id(), " is not registered with the fabric"));

@@ -86,6 +86,16 @@ absl::Status Agent::Init() {
       /*on_open=*/[m](Session&) { m->sessions().Increment(); });
   transfers_ = std::make_unique<TransferManager>(incarnation_, m, sessions_.get(), regions);
   local_copier_ = std::make_unique<HostCopier>(config_.local_copy_threads);
+  // GPU support when the node has a driver; devices are touched on first use only.
+  absl::StatusOr<const CudaDriver*> cu = CudaDriver::Load();
+  if (cu.ok()) {
+    cuda_memory_ = std::make_unique<CudaMemory>(*cu, [m] { m->registration_cache_hits().Increment(); });
+    gpu_copier_ = std::make_unique<GpuCopier>(*cu, config_.gpu_kernel_pull);
+    FERRY_LOG(INFO) << "CUDA driver " << (*cu)->version << ", " << (*cu)->device_count << " devices";
+  } else {
+    cuda_status_ = cu.status();
+    FERRY_LOG(INFO) << "GPU memory unavailable: " << cu.status().message();
+  }
 
   if (!config_.peer_address.empty()) {
     absl::Status fabric = StartFabric();
@@ -115,6 +125,9 @@ absl::Status Agent::Init() {
   deps.sessions = sessions_.get();
   deps.transfers = transfers_.get();
   deps.local = local_copier_.get();
+  deps.cuda = cuda_memory_.get();
+  deps.gpu_local = gpu_copier_.get();
+  deps.cuda_unavailable = cuda_status_;
   deps.queues = queue_poller_.get();
   if (engine_ != nullptr) {
     deps.remote = engine_.get();
@@ -172,6 +185,10 @@ absl::Status Agent::Readiness() const {
   }
   if (!config_.peer_address.empty() && (engine_ == nullptr || engine_->nics().empty())) {
     return absl::UnavailableError("the fabric is not up");
+  }
+  if (gpu_copier_ != nullptr) {
+    absl::Status gpu = gpu_copier_->health();
+    if (!gpu.ok()) return absl::UnavailableError(gpu.message());
   }
   return absl::OkStatus();
 }
@@ -233,6 +250,7 @@ void Agent::Shutdown(absl::Duration grace) {
   // After the sessions: their regions' fabric registrations close before the NICs do.
   if (engine_) engine_->Shutdown();
   local_copier_.reset();  // finishes queued copies
+  gpu_copier_.reset();
   if (local_server_) unlink(config_.socket.c_str());
   metrics_server_.reset();
   FERRY_LOG(INFO) << "ferryd stopped";

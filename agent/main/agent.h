@@ -16,6 +16,8 @@
 #include "absl/time/time.h"
 #include "agent/config/config.h"
 #include "agent/engine/fabric_engine.h"
+#include "agent/cuda/cuda_import.h"
+#include "agent/local/gpu_copier.h"
 #include "agent/local/host_copier.h"
 #include "agent/memory/region_table.h"
 #include "agent/metrics/metrics.h"
@@ -57,6 +59,9 @@ class Agent {
   std::unique_ptr<SessionRegistry> sessions_;
   std::unique_ptr<TransferManager> transfers_;
   std::unique_ptr<HostCopier> local_copier_;
+  absl::Status cuda_status_;  // why GPU memory is unavailable, when it is
+  std::unique_ptr<CudaMemory> cuda_memory_;
+  std::unique_ptr<GpuCopier> gpu_copier_;
   std::unique_ptr<FabricEngine> engine_;
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<grpc::Server> peer_server_;

@@ -59,6 +59,9 @@ ABSL_FLAG(uint64_t, max_queues, 256, "Most shared-memory transfer queues (Create
 ABSL_FLAG(uint32_t, transfer_timeout_ms, 30000, "Default transfer deadline when a Write sets none.");
 ABSL_FLAG(uint32_t, max_wait_ms, 60000, "Longest a single Wait call blocks.");
 ABSL_FLAG(int32_t, local_copy_threads, 2, "Threads for node-local host copies.");
+ABSL_FLAG(bool, gpu_kernel_pull, false,
+          "Run the GPU gather/scatter kernel on the destination GPU (remote reads) instead of the source GPU "
+          "(remote writes).");
 ABSL_FLAG(uint32_t, shutdown_grace_ms, 5000, "On SIGTERM, how long in-flight transfers may finish.");
 ABSL_FLAG(std::string, ready_file, "",
           "When set, written once the agent serves: lines key=value with the bound addresses.");
@@ -135,6 +138,7 @@ int main(int argc, char** argv) {
   config.transfer_timeout_ms = absl::GetFlag(FLAGS_transfer_timeout_ms);
   config.max_wait_ms = absl::GetFlag(FLAGS_max_wait_ms);
   config.local_copy_threads = absl::GetFlag(FLAGS_local_copy_threads);
+  config.gpu_kernel_pull = absl::GetFlag(FLAGS_gpu_kernel_pull);
   config.shutdown_grace_ms = absl::GetFlag(FLAGS_shutdown_grace_ms);
   if (config.local_copy_threads < 1 || config.local_copy_threads > 64) {
     return Fail("--local_copy_threads must be 1..64");

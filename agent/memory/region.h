@@ -32,6 +32,8 @@ class MemoryBacking {
   virtual uint64_t size() const = 0;
   // CUDA device ordinal, or -1 for host memory.
   virtual int device() const { return -1; }
+  // Whether a GPU kernel on `device` may dereference data() (CUDA memory only).
+  virtual bool AccessibleFrom(int device) const { return false; }
 };
 
 // Maps `size` bytes of a shared-memory fd (memfd, /dev/shm file) at `offset`.

@@ -59,6 +59,11 @@ grpc::Status PeerService::OpenRegion(grpc::ServerContext*, const v1::OpenRegionR
   absl::StatusOr<std::shared_ptr<Region>> region = Authorize(req->target_incarnation(), req->region_id(), req->token());
   if (!region.ok()) return Reply("peer.OpenRegion", region.status());
   const std::vector<NicRegistration>& regs = (*region)->nics();
+  if ((*region)->kind() == MemoryKind::kCuda) {
+    return Reply("peer.OpenRegion", absl::FailedPreconditionError(
+        "the destination is GPU memory: cross-node writes into GPU memory need FI_HMEM or the staged path, which "
+        "the target agent does not have yet"));
+  }
   if (regs.size() != nics_.size()) {
     return Reply("peer.OpenRegion", absl::FailedPreconditionError("region is not registered with the fabric"));
   }

@@ -69,10 +69,23 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
       backing = std::move(*b);
       break;
     }
-    case v1::RegisterMemoryRequest::kCudaIpc:
-    case v1::RegisterMemoryRequest::kCudaFd:
-      return absl::FailedPreconditionError(
-          "CUDA memory: this agent has no CUDA support yet (host memory only); see README 'Status'");
+    case v1::RegisterMemoryRequest::kCudaIpc: {
+      if (deps_.cuda == nullptr) return absl::FailedPreconditionError(absl::StrCat("cuda_ipc: ", deps_.cuda_unavailable.message()));
+      absl::StatusOr<std::unique_ptr<MemoryBacking>> b = deps_.cuda->ImportIpc(req.cuda_ipc(), req.size());
+      if (!b.ok()) return b.status();
+      backing = std::move(*b);
+      break;
+    }
+    case v1::RegisterMemoryRequest::kCudaFd: {
+      // Taken first: the fd is consumed whatever happens next.
+      absl::StatusOr<UniqueFd> fd = session.TakeFd(req.cuda_fd().fd_handle());
+      if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("cuda_fd.", fd.status().message()));
+      if (deps_.cuda == nullptr) return absl::FailedPreconditionError(absl::StrCat("cuda_fd: ", deps_.cuda_unavailable.message()));
+      absl::StatusOr<std::unique_ptr<MemoryBacking>> b = deps_.cuda->ImportFd(fd->get(), req.cuda_fd(), req.size());
+      if (!b.ok()) return b.status();
+      backing = std::move(*b);
+      break;
+    }
     default:
       return absl::InvalidArgumentError("memory: set one of host, cuda_ipc, cuda_fd");
   }
@@ -148,7 +161,8 @@ absl::StatusOr<uint64_t> LocalService::ResolveDestination(const v1::RegionDescri
     }
     t.dst = *d;
     t.path = v1::TRANSFER_PATH_LOCAL;
-    t.executor = deps_.local;
+    const bool gpu = t.dst->kind() == MemoryKind::kCuda || (t.src != nullptr && t.src->kind() == MemoryKind::kCuda);
+    t.executor = gpu ? deps_.gpu_local : deps_.local;
     return (*d)->size();
   }
   if (dst.agent_address().empty() || dst.agent_address() == deps_.advertise_address) {
@@ -376,6 +390,13 @@ grpc::Status LocalService::GetStatus(grpc::ServerContext*, const v1::GetStatusRe
   resp->set_transfers_inflight(deps_.transfers->inflight());
   resp->set_transfers_completed(deps_.transfers->completed());
   resp->set_transfers_failed(deps_.transfers->failed());
+  if (deps_.cuda != nullptr) {
+    const CudaDriver* cu = *CudaDriver::Load();
+    resp->set_cuda(absl::StrCat("driver ", cu->version, ", ", cu->device_count, " devices"));
+    resp->set_cuda_imports(deps_.cuda->live_imports());
+  } else {
+    resp->set_cuda(std::string(deps_.cuda_unavailable.message()));
+  }
   if (deps_.fill_status) deps_.fill_status(resp);
   return grpc::Status::OK;
 }

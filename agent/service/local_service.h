@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "agent/config/config.h"
+#include "agent/cuda/cuda_import.h"
 #include "agent/memory/region_table.h"
 #include "agent/metrics/metrics.h"
 #include "agent/queue/queue_poller.h"
@@ -34,6 +35,11 @@ struct LocalServiceDeps {
   SessionRegistry* sessions = nullptr;
   TransferManager* transfers = nullptr;
   TransferExecutor* local = nullptr;
+  // GPU memory: importer and node-local copier; null on a node without a usable CUDA
+  // driver, where `cuda_unavailable` says why.
+  CudaMemory* cuda = nullptr;
+  TransferExecutor* gpu_local = nullptr;
+  absl::Status cuda_unavailable;
   // Cross-node executor; null when the agent runs without fabric/peers.
   TransferExecutor* remote = nullptr;
   // Attaches fabric registrations to new regions; null without fabric.

@@ -60,6 +60,9 @@ int WaitPid(pid_t pid, absl::Duration timeout) {
 }  // namespace
 
 std::string RunfilePath(const std::string& workspace_relative) {
+  // Outside Bazel (the GPU suite on the GPU host): binaries side by side in one folder.
+  const char* bindir = getenv("FERRY_BIN_DIR");
+  if (bindir != nullptr) return absl::StrCat(bindir, "/", workspace_relative.substr(workspace_relative.rfind('/') + 1));
   const char* srcdir = getenv("TEST_SRCDIR");
   if (srcdir != nullptr) {
     std::string p = absl::StrCat(srcdir, "/ferry/", workspace_relative);

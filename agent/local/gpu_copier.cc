@@ -1,0 +1,290 @@
+#include "agent/local/gpu_copier.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <deque>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/common/log.h"
+#include "agent/cuda/copy_kernel.h"
+
+namespace ferry {
+namespace {
+
+// Kernel pieces are at most this long, so one big chunk spreads over many CTAs.
+constexpr uint64_t kPieceBytes = 32 << 10;
+// Chunks at least this long on average go to the copy engines even GPU to GPU.
+constexpr uint64_t kCopyEngineAverage = 4 << 20;
+
+int DeviceOf(const Region& r) { return r.kind() == MemoryKind::kCuda ? r.device() : -1; }
+
+size_t PiecesOf(const Transfer& t) {
+  size_t n = 0;
+  for (const CopyChunk& c : t.plan.chunks) n += (c.length + kPieceBytes - 1) / kPieceBytes;
+  return n;
+}
+
+}  // namespace
+
+int GpuCopier::LaunchDevice(const Transfer& t) const {
+  const int src = DeviceOf(*t.src), dst = DeviceOf(*t.dst);
+  if (src < 0) return dst;  // host to GPU: the destination GPU's copy engines
+  if (dst < 0) return src;
+  return pull_ ? dst : src;
+}
+
+GpuCopier::Method GpuCopier::Choose(const Transfer& t) const {
+  // The kernel must be able to dereference both regions on the GPU it runs on: its own
+  // memory, or a mapping that granted it access. Otherwise the copy engines, which
+  // reach any peer context.
+  if (DeviceOf(*t.src) < 0 || DeviceOf(*t.dst) < 0) return Method::kCopyEngine;
+  const int on = LaunchDevice(t);
+  const bool reachable = t.src->backing().AccessibleFrom(on) && t.dst->backing().AccessibleFrom(on);
+  const size_t n = t.plan.chunks.size();
+  if (reachable && n >= 2 && t.plan.total_bytes / n < kCopyEngineAverage) return Method::kKernel;
+  return Method::kCopyEngine;
+}
+
+// One device's copies. The submitter thread puts each transfer on the lane's stream as
+// soon as it arrives (so the GPU never idles between transfers) and hands it to the
+// completer thread, which waits for transfers in order and answers them.
+class GpuCopier::Lane {
+ public:
+  Lane(GpuCopier* owner, const CudaDriver* cu, int device)
+      : owner_(owner), cu_(cu), device_(device), submitter_([this] { Submitter(); }),
+        completer_([this] { Completer(); }) {}
+
+  // Submits everything queued, waits for it, then joins both threads.
+  ~Lane() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    submitter_.join();
+    completer_.join();
+  }
+
+  void Push(std::shared_ptr<Transfer> t, Done done) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(Job{std::move(t), std::move(done)});
+  }
+
+ private:
+  struct Job {
+    std::shared_ptr<Transfer> t;
+    Done done;
+    absl::Status status;      // of putting it on the stream
+    CUevent event = nullptr;  // recorded after its work; null if nothing was queued
+  };
+  // Transfers on the stream and not yet answered; the submitter waits beyond this.
+  static constexpr size_t kMaxInflight = 64;
+
+  absl::Status Setup() {
+    absl::Status s = UseDevice(*cu_, device_);
+    if (!s.ok()) return s;
+    absl::StatusOr<int> peers = EnablePeerAccess(*cu_, device_);
+    if (!peers.ok()) return peers.status();
+    FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuModuleLoadData(&module_, kCopyPiecesPtx), "loading the copy kernel");
+    FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuModuleGetFunction(&kernel_, module_, kCopyPiecesKernel), "cuModuleGetFunction");
+    CUdevice dev;
+    FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuDeviceGet(&dev, device_), "cuDeviceGet");
+    int sms = 0, per_sm = 0;
+    FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+                             "cuDeviceGetAttribute");
+    FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_, kCopyPiecesThreads, 0),
+                             "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+    // Exactly as many CTAs as fit at once: the grid-stride loop then has no second
+    // wave waiting for the first.
+    resident_ctas_ = static_cast<unsigned>(std::max(1, sms * per_sm));
+    FERRY_LOG(INFO) << "gpu copier: device " << device_ << ", " << sms << " SMs x " << per_sm << " CTAs, " << *peers
+                    << " peers reachable";
+    return absl::OkStatus();
+  }
+
+  // Puts `t`'s copies on the stream.
+  absl::Status Enqueue(const Transfer& t) {
+    const CUdeviceptr src = reinterpret_cast<CUdeviceptr>(t.src->data());
+    const CUdeviceptr dst = reinterpret_cast<CUdeviceptr>(t.dst->data());
+    if (owner_->Choose(t) == Method::kCopyEngine) {
+      for (const CopyChunk& c : t.plan.chunks) {
+        FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuMemcpyAsync(dst + c.dst_offset, src + c.src_offset, c.length, stream_),
+                                 "cuMemcpyAsync");
+      }
+      return absl::OkStatus();
+    }
+    std::vector<CopyPiece> pieces;
+    pieces.reserve(PiecesOf(t));
+    for (const CopyChunk& c : t.plan.chunks) {
+      for (uint64_t off = 0; off < c.length; off += kPieceBytes) {
+        pieces.push_back(CopyPiece{src + c.src_offset + off, dst + c.dst_offset + off, std::min(kPieceBytes, c.length - off)});
+      }
+    }
+    uint32_t count = static_cast<uint32_t>(pieces.size());
+    const size_t bytes = pieces.size() * sizeof(CopyPiece);
+    // Stream-ordered: allocated, filled, read by the kernel and freed in stream order.
+    // The copy from pageable memory is staged before cuMemcpyHtoDAsync returns.
+    CUdeviceptr list = 0;
+    FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuMemAllocAsync(&list, bytes, stream_), "cuMemAllocAsync");
+    absl::Status s = cu_->Check(cu_->cuMemcpyHtoDAsync(list, pieces.data(), bytes, stream_), "cuMemcpyHtoDAsync");
+    if (s.ok()) {
+      const unsigned blocks = std::min<unsigned>(count, resident_ctas_);
+      void* args[] = {&list, &count};
+      s = cu_->Check(cu_->cuLaunchKernel(kernel_, blocks, 1, 1, kCopyPiecesThreads, 1, 1, 0, stream_, args, nullptr),
+                     "launching the copy kernel");
+    }
+    cu_->cuMemFreeAsync(list, stream_);
+    return s;
+  }
+
+  void Submitter() {
+    absl::Status setup = Setup();
+    if (!setup.ok()) FERRY_LOG(ERROR) << "gpu copier: device " << device_ << ": " << setup;
+    for (;;) {
+      Job j;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return (stopping_ || !queue_.empty()) && inflight_.size() < kMaxInflight;
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.empty()) break;  // stopping and drained
+        j = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (!setup.ok()) {
+        j.status = setup;
+      } else if (absl::Now() > j.t->deadline) {
+        j.status = absl::DeadlineExceededError(absl::StrCat("transfer ", j.t->id, " passed its deadline while queued"));
+      } else {
+        j.status = Enqueue(*j.t);
+        // Even after a failed enqueue, part of the work may be on the stream: the
+        // completer waits for it before the regions can go.
+        absl::Status recorded = cu_->Check(cu_->cuEventCreate(&j.event, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+        if (recorded.ok()) recorded = cu_->Check(cu_->cuEventRecord(j.event, stream_), "cuEventRecord");
+        if (!recorded.ok()) {
+          if (j.event != nullptr) cu_->cuEventDestroy(j.event);
+          j.event = nullptr;
+          cu_->cuStreamSynchronize(stream_);
+          if (j.status.ok()) j.status = recorded;
+        }
+      }
+      absl::MutexLock lock(&mu_);
+      inflight_.push_back(std::move(j));
+    }
+    absl::MutexLock lock(&mu_);
+    submitter_done_ = true;
+  }
+
+  // Waits for `j`'s event, polling: a short spin, then sleeps of up to 50 us. Answers
+  // DEADLINE_EXCEEDED when the deadline passes but keeps waiting: the transfer (and its
+  // regions) must outlive the GPU's use of them.
+  CUresult Wait(Job& j, bool* answered) {
+    int64_t sleep_ns = 0;
+    for (;;) {
+      CUresult r = cu_->cuEventQuery(j.event);
+      if (r != CUDA_ERROR_NOT_READY) return r;
+      if (!*answered && absl::Now() > j.t->deadline) {
+        *answered = true;
+        j.done(absl::DeadlineExceededError(absl::StrCat("transfer ", j.t->id, " passed its deadline")));
+      }
+      if (sleep_ns > 0) {
+        timespec ts{0, sleep_ns};
+        nanosleep(&ts, nullptr);
+      }
+      sleep_ns = std::min<int64_t>(sleep_ns == 0 ? 1000 : sleep_ns * 2, 50000);
+    }
+  }
+
+  void Completer() {
+    const bool have_context = UseDevice(*cu_, device_).ok();
+    for (;;) {
+      Job j;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return submitter_done_ || !inflight_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+        if (inflight_.empty()) break;  // the submitter finished and everything is answered
+        j = std::move(inflight_.front());
+      }
+      bool answered = false;
+      absl::Status s = j.status;
+      if (j.event != nullptr && have_context) {
+        CUresult r = Wait(j, &answered);
+        cu_->cuEventDestroy(j.event);
+        if (r != CUDA_SUCCESS) {
+          absl::Status failed = cu_->Check(r, "the GPU copy");
+          owner_->Poisoned(device_, failed);
+          if (s.ok()) s = failed;
+        }
+      }
+      if (!answered) j.done(s);
+      absl::MutexLock lock(&mu_);
+      inflight_.pop_front();  // after done(): the submitter may not run far ahead
+    }
+    if (have_context) {
+      if (module_ != nullptr) cu_->cuModuleUnload(module_);
+      if (stream_ != nullptr) cu_->cuStreamDestroy(stream_);
+    }
+  }
+
+  GpuCopier* const owner_;
+  const CudaDriver* const cu_;
+  const int device_;
+  // Set by the submitter in Setup before any job reaches the completer.
+  CUstream stream_ = nullptr;
+  CUmodule module_ = nullptr;
+  CUfunction kernel_ = nullptr;
+  unsigned resident_ctas_ = 1;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool submitter_done_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Job> inflight_ ABSL_GUARDED_BY(mu_);
+  std::thread submitter_;  // last: they start after every member above is initialized
+  std::thread completer_;
+};
+
+GpuCopier::GpuCopier(const CudaDriver* cu, bool pull) : cu_(cu), pull_(pull) {}
+
+absl::Status GpuCopier::health() const {
+  absl::MutexLock lock(&health_mu_);
+  return health_;
+}
+
+void GpuCopier::Poisoned(int device, const absl::Status& why) {
+  FERRY_LOG(ERROR) << "gpu copier: device " << device << " failed a copy (" << why.message()
+                   << "); CUDA errors of this kind are sticky: the agent needs a restart";
+  absl::MutexLock lock(&health_mu_);
+  if (health_.ok()) {
+    health_ = absl::InternalError(absl::StrCat("GPU ", device, " failed a copy: ", why.message()));
+  }
+}
+
+GpuCopier::~GpuCopier() {
+  absl::MutexLock lock(&mu_);
+  lanes_.clear();
+}
+
+void GpuCopier::Submit(std::shared_ptr<Transfer> t, Done done) {
+  const int device = LaunchDevice(*t);
+  // The service routes only transfers with a GPU region here; anything else is a bug.
+  if (device < 0 || device >= cu_->device_count) {
+    FERRY_LOG(ERROR) << "GpuCopier got transfer " << t->id << " without a GPU region";
+    abort();
+  }
+  Lane* lane = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (lanes_.empty()) lanes_.resize(cu_->device_count);
+    if (lanes_[device] == nullptr) lanes_[device] = std::make_unique<Lane>(this, cu_, device);
+    lane = lanes_[device].get();
+  }
+  lane->Push(std::move(t), std::move(done));
+}
+
+}  // namespace ferry

@@ -1,0 +1,64 @@
+// GpuCopier: node-local transfers that touch GPU memory, done by the GPUs themselves.
+//
+//   GpuCopier copier(cu);
+//   copier.Submit(transfer, done);   // done(OK) once every byte is in the destination
+//
+// Both regions are mapped in the agent (imported IPC / fd handles, or host memory), so
+// no NIC and no bounce buffer is involved:
+//  - a single chunk, big chunks, or any chunk touching host memory: the copy engines
+//    (cuMemcpyAsync per chunk; GPU to GPU runs over NVLink with peer access);
+//  - many GPU-to-GPU chunks (paged KV blocks): one launch of the gather/scatter kernel
+//    (agent/cuda/copy_kernel.h), which reads scattered source blocks and writes
+//    scattered destination blocks in a single pass, on the source GPU (or the
+//    destination GPU with `pull`), when that GPU can reach both regions.
+// One lane per device (a stream, a thread that puts transfers on it as they arrive and
+// one that answers them in order). A transfer past its
+// deadline is answered DEADLINE_EXCEEDED at once, but its regions are held until the
+// GPU has finished with them: nothing a pod frees can be written afterwards.
+#ifndef FERRY_AGENT_LOCAL_GPU_COPIER_H_
+#define FERRY_AGENT_LOCAL_GPU_COPIER_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "agent/cuda/cuda_driver.h"
+#include "agent/transfer/executor.h"
+
+namespace ferry {
+
+class GpuCopier : public TransferExecutor {
+ public:
+  enum class Method { kCopyEngine, kKernel };
+
+  // `pull`: run the gather/scatter kernel on the destination GPU (remote reads)
+  // instead of the source GPU (remote writes).
+  GpuCopier(const CudaDriver* cu, bool pull);
+  // Finishes every queued transfer, then joins the lanes.
+  ~GpuCopier() override;
+
+  void Submit(std::shared_ptr<Transfer> t, Done done) override;
+
+  // Not OK once a GPU reported an error that poisons its context for good (an illegal
+  // address, say): every later copy on it fails, so the agent stops being ready and
+  // should be restarted. Says which device and what happened.
+  absl::Status health() const;
+
+ private:
+  class Lane;
+  // How `t` is moved, and on which device.
+  Method Choose(const Transfer& t) const;
+  int LaunchDevice(const Transfer& t) const;
+  void Poisoned(int device, const absl::Status& why);
+
+  const CudaDriver* cu_;
+  const bool pull_;
+  mutable absl::Mutex health_mu_;
+  absl::Status health_ ABSL_GUARDED_BY(health_mu_);
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<Lane>> lanes_ ABSL_GUARDED_BY(mu_);  // by device, created on first use
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_LOCAL_GPU_COPIER_H_

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs the GPU suite on a GPU host from a bundle made by tests/gpu/bundle.sh.
+#   tests/gpu/run.sh [bundle-dir] [catch2 args...]
+# Findings (which handle kinds cross PID/IPC namespaces) go to $FERRY_FINDINGS if set.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+b=$(realpath "${1:-.gpu-bundle}")
+shift || true
+export LD_LIBRARY_PATH="$b/lib" FERRY_BIN_DIR="$b/bin"
+if ldd "$b/bin/ferryd" | grep 'not found'; then
+  echo "run.sh: the bundle lacks libraries for this host" >&2
+  exit 1
+fi
+nvidia-smi --query-gpu=index,name,pci.bus_id,driver_version --format=csv,noheader || true
+"$b/bin/gpu_test" --durations yes "$@"

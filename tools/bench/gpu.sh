@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# `tools/bench.sh gpu [--bundle=DIR]`: node-local GPU benchmarks on a GPU host (needs 2
+# GPUs for the GPU0 -> GPU1 rows). Without --bundle it builds one (tests/gpu/bundle.sh);
+# on a host without Bazel, make the bundle elsewhere and pass it.
+#
+# Prints, in one run: ferry contiguous writes vs raw cuMemcpyAsync; ferry paged KV
+# blocks vs the raw contiguous copy of the same bytes; NCCL (PyTorch) moving the same
+# blocks three ways (tools/bench/nccl_blocks.py).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bundle=""
+for a in "$@"; do case $a in --bundle=*) bundle=${a#--bundle=} ;; esac; done
+if [ -z "$bundle" ]; then
+  bundle=.gpu-bundle
+  bash tests/gpu/bundle.sh "$bundle"
+fi
+bundle=$(realpath "$bundle")
+source tools/lib.sh
+
+echo "# ferry GPU benchmark  $(date -u +%Y-%m-%dT%H:%MZ)  $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sort | uniq -c | xargs)"
+LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/a.sock" --metrics_address=127.0.0.1:0 \
+  --ready_file="$work/a.ready" --log_level=warning 2>"$work/a.log"
+wait_for "$work/a.ready" 30
+LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/a.sock" || { cat "$work/a.log" >&2; exit 1; }
+# The same paged writes with the kernel on the destination GPU (remote reads).
+LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/b.sock" --metrics_address=127.0.0.1:0 \
+  --ready_file="$work/b.ready" --log_level=warning --gpu_kernel_pull 2>"$work/b.log"
+wait_for "$work/b.ready" 30
+echo "# with --gpu_kernel_pull"
+LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/b.sock" --paged_only | grep -v '^# ferry\|^# paged' ||
+  { cat "$work/b.log" >&2; exit 1; }
+python3 tools/bench/nccl_blocks.py

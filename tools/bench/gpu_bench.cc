@@ -1,0 +1,162 @@
+// gpu_bench: the ferry side of `tools/bench.sh gpu` (run on a GPU host).
+//
+//   gpu_bench --socket=S [--src_device=0 --dst_device=1]
+//
+// Prints two tables, each with a baseline measured in the same run:
+//  1. contiguous GPU->GPU writes through ferry (Write + Wait, 8 in flight) vs raw
+//     cuMemcpyAsync between the same kind of buffers (this process, peer access on);
+//  2. paged KV blocks scattered at random on both sides (one Write of all blocks) vs
+//     the raw contiguous copy of the same number of bytes.
+// Buffers are cuMemCreate allocations exported as POSIX fds, as pods would register.
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/time/clock.h"
+#include "agent/cuda/cuda_driver.h"
+#include "client/cpp/cuda_buffer.h"
+#include "client/cpp/ferry_client.h"
+
+ABSL_FLAG(std::string, socket, "/run/ferry/ferry.sock", "agent socket");
+ABSL_FLAG(int, src_device, 0, "source GPU");
+ABSL_FLAG(int, dst_device, 1, "destination GPU");
+ABSL_FLAG(bool, paged_only, false, "only the paged table");
+
+namespace ferry {
+namespace {
+
+int Fail(const absl::Status& s) {
+  fprintf(stderr, "gpu_bench: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+// Seconds per copy of `bytes` with cuMemcpyAsync, `count` back to back on one stream.
+absl::StatusOr<double> RawCopy(const CudaDriver* cu, CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, int count) {
+  CUstream s;
+  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUevent a, b;
+  cu->cuEventCreate(&a, 0);
+  cu->cuEventCreate(&b, 0);
+  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemcpyAsync(dst, src, bytes, s), "warmup");
+  cu->cuEventRecord(a, s);
+  for (int i = 0; i < count; ++i) FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemcpyAsync(dst, src, bytes, s), "cuMemcpyAsync");
+  cu->cuEventRecord(b, s);
+  cu->cuEventSynchronize(b);
+  float ms = 0;
+  cu->cuEventElapsedTime(&ms, a, b);
+  cu->cuEventDestroy(a);
+  cu->cuEventDestroy(b);
+  cu->cuStreamDestroy(s);
+  return ms / 1e3 / count;
+}
+
+// Seconds per write: `count` writes of `req`, `window` in flight.
+absl::StatusOr<double> FerryWrites(Client& c, const v1::WriteRequest& req, int count, int window) {
+  absl::StatusOr<v1::TransferResult> warm = c.WriteAndWait(req, absl::Seconds(60));
+  if (!warm.ok()) return warm.status();
+  std::deque<uint64_t> inflight;
+  absl::Time start = absl::Now();
+  for (int i = 0; i < count || !inflight.empty();) {
+    if (i < count && static_cast<int>(inflight.size()) < window) {
+      absl::StatusOr<uint64_t> id = c.Write(req);
+      if (!id.ok()) return id.status();
+      inflight.push_back(*id);
+      ++i;
+      continue;
+    }
+    absl::StatusOr<v1::TransferResult> r = c.Wait(inflight.front(), absl::Seconds(60));
+    if (!r.ok()) return r.status();
+    absl::Status s = ResultStatus(*r);
+    if (!s.ok()) return s;
+    inflight.pop_front();
+  }
+  return absl::ToDoubleSeconds(absl::Now() - start) / count;
+}
+
+int Main() {
+  absl::StatusOr<const CudaDriver*> cu = CudaDriver::Load();
+  if (!cu.ok()) return Fail(cu.status());
+  const int sd = absl::GetFlag(FLAGS_src_device), dd = absl::GetFlag(FLAGS_dst_device);
+  if (std::max(sd, dd) >= (*cu)->device_count) return Fail(absl::FailedPreconditionError("not enough GPUs"));
+  absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(absl::GetFlag(FLAGS_socket));
+  if (!c.ok()) return Fail(c.status());
+
+  constexpr uint64_t kMax = 1ull << 30;
+  absl::StatusOr<CudaBuffer> src = CudaBuffer::Allocate(sd, 2 * kMax, CudaExport::kPosixFd);
+  absl::StatusOr<CudaBuffer> dst = CudaBuffer::Allocate(dd, 2 * kMax, CudaExport::kPosixFd);
+  if (!src.ok()) return Fail(src.status());
+  if (!dst.ok()) return Fail(dst.status());
+  absl::StatusOr<v1::RegisterMemoryResponse> s = RegisterCuda(**c, *src);
+  absl::StatusOr<v1::RegisterMemoryResponse> d = RegisterCuda(**c, *dst);
+  if (!s.ok()) return Fail(s.status());
+  if (!d.ok()) return Fail(d.status());
+  // The raw baseline copies between this process's own mappings, with peer access.
+  absl::Status use = UseDevice(**cu, sd);
+  if (!use.ok()) return Fail(use);
+  absl::StatusOr<int> peers = EnablePeerAccess(**cu, sd);
+  if (!peers.ok()) return Fail(peers.status());
+  // VMM buffers are mapped for their own device only: let the source GPU reach dst.
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = sd;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  (*cu)->cuMemSetAccess(dst->ptr(), dst->size(), &access, 1);
+
+  printf("# ferry GPU benchmark: node-local GPU%d -> GPU%d, %d peers reachable from GPU%d\n", sd, dd, *peers, sd);
+  printf("# contiguous: ferry Write+Wait with 8 in flight vs raw cuMemcpyAsync back to back (CUDA events)\n");
+  printf("%12s %6s %12s %12s %12s %8s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "raw(GB/s)", "ratio");
+  for (uint64_t size = 1 << 20; size <= kMax && !absl::GetFlag(FLAGS_paged_only); size *= 4) {
+    int count = static_cast<int>(std::clamp<uint64_t>((8ull << 30) / size, 8, 200));
+    v1::WriteRequest req;
+    req.set_src_region_id(s->region_id());
+    *req.mutable_dst() = d->region();
+    v1::Chunk* ch = req.mutable_chunks()->add_chunks();
+    ch->set_length(size);
+    absl::StatusOr<double> f = FerryWrites(**c, req, count, 8);
+    if (!f.ok()) return Fail(f.status());
+    absl::StatusOr<double> raw = RawCopy(*cu, dst->ptr(), src->ptr(), size, count);
+    if (!raw.ok()) return Fail(raw.status());
+    double bw = size / *f / 1e9, rbw = size / *raw / 1e9;
+    printf("%12lu %6d %12.1f %12.1f %12.1f %8.2f\n", size, count, *f * 1e6, bw, rbw, bw / rbw);
+  }
+
+  printf("# paged: one Write of N blocks scattered at random over 1 GiB on both sides vs raw contiguous copy of N*block bytes\n");
+  printf("%8s %10s %12s %12s %12s %8s\n", "blocks", "block(B)", "time(us)", "algbw(GB/s)", "raw(GB/s)", "ratio");
+  for (auto [n, block] : {std::pair<uint64_t, uint64_t>{16384, 32 << 10}, {4096, 128 << 10}}) {
+    std::mt19937_64 rng(n);
+    std::vector<uint64_t> sb(kMax / block), db(kMax / block);
+    std::iota(sb.begin(), sb.end(), 0);
+    std::iota(db.begin(), db.end(), 0);
+    std::shuffle(sb.begin(), sb.end(), rng);
+    std::shuffle(db.begin(), db.end(), rng);
+    v1::WriteRequest req;
+    req.set_src_region_id(s->region_id());
+    *req.mutable_dst() = d->region();
+    req.mutable_paged()->set_block_size(block);
+    for (uint64_t i = 0; i < n; ++i) {
+      req.mutable_paged()->add_src_blocks(sb[i]);
+      req.mutable_paged()->add_dst_blocks(db[i]);
+    }
+    const int count = 20;
+    absl::StatusOr<double> f = FerryWrites(**c, req, count, 2);
+    if (!f.ok()) return Fail(f.status());
+    absl::StatusOr<double> raw = RawCopy(*cu, dst->ptr(), src->ptr(), n * block, count);
+    if (!raw.ok()) return Fail(raw.status());
+    double bw = n * block / *f / 1e9, rbw = n * block / *raw / 1e9;
+    printf("%8lu %10lu %12.1f %12.1f %12.1f %8.2f\n", n, block, *f * 1e6, bw, rbw, bw / rbw);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return ferry::Main();
+}
