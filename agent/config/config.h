@@ -43,6 +43,10 @@ struct AgentConfig {
   uint32_t max_wait_ms = 60000;
   int local_copy_threads = 2;
   bool gpu_kernel_pull = false;
+  // Staged path (agent/staged).
+  uint64_t staging_buffer_bytes = 32 << 20;
+  uint32_t max_staging_buffers = 64;
+  bool stage_host_regions = false;
   uint32_t shutdown_grace_ms = 5000;
 };
 

@@ -28,7 +28,7 @@ namespace ferry {
   X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)       \
   X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxEnablePeerAccess)                                             \
   X(cuMemAlloc) X(cuMemFree) X(cuMemsetD8) X(cuMemcpyHtoD) X(cuMemcpyDtoH)               \
-  X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) X(cuMemGetAddressRange) X(cuPointerGetAttribute)  \
+  X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemGetAddressRange) X(cuPointerGetAttribute)  \
   X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemAllocAsync) X(cuMemFreeAsync)                                                      \
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)                       \
   X(cuMemCreate) X(cuMemRelease) X(cuMemGetAllocationGranularity)                         \

@@ -107,6 +107,33 @@ absl::StatusOr<RegionRegistration> FabricEngine::Register(const MemoryBacking& b
 }
 
 absl::Status FabricEngine::Prepare(Transfer& t) {
+  absl::Status resolved = ResolveTarget(t);
+  if (!resolved.ok()) return resolved;
+  if (TargetRegion(t)->staging.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dst region ", t.dst_descriptor.region_id(), " is ", v1::MemoryKind_Name(TargetRegion(t)->kind),
+        " memory its agent's NICs cannot reach, but the descriptor says host memory; use the descriptor its owner "
+        "was given"));
+  }
+  if (t.src != nullptr && t.src->kind() == MemoryKind::kCuda) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "src_region_id ", t.src->id(), " is GPU memory, which this agent's NICs cannot reach directly"));
+  }
+  if (t.src != nullptr && t.src->nics().size() != nics_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("src_region_id ", t.src->id(), " is not registered with the fabric"));
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<PeerConnection> FabricEngine::TargetPeer(const Transfer& t) {
+  return std::static_pointer_cast<RemoteTarget>(t.executor_context)->peer;
+}
+
+std::shared_ptr<RemoteRegion> FabricEngine::TargetRegion(const Transfer& t) {
+  return std::static_pointer_cast<RemoteTarget>(t.executor_context)->region;
+}
+
+absl::Status FabricEngine::ResolveTarget(Transfer& t) {
   if (peers_ == nullptr) return absl::FailedPreconditionError("this agent has no peer service");
   const v1::RegionDescriptor& d = t.dst_descriptor;
   absl::StatusOr<std::shared_ptr<PeerConnection>> peer = peers_->Resolve(d, t.deadline);
@@ -122,14 +149,6 @@ absl::Status FabricEngine::Prepare(Transfer& t) {
                                                 " bytes on its agent)"));
     }
   }
-  if (t.src != nullptr && t.src->kind() == MemoryKind::kCuda) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "src_region_id ", t.src->id(), " is GPU memory: cross-node writes from GPU memory need FI_HMEM or the "
-        "staged path, which this agent does not have yet (node-local GPU writes work)"));
-  }
-  if (t.src != nullptr && t.src->nics().size() != nics_.size()) {
-    return absl::FailedPreconditionError(absl::StrCat("src_region_id ", t.src->id(), " is not registered with the fabric"));
-  }
   auto target = std::make_shared<RemoteTarget>();
   target->peer = std::move(*peer);
   target->region = std::move(*region);
@@ -139,8 +158,17 @@ absl::Status FabricEngine::Prepare(Transfer& t) {
 
 void FabricEngine::Submit(std::shared_ptr<Transfer> t, Done done) {
   auto target = std::static_pointer_cast<RemoteTarget>(t->executor_context);
+  SubmitTo(t, target->peer, target->region->keys, target->region->region_id, std::move(done));
+}
+
+void FabricEngine::NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done) {
+  SendNotify(t, {}, std::move(done));
+}
+
+void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerConnection> peer,
+                            const std::vector<v1::RemoteKey>& keys, uint64_t region_id, Done done) {
   const size_t local_nics = workers_.size();
-  const size_t remote_nics = target->peer->remote_nic_count();
+  const size_t remote_nics = peer->remote_nic_count();
   // Split at --fabric_max_op_bytes, and never past what the provider accepts in one op.
   uint64_t max_op = std::max<uint64_t>(options_.max_op_bytes, 4096);
   for (const auto& nic : nics_) max_op = std::min(max_op, nic->max_msg_size());
@@ -165,10 +193,9 @@ void FabricEngine::Submit(std::shared_ptr<Transfer> t, Done done) {
   std::vector<uint64_t> nic_bytes(remote_nics, 0);
   for (size_t i = 0; i < pieces.size(); ++i) nic_bytes[(i % local_nics) % remote_nics] += pieces[i].length;
 
-  std::shared_ptr<PeerConnection> peer = target->peer;
   auto state = std::make_shared<TransferState>(
       t, peer, pieces.size(),
-      [this, t, peer, region_id = target->region->region_id, nic_bytes, done = std::move(done)](absl::Status s) {
+      [this, t, peer, region_id, nic_bytes, done = std::move(done)](absl::Status s) {
         if (!s.ok()) {
           if (s.code() == absl::StatusCode::kUnavailable) {
             peer->MarkSuspect();
@@ -196,8 +223,8 @@ void FabricEngine::Submit(std::shared_ptr<Transfer> t, Done done) {
     op->length = pieces[i].length;
     op->desc = t->src->nics()[l].local_desc;
     op->peer = peer->fi_addr(l, r);
-    op->remote_addr = target->region->keys[r].base() + pieces[i].dst_offset;
-    op->key = target->region->keys[r].key();
+    op->remote_addr = keys[r].base() + pieces[i].dst_offset;
+    op->key = keys[r].key();
     per_nic[l].push_back(op);
   }
   for (size_t l = 0; l < local_nics; ++l) {

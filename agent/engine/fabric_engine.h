@@ -65,6 +65,21 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   void Submit(std::shared_ptr<Transfer> t, Done done) override;
   absl::StatusOr<RegionRegistration> Register(const MemoryBacking& backing) override;
 
+  // For the staged path (agent/staged), which drives the engine stage by stage:
+  // Resolves t.dst_descriptor's peer and region and checks bounds (Prepare without
+  // the source and direct-reachability checks).
+  absl::Status ResolveTarget(Transfer& t);
+  // What ResolveTarget found.
+  static std::shared_ptr<PeerConnection> TargetPeer(const Transfer& t);
+  static std::shared_ptr<RemoteRegion> TargetRegion(const Transfer& t);
+  // Writes `t` (a registered host source) to `keys` of `peer` at the chunks' dst
+  // offsets. Never notifies; `done` as for Submit.
+  void SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerConnection> peer,
+                const std::vector<v1::RemoteKey>& keys, uint64_t region_id, Done done);
+  // Notifies the destination's owner that all of `t` landed (t resolved by
+  // ResolveTarget). Blocks for the RPC.
+  void NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done);
+
   std::vector<FabricNic*> nics() const;
   const std::string& provider() const { return nics_.front()->provider(); }
   void FillStatus(v1::GetStatusResponse* resp) const;

@@ -131,6 +131,8 @@ absl::Status Agent::Init() {
   deps.queues = queue_poller_.get();
   if (engine_ != nullptr) {
     deps.remote = engine_.get();
+    deps.staged = staged_.get();
+    deps.stage_host_regions = config_.stage_host_regions;
     deps.registrar = engine_.get();
     deps.fill_status = [e = engine_.get()](v1::GetStatusResponse* r) { e->FillStatus(r); };
   }
@@ -209,6 +211,23 @@ absl::Status Agent::StartFabric() {
   if (!tls.ok()) return tls.status();
   peer_service_ = std::make_unique<PeerService>(incarnation_, engine_->nics(), regions_.get(), transfers_.get(),
                                                 metrics_.get());
+  // The staged path, both sides: GPU memory through host staging buffers.
+  const CudaDriver* cu = cuda_memory_ != nullptr ? *CudaDriver::Load() : nullptr;
+  if (cu != nullptr) {
+    stage_copier_ = std::make_unique<CudaStageCopier>(cu);
+  } else {
+    stage_copier_ = std::make_unique<HostStageCopier>();
+  }
+  StagingOptions staging;
+  staging.buffer_bytes = config_.staging_buffer_bytes;
+  staging.max_buffers = config_.max_staging_buffers;
+  staging.stage_host_regions = config_.stage_host_regions;
+  staging_table_ = std::make_unique<StagingTable>(staging, cu, engine_.get(), stage_copier_.get());
+  peer_service_->set_staging(staging_table_.get());
+  StagedExecutorOptions staged;
+  staged.buffer_bytes = config_.staging_buffer_bytes;
+  staged.stage_host_regions = config_.stage_host_regions;
+  staged_ = std::make_unique<StagedExecutor>(staged, engine_.get(), cu, stage_copier_.get());
   int port = 0;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config_.peer_address, tls->server, &port);
@@ -249,6 +268,8 @@ void Agent::Shutdown(absl::Duration grace) {
   if (sessions_) sessions_->CloseAll();
   // After the sessions: their regions' fabric registrations close before the NICs do.
   if (engine_) engine_->Shutdown();
+  staged_.reset();
+  staging_table_.reset();  // its buffers' registrations close before the NICs do
   local_copier_.reset();  // finishes queued copies
   gpu_copier_.reset();
   if (local_server_) unlink(config_.socket.c_str());

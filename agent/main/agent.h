@@ -19,6 +19,8 @@
 #include "agent/cuda/cuda_import.h"
 #include "agent/local/gpu_copier.h"
 #include "agent/local/host_copier.h"
+#include "agent/staged/staged_executor.h"
+#include "agent/staged/staging_table.h"
 #include "agent/memory/region_table.h"
 #include "agent/metrics/metrics.h"
 #include "agent/peers/peer_service.h"
@@ -65,6 +67,10 @@ class Agent {
   std::unique_ptr<FabricEngine> engine_;
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<grpc::Server> peer_server_;
+  // The staged path; released in Shutdown, after the engine stops and before it goes.
+  std::unique_ptr<StageCopier> stage_copier_;
+  std::unique_ptr<StagingTable> staging_table_;
+  std::unique_ptr<StagedExecutor> staged_;
   std::unique_ptr<LocalService> local_service_;
   std::unique_ptr<QueuePoller> queue_poller_;  // after local_service_: its handler
   std::unique_ptr<grpc::Server> local_server_;

@@ -59,6 +59,11 @@ ABSL_FLAG(uint64_t, max_queues, 256, "Most shared-memory transfer queues (Create
 ABSL_FLAG(uint32_t, transfer_timeout_ms, 30000, "Default transfer deadline when a Write sets none.");
 ABSL_FLAG(uint32_t, max_wait_ms, 60000, "Longest a single Wait call blocks.");
 ABSL_FLAG(int32_t, local_copy_threads, 2, "Threads for node-local host copies.");
+ABSL_FLAG(uint64_t, staging_buffer_bytes, 32 << 20,
+          "Size of each staging buffer of the staged path (GPU memory across nodes without FI_HMEM).");
+ABSL_FLAG(uint32_t, max_staging_buffers, 64, "Most staging buffers this agent keeps for peers writing into it.");
+ABSL_FLAG(bool, stage_host_regions, false,
+          "Carry host regions through the staged path too (exercises it where there is no GPU; slower).");
 ABSL_FLAG(bool, gpu_kernel_pull, false,
           "Run the GPU gather/scatter kernel on the destination GPU (remote reads) instead of the source GPU "
           "(remote writes).");
@@ -139,6 +144,12 @@ int main(int argc, char** argv) {
   config.max_wait_ms = absl::GetFlag(FLAGS_max_wait_ms);
   config.local_copy_threads = absl::GetFlag(FLAGS_local_copy_threads);
   config.gpu_kernel_pull = absl::GetFlag(FLAGS_gpu_kernel_pull);
+  config.staging_buffer_bytes = absl::GetFlag(FLAGS_staging_buffer_bytes);
+  config.max_staging_buffers = absl::GetFlag(FLAGS_max_staging_buffers);
+  config.stage_host_regions = absl::GetFlag(FLAGS_stage_host_regions);
+  if (config.staging_buffer_bytes < 4096 || config.staging_buffer_bytes > (1ull << 32)) {
+    return Fail("--staging_buffer_bytes must be 4096..4294967296");
+  }
   config.shutdown_grace_ms = absl::GetFlag(FLAGS_shutdown_grace_ms);
   if (config.local_copy_threads < 1 || config.local_copy_threads > 64) {
     return Fail("--local_copy_threads must be 1..64");

@@ -59,16 +59,21 @@ grpc::Status PeerService::OpenRegion(grpc::ServerContext*, const v1::OpenRegionR
   absl::StatusOr<std::shared_ptr<Region>> region = Authorize(req->target_incarnation(), req->region_id(), req->token());
   if (!region.ok()) return Reply("peer.OpenRegion", region.status());
   const std::vector<NicRegistration>& regs = (*region)->nics();
+  resp->set_size((*region)->size());
+  resp->set_kind((*region)->kind() == MemoryKind::kHost ? v1::MEMORY_KIND_HOST : v1::MEMORY_KIND_CUDA);
+  if (staging_ != nullptr && staging_->NeedsStaging(**region)) {
+    absl::StatusOr<v1::StagingBuffer> buffer = staging_->Open(*region);
+    if (!buffer.ok()) return Reply("peer.OpenRegion", buffer.status());
+    *resp->mutable_staging() = std::move(*buffer);
+    return grpc::Status::OK;
+  }
   if ((*region)->kind() == MemoryKind::kCuda) {
     return Reply("peer.OpenRegion", absl::FailedPreconditionError(
-        "the destination is GPU memory: cross-node writes into GPU memory need FI_HMEM or the staged path, which "
-        "the target agent does not have yet"));
+        "the destination is GPU memory, which the target's NICs cannot reach and which it cannot stage"));
   }
   if (regs.size() != nics_.size()) {
     return Reply("peer.OpenRegion", absl::FailedPreconditionError("region is not registered with the fabric"));
   }
-  resp->set_size((*region)->size());
-  resp->set_kind((*region)->kind() == MemoryKind::kHost ? v1::MEMORY_KIND_HOST : v1::MEMORY_KIND_CUDA);
   for (const NicRegistration& r : regs) {
     v1::RemoteKey* k = resp->add_keys();
     k->set_key(r.key);
@@ -94,6 +99,16 @@ grpc::Status PeerService::Notify(grpc::ServerContext*, const v1::NotifyRequest* 
     transfers_->Notify(**region, n);
   }
   return grpc::Status::OK;
+}
+
+grpc::Status PeerService::CommitStaged(grpc::ServerContext*, const v1::CommitStagedRequest* req,
+                                       v1::CommitStagedResponse*) {
+  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(req->target_incarnation(), req->region_id(), req->token());
+  if (!region.ok()) return Reply("peer.CommitStaged", region.status());
+  if (staging_ == nullptr) {
+    return Reply("peer.CommitStaged", absl::FailedPreconditionError("this agent stages no regions"));
+  }
+  return Reply("peer.CommitStaged", staging_->Commit(*region, req->staging_id(), req->chunks()));
 }
 
 }  // namespace ferry

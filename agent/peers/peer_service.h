@@ -13,6 +13,7 @@
 
 #include "agent/fabric/fabric_nic.h"
 #include "agent/memory/region_table.h"
+#include "agent/peers/staging_provider.h"
 #include "agent/metrics/metrics.h"
 #include "agent/transfer/transfer.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
@@ -28,6 +29,12 @@ class PeerService final : public v1::Peer::Service {
   grpc::Status OpenRegion(grpc::ServerContext* ctx, const v1::OpenRegionRequest* req,
                           v1::OpenRegionResponse* resp) override;
   grpc::Status Notify(grpc::ServerContext* ctx, const v1::NotifyRequest* req, v1::NotifyResponse* resp) override;
+  grpc::Status CommitStaged(grpc::ServerContext* ctx, const v1::CommitStagedRequest* req,
+                            v1::CommitStagedResponse* resp) override;
+
+  // Serves regions the NICs cannot reach; without one they are refused. Set before
+  // serving.
+  void set_staging(StagingProvider* staging) { staging_ = staging; }
 
  private:
   // The region a peer names, if the incarnation and token are right.
@@ -40,6 +47,7 @@ class PeerService final : public v1::Peer::Service {
   TransferManager* transfers_;
   Metrics* metrics_;
   std::vector<prometheus::Counter*> rx_bytes_;  // per NIC
+  StagingProvider* staging_ = nullptr;
 };
 
 }  // namespace ferry

@@ -45,15 +45,21 @@ absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v
   SetDeadline(ctx, deadline);
   absl::Status s = FromRpc(stub_->OpenRegion(&ctx, req, &resp), absl::StrCat("agent ", address_));
   if (!s.ok()) return s;
-  if (static_cast<size_t>(resp.keys_size()) != remote_nic_count_) {
-    return absl::InternalError(absl::StrCat("agent ", address_, " returned ", resp.keys_size(), " keys for ",
-                                            remote_nic_count_, " NICs"));
+  const bool staged = resp.has_staging();
+  const size_t want_keys = staged ? 0 : remote_nic_count_;
+  if (static_cast<size_t>(resp.keys_size()) != want_keys ||
+      (staged && static_cast<size_t>(resp.staging().keys_size()) != remote_nic_count_)) {
+    return absl::InternalError(absl::StrCat("agent ", address_, " returned ", resp.keys_size(), " region keys and ",
+                                            resp.staging().keys_size(), " staging keys for ", remote_nic_count_,
+                                            " NICs"));
   }
   auto region = std::make_shared<RemoteRegion>();
   region->region_id = d.region_id();
   region->size = resp.size();
   region->token = *token;
+  region->kind = resp.kind();
   region->keys.assign(resp.keys().begin(), resp.keys().end());
+  if (staged) region->staging = resp.staging();
   absl::MutexLock lock(&mu_);
   regions_[d.region_id()] = region;
   return region;

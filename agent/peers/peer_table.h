@@ -17,6 +17,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,12 @@ struct RemoteRegion {
   uint64_t region_id = 0;
   uint64_t size = 0;
   Token token;
-  std::vector<v1::RemoteKey> keys;  // one per remote NIC
+  v1::MemoryKind kind = v1::MEMORY_KIND_HOST;
+  std::vector<v1::RemoteKey> keys;  // one per remote NIC; empty when staged
+  // Set when the target's NICs cannot reach the region (GPU memory without FI_HMEM):
+  // the target's staging buffer reserved for this agent, used one transfer at a time.
+  std::optional<v1::StagingBuffer> staging;
+  absl::Mutex staging_mu;
 };
 
 class PeerConnection {

@@ -42,6 +42,9 @@ struct LocalServiceDeps {
   absl::Status cuda_unavailable;
   // Cross-node executor; null when the agent runs without fabric/peers.
   TransferExecutor* remote = nullptr;
+  // Cross-node writes from or into memory the NICs cannot reach; null without fabric.
+  TransferExecutor* staged = nullptr;
+  bool stage_host_regions = false;
   // Attaches fabric registrations to new regions; null without fabric.
   RegionRegistrar* registrar = nullptr;
   // Serves shared-memory transfer queues; null disables CreateQueue.

@@ -251,6 +251,73 @@ TEST_CASE("host <-> GPU node-local writes; 10,000 blocks in one request") {
   REQUIRE((*agent)->Stop() == 0);
 }
 
+// Two agents on loopback addresses (tcp;ofi_rxm): GPU memory crosses "nodes" through
+// host staging buffers on both sides (agent/staged).
+std::unique_ptr<AgentProcess> FabricAgent(const std::string& addr) {
+  auto a = AgentProcess::Start({"--peer_address=" + addr + ":0", "--fabric_iface=" + addr,
+                                "--fabric_provider=tcp;ofi_rxm", "--staging_buffer_bytes=4194304"});
+  INFO(a.status().ToString());
+  REQUIRE(a.ok());
+  return std::move(*a);
+}
+
+TEST_CASE("staged cross-agent writes: GPU to GPU, GPU to host, host to GPU") {
+  const CudaDriver* cu = GpuOrSkip();
+  if (cu == nullptr) return;
+  auto a = FabricAgent("127.0.0.1");
+  auto b = FabricAgent("127.0.0.2");
+  auto writer = Connect(*a);
+  auto reader = Connect(*b);
+  constexpr uint64_t kBytes = 16 << 20;
+  CudaBuffer src = Allocate(0, kBytes, CudaExport::kPosixFd);
+  CudaBuffer dst = Allocate(cu->device_count - 1, kBytes, CudaExport::kPosixFd);
+  std::vector<uint8_t> data(kBytes);
+  FillRandom(data.data(), kBytes, 77);
+  Upload(cu, src, data);
+  std::vector<uint8_t> expect(kBytes, 0xA5);
+  Upload(cu, dst, expect);
+  v1::RegisterMemoryResponse s = Register(*writer, src);
+  v1::RegisterMemoryResponse d = Register(*reader, dst);
+  auto ctx = reader->NewContext(absl::Seconds(60));
+  auto stream = reader->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
+
+  // GPU -> GPU: 13 MiB in one chunk (4 stages of 4 MiB), an odd chunk, then 2,000
+  // scattered 4 KiB blocks; notified once, after the data.
+  v1::WriteRequest big = Contiguous(s.region_id(), d.region(), {{0, 0, 13 << 20}, {(14 << 20) + 3, (15 << 20) + 1, 999}});
+  big.set_notify(true);
+  big.set_tag(5);
+  absl::StatusOr<v1::TransferResult> r = writer->WriteAndWait(big, absl::Seconds(60));
+  INFO(r.status().ToString() << "\n" << a->Log() << "\n" << b->Log());
+  REQUIRE(r.ok());
+  CHECK(r->path() == v1::TRANSFER_PATH_STAGED);
+  ApplyChunks(data, expect, big);
+  REQUIRE(Diff(Download(cu, dst), expect) == "");
+  v1::Notification n;
+  REQUIRE(stream->Read(&n));
+  CHECK(n.tag() == 5);
+  CHECK(n.bytes() == (13 << 20) + 999);
+  v1::WriteRequest paged = PagedWrite(s.region_id(), d.region(), 4096, kBytes, 2000, 8);
+  WriteOk(*writer, paged);
+  ApplyChunks(data, expect, paged);
+  REQUIRE(Diff(Download(cu, dst), expect) == "");
+
+  // GPU -> host and host -> GPU.
+  absl::StatusOr<HostRegion> host_b = reader->AllocateHost(kBytes);
+  REQUIRE(host_b.ok());
+  memset(host_b->buffer.data(), 0xA5, kBytes);
+  WriteOk(*writer, Contiguous(s.region_id(), host_b->descriptor(), {{0, 0, kBytes}}));
+  CHECK(memcmp(host_b->buffer.data(), data.data(), kBytes) == 0);
+  absl::StatusOr<HostRegion> host_a = writer->AllocateHost(kBytes);
+  REQUIRE(host_a.ok());
+  FillRandom(host_a->buffer.data(), kBytes, 78);
+  WriteOk(*writer, Contiguous(host_a->id(), d.region(), {{0, 0, kBytes}}));
+  std::vector<uint8_t> from_host(host_a->buffer.data(), host_a->buffer.data() + kBytes);
+  REQUIRE(Diff(Download(cu, dst), from_host) == "");
+  ctx->TryCancel();
+  REQUIRE(a->Stop() == 0);
+  REQUIRE(b->Stop() == 0);
+}
+
 // A request altered by `mutate` must fail with `code` and the agent must carry on.
 void ExpectRefused(Client& c, v1::RegisterMemoryRequest req, absl::StatusCode code, const std::string& what) {
   auto ctx = c.NewContext();

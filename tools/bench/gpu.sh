@@ -30,3 +30,20 @@ echo "# with --gpu_kernel_pull"
 LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/b.sock" --paged_only | grep -v '^# ferry\|^# paged' ||
   { cat "$work/b.log" >&2; exit 1; }
 python3 tools/bench/nccl_blocks.py
+
+# Staged cross-agent path: two agents with the fabric on loopback addresses, and the
+# transport's own ceiling: raw fi_write between the same addresses (tools/bench/fi_write_bench).
+for node in c d; do
+  addr=127.0.0.1; [ $node = d ] && addr=127.0.0.2
+  LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/$node.sock" --metrics_address=127.0.0.1:0 \
+    --peer_address=$addr:0 --fabric_iface=$addr --fabric_provider='tcp;ofi_rxm' --fabric_spin_us=1000000 \
+    --ready_file="$work/$node.ready" --log_level=warning 2>"$work/$node.log"
+done
+wait_for "$work/c.ready" 30; wait_for "$work/d.ready" 30
+LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/c.sock" --dst_socket="$work/d.sock" ||
+  { cat "$work/c.log" "$work/d.log" >&2; exit 1; }
+mkdir -p "$work/raw"
+LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/fi_write_bench" target --iface=127.0.0.2 --dir="$work/raw" --size=$((256 << 20))
+echo "# transport: raw fi_write 127.0.0.1 -> 127.0.0.2, tcp;ofi_rxm, window 16 (size count time_us algbw_GBps)"
+LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/fi_write_bench" initiator --iface=127.0.0.1 --dir="$work/raw" \
+  --sizes=4194304,16777216,67108864,268435456 --count=32 --window=16 --lat_iters=10 | grep -v '^lat8' 

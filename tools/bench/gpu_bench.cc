@@ -26,6 +26,8 @@ ABSL_FLAG(std::string, socket, "/run/ferry/ferry.sock", "agent socket");
 ABSL_FLAG(int, src_device, 0, "source GPU");
 ABSL_FLAG(int, dst_device, 1, "destination GPU");
 ABSL_FLAG(bool, paged_only, false, "only the paged table");
+ABSL_FLAG(std::string, dst_socket, "",
+          "staged mode: the destination agent's socket (another agent with the fabric); the source agent is --socket");
 
 namespace ferry {
 namespace {
@@ -78,11 +80,54 @@ absl::StatusOr<double> FerryWrites(Client& c, const v1::WriteRequest& req, int c
   return absl::ToDoubleSeconds(absl::Now() - start) / count;
 }
 
+// Staged cross-agent writes GPU0 (agent --socket) -> GPU1 (agent --dst_socket) vs the
+// PCIe ceiling: a raw GPU -> pinned host copy of the same size.
+int Staged(const CudaDriver* cu, int sd, int dd) {
+  absl::StatusOr<std::unique_ptr<Client>> a = Client::Connect(absl::GetFlag(FLAGS_socket));
+  absl::StatusOr<std::unique_ptr<Client>> b = Client::Connect(absl::GetFlag(FLAGS_dst_socket));
+  if (!a.ok()) return Fail(a.status());
+  if (!b.ok()) return Fail(b.status());
+  constexpr uint64_t kMax = 256 << 20;
+  absl::StatusOr<CudaBuffer> src = CudaBuffer::Allocate(sd, kMax, CudaExport::kPosixFd);
+  absl::StatusOr<CudaBuffer> dst = CudaBuffer::Allocate(dd, kMax, CudaExport::kPosixFd);
+  if (!src.ok()) return Fail(src.status());
+  if (!dst.ok()) return Fail(dst.status());
+  absl::StatusOr<v1::RegisterMemoryResponse> s = RegisterCuda(**a, *src);
+  absl::StatusOr<v1::RegisterMemoryResponse> d = RegisterCuda(**b, *dst);
+  if (!s.ok()) return Fail(s.status());
+  if (!d.ok()) return Fail(d.status());
+  void* pinned = nullptr;
+  absl::Status use = UseDevice(*cu, sd);
+  if (!use.ok()) return Fail(use);
+  if (cu->cuMemHostAlloc(&pinned, kMax, 0) != CUDA_SUCCESS) return Fail(absl::ResourceExhaustedError("pinned"));
+  printf("# staged: GPU%d on agent A -> GPU%d on agent B over tcp;ofi_rxm (127.0.0.1 -> 127.0.0.2), one Write at a time\n",
+         sd, dd);
+  printf("# pcie: raw cuMemcpyDtoH GPU%d -> pinned host of the same size (the staged path's first hop)\n", sd);
+  printf("%12s %6s %12s %12s %12s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "pcie(GB/s)");
+  for (uint64_t size = 4 << 20; size <= kMax; size *= 4) {
+    const int count = static_cast<int>(std::clamp<uint64_t>((1ull << 30) / size, 4, 64));
+    v1::WriteRequest req;
+    req.set_src_region_id(s->region_id());
+    *req.mutable_dst() = d->region();
+    req.mutable_chunks()->add_chunks()->set_length(size);
+    req.set_timeout_ms(120000);
+    absl::StatusOr<double> f = FerryWrites(**a, req, count, 1);
+    if (!f.ok()) return Fail(f.status());
+    absl::Time t0 = absl::Now();
+    for (int i = 0; i < count; ++i) cu->cuMemcpyDtoH(pinned, src->ptr(), size);
+    double pcie = size * count / absl::ToDoubleSeconds(absl::Now() - t0) / 1e9;
+    printf("%12lu %6d %12.1f %12.2f %12.1f\n", size, count, *f * 1e6, size / *f / 1e9, pcie);
+  }
+  cu->cuMemFreeHost(pinned);
+  return 0;
+}
+
 int Main() {
   absl::StatusOr<const CudaDriver*> cu = CudaDriver::Load();
   if (!cu.ok()) return Fail(cu.status());
   const int sd = absl::GetFlag(FLAGS_src_device), dd = absl::GetFlag(FLAGS_dst_device);
   if (std::max(sd, dd) >= (*cu)->device_count) return Fail(absl::FailedPreconditionError("not enough GPUs"));
+  if (!absl::GetFlag(FLAGS_dst_socket).empty()) return Staged(*cu, sd, dd);
   absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(absl::GetFlag(FLAGS_socket));
   if (!c.ok()) return Fail(c.status());
 
@@ -108,8 +153,10 @@ int Main() {
   (*cu)->cuMemSetAccess(dst->ptr(), dst->size(), &access, 1);
 
   printf("# ferry GPU benchmark: node-local GPU%d -> GPU%d, %d peers reachable from GPU%d\n", sd, dd, *peers, sd);
-  printf("# contiguous: ferry Write+Wait with 8 in flight vs raw cuMemcpyAsync back to back (CUDA events)\n");
-  printf("%12s %6s %12s %12s %12s %8s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "raw(GB/s)", "ratio");
+  if (!absl::GetFlag(FLAGS_paged_only)) {
+    printf("# contiguous: ferry Write+Wait with 8 in flight vs raw cuMemcpyAsync back to back (CUDA events)\n");
+    printf("%12s %6s %12s %12s %12s %8s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "raw(GB/s)", "ratio");
+  }
   for (uint64_t size = 1 << 20; size <= kMax && !absl::GetFlag(FLAGS_paged_only); size *= 4) {
     int count = static_cast<int>(std::clamp<uint64_t>((8ull << 30) / size, 8, 200));
     v1::WriteRequest req;

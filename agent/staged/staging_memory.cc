@@ -1,0 +1,54 @@
+#include "agent/staged/staging_memory.h"
+
+#include <sys/mman.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+namespace {
+
+class StagingBacking : public MemoryBacking {
+ public:
+  StagingBacking(const CudaDriver* cu, void* data, uint64_t size) : cu_(cu), data_(data), size_(size) {}
+  ~StagingBacking() override {
+    if (cu_ != nullptr) {
+      cu_->cuMemFreeHost(data_);
+    } else {
+      munmap(data_, size_);
+    }
+  }
+  MemoryKind kind() const override { return MemoryKind::kHost; }
+  void* data() const override { return data_; }
+  uint64_t size() const override { return size_; }
+
+ private:
+  const CudaDriver* cu_;  // null: mmap'd
+  void* data_;
+  uint64_t size_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Region>> AllocateStagingRegion(uint64_t size, const CudaDriver* cu,
+                                                              RegionRegistrar* registrar) {
+  size = (size + 4095) & ~uint64_t{4095};
+  std::unique_ptr<MemoryBacking> backing;
+  if (cu != nullptr) {
+    absl::Status use = UseDevice(*cu, 0);
+    if (!use.ok()) return use;
+    void* p = nullptr;
+    FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemHostAlloc(&p, size, CU_MEMHOSTALLOC_PORTABLE), "staging: cuMemHostAlloc");
+    backing = std::make_unique<StagingBacking>(cu, p, size);
+  } else {
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return absl::ResourceExhaustedError(absl::StrCat("staging: cannot map ", size, " bytes"));
+    backing = std::make_unique<StagingBacking>(nullptr, p, size);
+  }
+  auto region = std::make_shared<Region>(/*id=*/0, /*owner_session=*/0, Token::Random(), std::move(backing));
+  absl::StatusOr<RegionRegistration> reg = registrar->Register(region->backing());
+  if (!reg.ok()) return reg.status();
+  region->set_registration(std::move(*reg));
+  return region;
+}
+
+}  // namespace ferry
