@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: `bazel test //...`. Extra arguments go to Bazel, e.g.
+# Runs every test: `bazel test //...`, then the Python client's pytest suite
+# (tools/pytest.sh) against the same ferryd build. Extra arguments go to Bazel, e.g.
 #   tools/test.sh --config=asan
 # Prints the logs of failing tests and ends with the line "N passed, N failed".
 set -uo pipefail
@@ -15,6 +16,16 @@ passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
 failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE)' "$log")
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # the build itself failed, or Bazel stopped before testing
+fi
+
+# The Python client's pytest suite, counted as one more target.
+echo "== client/python (pytest) =="
+if bash tools/pytest.sh "$@" 2>&1 | tee -a "$log"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  rc=1
+  echo "//client/python:pytest FAILED" | tee -a "$log"
 fi
 
 if [ "$failed" -ne 0 ]; then

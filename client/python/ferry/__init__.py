@@ -1,0 +1,20 @@
+"""ferry: move memory between pods and nodes through the node's ferry agent.
+
+    import ferry
+    client = ferry.Client("/run/ferry/ferry.sock")
+    region = client.register_host(1 << 20)
+    ...
+
+See ferry.client for the full example.
+"""
+from .client import (Client, HostRegion, Notification, Region, RegionDescriptor, TransferFuture,
+                     TransferResult)
+from .errors import (Cancelled, DeadlineExceeded, FailedPrecondition, FerryError, Internal, InvalidArgument,
+                     NotFound, OutOfRange, PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable)
+from .kv import KVLayout
+
+__all__ = [
+    "Client", "HostRegion", "Notification", "Region", "RegionDescriptor", "TransferFuture", "TransferResult",
+    "KVLayout", "FerryError", "Cancelled", "DeadlineExceeded", "FailedPrecondition", "Internal", "InvalidArgument",
+    "NotFound", "OutOfRange", "PermissionDenied", "ResourceExhausted", "Unauthenticated", "Unavailable",
+]

@@ -1,0 +1,72 @@
+"""The session socket: a SOCK_SEQPACKET unix socket next to the gRPC socket.
+
+Wire format (agent/session/session_wire.h): 32-byte little-endian frames
+``u32 magic "FRY1", u32 type, u64 a, u64 b, u64 c``. The agent greets with HELLO
+(a = session id, b|c = 16-byte token); ADD_FD carries one fd (SCM_RIGHTS) and is
+answered by FD_ADDED (a = request id, b = fd handle or 0, c = errno). The session lasts
+as long as the connection: closing it (or dying) releases everything registered in it.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+
+from . import errors
+
+_MAGIC = 0x31595246
+_HELLO, _ADD_FD, _FD_ADDED = 1, 2, 3
+_FRAME = struct.Struct("<IIQQQ")
+
+
+def session_socket_path(grpc_socket: str) -> str:
+    """"/run/ferry/ferry.sock" -> "/run/ferry/ferry.session.sock"."""
+    base = grpc_socket[:-5] if grpc_socket.endswith(".sock") else grpc_socket
+    return base + ".session.sock"
+
+
+class Session:
+    def __init__(self, grpc_socket: str, timeout: float = 10.0):
+        path = session_socket_path(grpc_socket)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.connect(path)
+            magic, kind, session_id, b, c = _FRAME.unpack(self._recv())
+        except (OSError, struct.error) as e:
+            self._sock.close()
+            raise errors.Unavailable(f"cannot open a session with the ferry agent at {path}: {e} "
+                                     "(is ferryd running, and may this user use its socket?)") from None
+        if magic != _MAGIC or kind != _HELLO:
+            self._sock.close()
+            raise errors.Unavailable("the agent did not greet the session")
+        self.id = session_id
+        self.token_hex = (b.to_bytes(8, "little") + c.to_bytes(8, "little")).hex()
+        self._lock = threading.Lock()
+        self._next_request = 1
+
+    def _recv(self) -> bytes:
+        data = self._sock.recv(_FRAME.size)
+        if len(data) != _FRAME.size:
+            raise OSError("the session socket closed")
+        return data
+
+    def send_fd(self, fd: int) -> int:
+        """Sends (a duplicate of) ``fd`` to the agent; returns its fd handle."""
+        with self._lock:
+            request = self._next_request
+            self._next_request += 1
+            try:
+                socket.send_fds(self._sock, [_FRAME.pack(_MAGIC, _ADD_FD, request, 0, 0)], [fd])
+                magic, kind, a, handle, reason = _FRAME.unpack(self._recv())
+            except OSError as e:
+                raise errors.Unavailable(f"the session with the agent broke: {e}") from None
+        if magic != _MAGIC or kind != _FD_ADDED or a != request:
+            raise errors.Unavailable("unexpected answer on the session socket")
+        if handle == 0:
+            raise errors.ResourceExhausted(f"the agent refused the fd: {os.strerror(reason) if reason else 'unknown'}")
+        return handle
+
+    def close(self) -> None:
+        self._sock.close()

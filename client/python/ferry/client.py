@@ -1,0 +1,314 @@
+"""ferry.Client: a session with the node's ferry agent.
+
+    import ferry
+
+    with ferry.Client("/run/ferry/ferry.sock") as client:
+        with client.register_host(1 << 20) as region:      # memfd-backed, shared with the agent
+            region.buffer[:5] = b"hello"
+            wire = region.descriptor()                      # bytes: hand to another pod
+            ...
+        # in the other pod:
+        dst = ferry.RegionDescriptor.from_bytes(wire)
+        client.write(src_region, dst, chunks=[(0, 0, 5)], tag=7).result(timeout=10)
+        for n in client.notifications(timeout=10):          # on the receiving side
+            print(n.tag, n.bytes)
+
+Every call raises a ferry.FerryError subclass (PermissionDenied, NotFound, OutOfRange,
+Unavailable, ...) carrying the agent's message. Closing the client (or the process
+dying) ends the session: the agent releases every region registered in it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import threading
+from typing import Iterable, Iterator, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from . import errors
+from ._proto import ferry_pb2, ferry_pb2_grpc
+from ._session import Session
+
+Chunk = Tuple[int, int, int]  # (src_offset, dst_offset, length)
+
+_PATHS = {ferry_pb2.TRANSFER_PATH_LOCAL: "local", ferry_pb2.TRANSFER_PATH_FABRIC: "fabric",
+          ferry_pb2.TRANSFER_PATH_STAGED: "staged"}
+
+
+class RegionDescriptor:
+    """Names a region anywhere in the cluster, with the capability to write into it."""
+
+    def __init__(self, proto: ferry_pb2.RegionDescriptor):
+        self._proto = proto
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "RegionDescriptor":
+        """Parses what Region.descriptor() produced. Raises InvalidArgument on garbage."""
+        proto = ferry_pb2.RegionDescriptor()
+        try:
+            proto.ParseFromString(bytes(data))
+        except Exception as e:  # protobuf's DecodeError
+            raise errors.InvalidArgument(f"not a ferry RegionDescriptor: {e}") from None
+        if proto.version != 1 or proto.region_id == 0 or len(proto.token) != 16:
+            raise errors.InvalidArgument("not a ferry RegionDescriptor (version, region id or token missing)")
+        return cls(proto)
+
+    def to_bytes(self) -> bytes:
+        return self._proto.SerializeToString()
+
+    @property
+    def size(self) -> int:
+        return self._proto.size
+
+    @property
+    def agent_address(self) -> str:
+        return self._proto.agent_address
+
+    @property
+    def is_gpu(self) -> bool:
+        return self._proto.kind == ferry_pb2.MEMORY_KIND_CUDA
+
+    def __repr__(self) -> str:
+        kind = "cuda" if self.is_gpu else "host"
+        return (f"RegionDescriptor(agent={self._proto.agent_address or 'local'}, region={self._proto.region_id}, "
+                f"size={self._proto.size}, kind={kind})")
+
+
+class Region:
+    """A region this client registered. Use as a context manager to deregister on exit."""
+
+    def __init__(self, client: "Client", response: ferry_pb2.RegisterMemoryResponse):
+        self._client = client
+        self.id: int = response.region_id
+        self._descriptor = response.region
+        self._registered = True
+
+    @property
+    def size(self) -> int:
+        return self._descriptor.size
+
+    def descriptor(self) -> bytes:
+        """What another pod needs to write into this region (serialized RegionDescriptor)."""
+        return self._descriptor.SerializeToString()
+
+    def deregister(self) -> None:
+        if self._registered:
+            self._registered = False
+            self._client._deregister(self.id)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.deregister()
+
+
+class HostRegion(Region):
+    """Host memory shared with the agent (a memfd mapped here and there)."""
+
+    def __init__(self, client: "Client", response: ferry_pb2.RegisterMemoryResponse, mapping: mmap.mmap):
+        super().__init__(client, response)
+        self._mmap = mapping
+        self.buffer = memoryview(mapping)
+
+    def numpy(self):
+        """The buffer as a numpy uint8 array (no copy)."""
+        import numpy as np
+
+        return np.frombuffer(self._mmap, dtype=np.uint8)
+
+    def close(self) -> None:
+        """Deregisters and unmaps."""
+        self.deregister()
+        self.buffer.release()
+        self._mmap.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferResult:
+    transfer_id: int
+    bytes: int
+    duration_ns: int
+    path: str  # "local", "fabric" or "staged"
+    tag: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Notification:
+    region_id: int  # the receiving region (this client's)
+    tag: int
+    transfer_id: int
+    bytes: int
+    source_incarnation: int
+
+
+class TransferFuture:
+    """A submitted write. result() waits for it and raises the transfer's error."""
+
+    def __init__(self, client: "Client", transfer_id: int):
+        self._client = client
+        self.transfer_id = transfer_id
+        self._result: Optional[ferry_pb2.TransferResult] = None
+
+    def done(self) -> bool:
+        return self._poll(0.0)
+
+    def result(self, timeout: Optional[float] = None) -> TransferResult:
+        """Waits up to ``timeout`` seconds (None: until done). Raises DeadlineExceeded if
+        still running then, or the transfer's own error (e.g. Unavailable)."""
+        deadline = None if timeout is None else _now() + timeout
+        while not self._poll(60.0 if deadline is None else max(0.0, deadline - _now())):
+            if deadline is not None and _now() >= deadline:
+                raise errors.DeadlineExceeded(f"transfer {self.transfer_id} is still running after {timeout} s")
+        r = self._result
+        if r.code != 0:
+            raise errors.from_code(r.code, r.message)
+        return TransferResult(r.transfer_id, r.bytes, r.duration_ns, _PATHS.get(r.path, "unknown"), r.tag)
+
+    def _poll(self, seconds: float) -> bool:
+        if self._result is None:
+            resp = self._client._call("Wait", ferry_pb2.WaitRequest(transfer_id=self.transfer_id,
+                                                                    timeout_ms=int(seconds * 1000)),
+                                      timeout=seconds + 10)
+            if resp.done:
+                self._result = resp.result
+        return self._result is not None
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()
+
+
+class Client:
+    """A session with the local agent; thread-safe."""
+
+    def __init__(self, socket: str = "/run/ferry/ferry.sock", timeout: float = 30.0):
+        self.socket = socket
+        self.timeout = timeout
+        self._session = Session(socket)
+        self._channel = grpc.insecure_channel(f"unix:{socket}", options=[
+            ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)])
+        self._stub = ferry_pb2_grpc.AgentStub(self._channel)
+        self._metadata = (("ferry-session", self._session.token_hex),)
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Ends the session: the agent releases everything registered in it."""
+        if not self._closed:
+            self._closed = True
+            self._channel.close()
+            self._session.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ memory
+
+    def register_host(self, size: int) -> HostRegion:
+        """Allocates ``size`` bytes of shared host memory and registers them."""
+        if size <= 0:
+            raise errors.InvalidArgument(f"size must be at least 1 byte, got {size}")
+        fd = os.memfd_create("ferry-region", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            mapping = mmap.mmap(fd, size)
+            handle = self._session.send_fd(fd)
+        finally:
+            os.close(fd)
+        req = ferry_pb2.RegisterMemoryRequest(size=size, host=ferry_pb2.HostMemory(fd_handle=handle))
+        try:
+            resp = self._call("RegisterMemory", req)
+        except Exception:
+            mapping.close()
+            raise
+        return HostRegion(self, resp, mapping)
+
+    def register_cuda(self, tensor) -> Region:
+        """Registers a CUDA tensor's memory (PyTorch): the tensor's bytes, wherever they sit
+        in the caching allocator's block. The tensor must stay alive while registered."""
+        return self.register_cuda_ptr(tensor.data_ptr(), tensor.numel() * tensor.element_size(),
+                                      tensor.device.index if tensor.device.index is not None else 0)
+
+    def register_cuda_ptr(self, ptr: int, size: int, device: int) -> Region:
+        """Registers ``size`` bytes of device memory at ``ptr`` on CUDA device ``device``
+        (legacy IPC handle of the enclosing allocation, plus the offset into it)."""
+        from . import cuda
+
+        handle, offset, bus_id = cuda.ipc_handle(ptr, device)
+        req = ferry_pb2.RegisterMemoryRequest(size=size, cuda_ipc=ferry_pb2.CudaIpcMemory(
+            ipc_handle=handle, device=device, offset=offset, pci_bus_id=bus_id))
+        return Region(self, self._call("RegisterMemory", req))
+
+    def _deregister(self, region_id: int) -> None:
+        if not self._closed:
+            self._call("DeregisterMemory", ferry_pb2.DeregisterMemoryRequest(region_id=region_id))
+
+    # ------------------------------------------------------------------ writes
+
+    def write(self, src: Region, dst: Union[RegionDescriptor, bytes], chunks: Sequence[Chunk], *, tag: int = 0,
+              notify: bool = False, timeout: Optional[float] = None) -> TransferFuture:
+        """Writes ``chunks`` = [(src_offset, dst_offset, length), ...] of ``src`` into ``dst``."""
+        req = self._write_request(src, dst, tag, notify, timeout)
+        for s, d, n in chunks:
+            req.chunks.chunks.add(src_offset=s, dst_offset=d, length=n)
+        return TransferFuture(self, self._call("Write", req).transfer_id)
+
+    def write_blocks(self, src: Region, dst: Union[RegionDescriptor, bytes], block_size: int,
+                     src_ids: Iterable[int], dst_ids: Iterable[int], *, tag: int = 0, notify: bool = False,
+                     timeout: Optional[float] = None) -> TransferFuture:
+        """Paged form: block src_ids[i] of ``src`` to block dst_ids[i] of ``dst``, all
+        ``block_size`` bytes, in one request (10,000s of blocks are fine)."""
+        req = self._write_request(src, dst, tag, notify, timeout)
+        req.paged.block_size = block_size
+        req.paged.src_blocks.extend(int(i) for i in src_ids)
+        req.paged.dst_blocks.extend(int(i) for i in dst_ids)
+        return TransferFuture(self, self._call("Write", req).transfer_id)
+
+    def _write_request(self, src: Region, dst, tag: int, notify: bool, timeout: Optional[float]):
+        if isinstance(dst, (bytes, bytearray, memoryview)):
+            dst = RegionDescriptor.from_bytes(dst)
+        if not isinstance(dst, RegionDescriptor):
+            raise TypeError("dst must be a RegionDescriptor or its bytes")
+        return ferry_pb2.WriteRequest(src_region_id=src.id, dst=dst._proto, tag=tag, notify=notify,
+                                      timeout_ms=0 if timeout is None else max(1, int(timeout * 1000)))
+
+    # ------------------------------------------------------------------ events
+
+    def notifications(self, timeout: Optional[float] = None) -> Iterator[Notification]:
+        """Yields a Notification for each write into this client's regions that asked for
+        one, after its bytes landed. Ends after ``timeout`` seconds (None: never)."""
+        call = self._stub.WatchNotifications(ferry_pb2.WatchNotificationsRequest(), metadata=self._metadata,
+                                             timeout=timeout)
+        try:
+            for n in call:
+                yield Notification(n.region_id, n.tag, n.transfer_id, n.bytes, n.source_incarnation)
+        except grpc.RpcError as e:
+            if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                return
+            raise errors.from_rpc_error(e) from None
+        finally:
+            call.cancel()
+
+    def status(self) -> ferry_pb2.GetStatusResponse:
+        return self._call("GetStatus", ferry_pb2.GetStatusRequest())
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _call(self, method: str, request, timeout: Optional[float] = None):
+        if self._closed:
+            raise errors.Unavailable("this client is closed")
+        try:
+            return getattr(self._stub, method)(request, metadata=self._metadata,
+                                               timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None

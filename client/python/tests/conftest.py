@@ -1,0 +1,58 @@
+"""Starts real ferryd processes for the tests (no mocks): FERRYD names the binary
+(default: the repository's bazel-bin/agent/main/ferryd)."""
+import os
+import pathlib
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+
+
+class Agent:
+    def __init__(self, *flags: str):
+        binary = os.environ.get("FERRYD", str(REPO / "bazel-bin/agent/main/ferryd"))
+        self.dir = tempfile.mkdtemp(prefix="fy.py.", dir="/tmp")  # unix socket paths are short
+        self.socket = f"{self.dir}/ferry.sock"
+        ready = f"{self.dir}/ready"
+        self.log = open(f"{self.dir}/ferryd.log", "wb")
+        self.proc = subprocess.Popen([binary, f"--socket={self.socket}", "--metrics_address=127.0.0.1:0",
+                                      f"--ready_file={ready}", *flags], stderr=self.log)
+        deadline = time.monotonic() + 20
+        while not os.path.exists(ready):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError(f"ferryd did not start: {open(self.log.name).read()}")
+            time.sleep(0.02)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return -1
+
+
+@pytest.fixture
+def agent():
+    a = Agent()
+    yield a
+    code = a.stop()
+    assert code == 0, f"ferryd exited with {code}: {open(a.log.name).read()[-2000:]}"
+
+
+@pytest.fixture
+def agent_factory():
+    started = []
+
+    def start(*flags):
+        started.append(Agent(*flags))
+        return started[-1]
+
+    yield start
+    for a in started:
+        assert a.stop() == 0

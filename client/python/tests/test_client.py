@@ -1,0 +1,125 @@
+"""The Python client against live ferryd processes: host memory (CPU CI)."""
+import os
+import random
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import ferry
+
+
+def test_write_between_two_clients_lands_and_notifies(agent):
+    with ferry.Client(agent.socket) as writer, ferry.Client(agent.socket) as reader:
+        src = writer.register_host(1 << 20)
+        dst = reader.register_host(1 << 20)
+        payload = os.urandom(1 << 20)
+        src.buffer[:] = payload
+        desc = ferry.RegionDescriptor.from_bytes(dst.descriptor())  # as another pod would
+        assert desc.size == 1 << 20 and not desc.is_gpu
+
+        got = []
+        watcher = threading.Thread(target=lambda: got.extend(reader.notifications(timeout=5)))
+        watcher.start()
+        result = writer.write(src, desc, chunks=[(0, 4096, 8192), (100, 0, 10)], tag=42, notify=True).result(10)
+        assert result.bytes == 8202 and result.path == "local"
+        assert bytes(dst.buffer[4096:4096 + 8192]) == payload[:8192]
+        assert bytes(dst.buffer[:10]) == payload[100:110]
+        assert bytes(dst.buffer[10:4096]) == bytes(4086)  # untouched
+        watcher.join()
+        assert [(n.tag, n.bytes, n.region_id) for n in got] == [(42, 8202, dst.id)]
+
+
+def test_write_blocks_moves_10000_scattered_blocks(agent):
+    with ferry.Client(agent.socket) as c:
+        block = 256
+        src = c.register_host(10000 * block)
+        dst = c.register_host(10000 * block)
+        src.buffer[:] = os.urandom(10000 * block)
+        s_ids = list(range(10000))
+        d_ids = list(range(10000))
+        random.Random(1).shuffle(s_ids)
+        random.Random(2).shuffle(d_ids)
+        c.write_blocks(src, dst.descriptor(), block, s_ids, d_ids).result(30)
+        for s, d in zip(s_ids[:500], d_ids[:500]):
+            assert dst.buffer[d * block:(d + 1) * block] == src.buffer[s * block:(s + 1) * block]
+
+
+def test_errors_are_exceptions_with_the_agents_message(agent):
+    with ferry.Client(agent.socket) as a, ferry.Client(agent.socket) as b:
+        src = a.register_host(4096)
+        dst = b.register_host(4096)
+        with pytest.raises(ferry.OutOfRange) as e:
+            a.write(src, dst.descriptor(), [(0, 4000, 200)])
+        assert "outside" in e.value.message
+        forged = ferry.RegionDescriptor.from_bytes(dst.descriptor())
+        forged._proto.token = b"x" * 16
+        with pytest.raises(ferry.PermissionDenied):
+            a.write(src, forged, [(0, 0, 1)])
+        with pytest.raises(ferry.PermissionDenied) as e:  # b's region is not a's to write from
+            a.write(dst, src.descriptor(), [(0, 0, 1)])
+        assert "another session" in e.value.message
+        with pytest.raises(ferry.InvalidArgument):
+            ferry.RegionDescriptor.from_bytes(b"\x01\x02garbage")
+        with pytest.raises(ferry.InvalidArgument):
+            a.register_host(0)
+        assert isinstance(ferry.OutOfRange("x"), IndexError)  # usable as the builtin kind too
+
+
+def test_context_managers_deregister_and_closing_ends_the_session(agent):
+    c = ferry.Client(agent.socket)
+    with c.register_host(4096):
+        assert c.status().regions == 1
+    assert c.status().regions == 0
+    r = c.register_host(4096)
+    other = ferry.Client(agent.socket)
+    c.close()  # the agent reclaims r
+    for _ in range(100):
+        if other.status().regions == 0:
+            break
+        threading.Event().wait(0.02)
+    assert other.status().regions == 0
+    with pytest.raises(ferry.Unavailable):
+        c.register_host(4096)
+    other.close()
+
+
+def test_a_killed_client_process_is_cleaned_up(agent):
+    code = ("import ferry, os, sys; c = ferry.Client(sys.argv[1]); c.register_host(1 << 20); "
+            "print('ready', flush=True); os.kill(os.getpid(), 9)")
+    subprocess.run([sys.executable, "-c", code, agent.socket], check=False, timeout=30)
+    with ferry.Client(agent.socket) as c:
+        for _ in range(100):
+            if c.status().regions == 0:
+                break
+            threading.Event().wait(0.02)
+        assert c.status().regions == 0
+
+
+def test_result_timeout_and_done(agent):
+    with ferry.Client(agent.socket) as c:
+        src = c.register_host(1 << 20)
+        dst = c.register_host(1 << 20)
+        f = c.write(src, dst.descriptor(), [(0, 0, 1 << 20)])
+        r = f.result(timeout=10)
+        assert f.done() and r.transfer_id == f.transfer_id
+
+
+def test_an_agent_that_is_not_there_is_unavailable(tmp_path):
+    with pytest.raises(ferry.Unavailable) as e:
+        ferry.Client(str(tmp_path / "nothing.sock"))
+    assert "is ferryd running" in e.value.message
+
+
+def test_cross_agent_write_through_the_fabric(agent_factory):
+    a = agent_factory("--peer_address=127.0.0.1:0", "--fabric_iface=127.0.0.1", "--fabric_provider=tcp;ofi_rxm")
+    b = agent_factory("--peer_address=127.0.0.2:0", "--fabric_iface=127.0.0.2", "--fabric_provider=tcp;ofi_rxm")
+    with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb:
+        src = ca.register_host(1 << 20)
+        dst = cb.register_host(1 << 20)
+        src.buffer[:] = os.urandom(1 << 20)
+        r = ca.write(src, dst.descriptor(), [(0, 0, 1 << 20)], notify=True, tag=3).result(30)
+        assert r.path == "fabric"
+        assert dst.buffer == src.buffer
+        assert [n.tag for n in cb.notifications(timeout=2)] == [3]

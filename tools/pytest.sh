@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The Python client's tests (client/python/tests) against live ferryd processes: builds
+# ferryd (extra arguments go to Bazel, e.g. --config=asan), installs the package into
+# .venv with pip (stubs generated from proto/ at build time), runs pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bazel build "$@" //agent/main:ferryd 2>&1 | tail -n 1
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install -q --upgrade ./client/python pytest
+FERRYD="$PWD/bazel-bin/agent/main/ferryd" .venv/bin/python -m pytest -q -p no:cacheprovider client/python/tests
