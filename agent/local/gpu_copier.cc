@@ -277,14 +277,18 @@ void GpuCopier::Submit(std::shared_ptr<Transfer> t, Done done) {
     FERRY_LOG(ERROR) << "GpuCopier got transfer " << t->id << " without a GPU region";
     abort();
   }
-  Lane* lane = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    if (lanes_.empty()) lanes_.resize(cu_->device_count);
-    if (lanes_[device] == nullptr) lanes_[device] = std::make_unique<Lane>(this, cu_, device);
-    lane = lanes_[device].get();
-  }
-  lane->Push(std::move(t), std::move(done));
+  LaneFor(device)->Push(std::move(t), std::move(done));
+}
+
+GpuCopier::Lane* GpuCopier::LaneFor(int device) {
+  absl::MutexLock lock(&mu_);
+  if (lanes_.empty()) lanes_.resize(cu_->device_count);
+  if (lanes_[device] == nullptr) lanes_[device] = std::make_unique<Lane>(this, cu_, device);
+  return lanes_[device].get();
+}
+
+void GpuCopier::WarmUp(int device) {
+  if (device >= 0 && device < cu_->device_count) LaneFor(device);
 }
 
 }  // namespace ferry

@@ -127,6 +127,7 @@ absl::Status Agent::Init() {
   deps.local = local_copier_.get();
   deps.cuda = cuda_memory_.get();
   deps.gpu_local = gpu_copier_.get();
+  if (gpu_copier_ != nullptr) deps.gpu_warm_up = [g = gpu_copier_.get()](int device) { g->WarmUp(device); };
   deps.cuda_unavailable = cuda_status_;
   deps.queues = queue_poller_.get();
   if (engine_ != nullptr) {

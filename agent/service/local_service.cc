@@ -98,6 +98,7 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
   }
   absl::Status inserted = deps_.regions->Insert(region, cfg.max_regions_per_session);
   if (!inserted.ok()) return inserted;
+  if (region->kind() == MemoryKind::kCuda && deps_.gpu_warm_up) deps_.gpu_warm_up(region->device());
 
   v1::RegisterMemoryResponse resp;
   resp.set_region_id(region->id());

@@ -39,6 +39,7 @@ struct LocalServiceDeps {
   // driver, where `cuda_unavailable` says why.
   CudaMemory* cuda = nullptr;
   TransferExecutor* gpu_local = nullptr;
+  std::function<void(int device)> gpu_warm_up;  // may be empty
   absl::Status cuda_unavailable;
   // Cross-node executor; null when the agent runs without fabric/peers.
   TransferExecutor* remote = nullptr;

@@ -5,12 +5,14 @@
 
 Each process owns a paged KV cache as one tensor [layers, 2 (K, V), blocks, block_size,
 heads, head_dim] on its own GPU (prefill: GPU 0, decode: the last GPU) and registers it
-with ferry.Client.register_cuda. The decode side picks the block ids it has free and
+with ferry.Client.register_cuda (allocated with ferry.cuda.empty, so it goes as a POSIX fd;
+FERRY_KV_ALLOC=torch uses PyTorch's allocator and a legacy IPC handle). The decode side picks the block ids it has free and
 sends them with its descriptor; prefill maps its sequence's blocks to them with
 ferry.KVLayout, writes all layers' K and V in one request, and the decode side checks
 the blocks it received once notified.
 """
 import multiprocessing as mp
+import os
 import sys
 
 LAYERS, BLOCKS, BLOCK, HEADS, DIM = 8, 1024, 16, 8, 128
@@ -21,12 +23,22 @@ def layout(ferry):
                           element_size=2)
 
 
+def alloc(ferry, torch, device):
+    """The KV cache: from ferry.cuda.empty (fd handle, fastest) unless FERRY_KV_ALLOC=torch
+    (PyTorch's caching allocator: legacy IPC handle)."""
+    shape = (LAYERS, 2, BLOCKS, BLOCK, HEADS, DIM)
+    if os.environ.get("FERRY_KV_ALLOC") == "torch":
+        return torch.empty(shape, dtype=torch.bfloat16, device=f"cuda:{device}")
+    return ferry.cuda.empty(shape, torch.bfloat16, device)
+
+
 def decode(socket, conn, device):
     import torch
     import ferry
 
     torch.cuda.set_device(device)
-    cache = torch.zeros(LAYERS, 2, BLOCKS, BLOCK, HEADS, DIM, dtype=torch.bfloat16, device=f"cuda:{device}")
+    cache = alloc(ferry, torch, device)
+    cache.zero_()
     with ferry.Client(socket) as client:
         region = client.register_cuda(cache)
         free = torch.randperm(BLOCKS, generator=torch.Generator().manual_seed(2))[:300].tolist()
@@ -46,7 +58,8 @@ def prefill(socket, conn, device):
     import ferry
 
     torch.cuda.set_device(device)
-    cache = torch.randn(LAYERS, 2, BLOCKS, BLOCK, HEADS, DIM, dtype=torch.bfloat16, device=f"cuda:{device}")
+    cache = alloc(ferry, torch, device)
+    cache.copy_(torch.randn(cache.shape, dtype=cache.dtype, device=cache.device))
     with ferry.Client(socket) as client:
         region = client.register_cuda(cache)
         dst, dst_ids = conn.recv()

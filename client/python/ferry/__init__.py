@@ -12,6 +12,7 @@ from .client import (Client, HostRegion, Notification, Region, RegionDescriptor,
 from .errors import (Cancelled, DeadlineExceeded, FailedPrecondition, FerryError, Internal, InvalidArgument,
                      NotFound, OutOfRange, PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable)
 from .kv import KVLayout
+from . import cuda  # noqa: F401  (ferry.cuda.empty, DeviceBuffer)
 
 __all__ = [
     "Client", "HostRegion", "Notification", "Region", "RegionDescriptor", "TransferFuture", "TransferResult",

@@ -234,16 +234,26 @@ class Client:
         return HostRegion(self, resp, mapping)
 
     def register_cuda(self, tensor) -> Region:
-        """Registers a CUDA tensor's memory (PyTorch): the tensor's bytes, wherever they sit
-        in the caching allocator's block. The tensor must stay alive while registered."""
+        """Registers a CUDA tensor's memory (PyTorch; contiguous). Tensors made with
+        ferry.cuda.empty() go as a POSIX fd (preferred: nothing shared between pods, and
+        the agent's GPU kernel can serve them); others as the legacy IPC handle of the
+        caching allocator's block. The memory must stay allocated while registered."""
+        if not tensor.is_contiguous():
+            raise errors.InvalidArgument("register_cuda needs a contiguous tensor")
         return self.register_cuda_ptr(tensor.data_ptr(), tensor.numel() * tensor.element_size(),
                                       tensor.device.index if tensor.device.index is not None else 0)
 
     def register_cuda_ptr(self, ptr: int, size: int, device: int) -> Region:
-        """Registers ``size`` bytes of device memory at ``ptr`` on CUDA device ``device``
-        (legacy IPC handle of the enclosing allocation, plus the offset into it)."""
+        """Registers ``size`` bytes of device memory at ``ptr`` on CUDA device ``device``."""
         from . import cuda
 
+        buf = cuda.find_buffer(ptr)
+        if buf is not None:
+            handle = self._session.send_fd(buf.export_fd())
+            req = ferry_pb2.RegisterMemoryRequest(size=size, cuda_fd=ferry_pb2.CudaFdMemory(
+                fd_handle=handle, fd_kind=ferry_pb2.CudaFdMemory.FD_KIND_POSIX, device=device, offset=ptr - buf.ptr,
+                allocation_size=buf.size, pci_bus_id=buf.pci_bus_id))
+            return Region(self, self._call("RegisterMemory", req))
         handle, offset, bus_id = cuda.ipc_handle(ptr, device)
         req = ferry_pb2.RegisterMemoryRequest(size=size, cuda_ipc=ferry_pb2.CudaIpcMemory(
             ipc_handle=handle, device=device, offset=offset, pci_bus_id=bus_id))
