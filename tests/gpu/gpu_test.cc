@@ -95,6 +95,13 @@ v1::RegisterMemoryResponse Register(Client& c, const CudaBuffer& b) {
   return *r;
 }
 
+std::unique_ptr<AgentProcess> StartAgent(const std::vector<std::string>& flags = {}) {
+  auto a = AgentProcess::Start(flags);
+  INFO(a.status().ToString());
+  REQUIRE(a.ok());
+  return std::move(*a);
+}
+
 std::unique_ptr<Client> Connect(const AgentProcess& agent) {
   absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(agent.socket());
   REQUIRE(c.ok());
@@ -176,8 +183,7 @@ bool Eventually(Client& c, Pred pred) {
 TEST_CASE("node-local writes between GPUs, every handle kind, contiguous and paged") {
   const CudaDriver* cu = GpuOrSkip();
   if (cu == nullptr) return;
-  auto agent = AgentProcess::Start({});
-  REQUIRE(agent.ok());
+  std::unique_ptr<AgentProcess> agent = StartAgent();
   constexpr uint64_t kBytes = 8 << 20;
   const int last = cu->device_count - 1;
   uint64_t seed = 1;
@@ -185,8 +191,8 @@ TEST_CASE("node-local writes between GPUs, every handle kind, contiguous and pag
     for (CudaExport dk : {CudaExport::kIpc, CudaExport::kPosixFd}) {
       for (auto [sd, dd] : {std::pair<int, int>{0, last}, {last, 0}, {0, 0}}) {
         DYNAMIC_SECTION(KindName(sk) << " gpu" << sd << " -> " << KindName(dk) << " gpu" << dd) {
-          auto writer = Connect(**agent);
-          auto reader = Connect(**agent);  // a second pod owns the destination
+          auto writer = Connect(*agent);
+          auto reader = Connect(*agent);  // a second pod owns the destination
           CudaBuffer src = Allocate(sd, kBytes, sk);
           CudaBuffer dst = Allocate(dd, kBytes, dk);
           std::vector<uint8_t> data(src.size());
@@ -214,15 +220,14 @@ TEST_CASE("node-local writes between GPUs, every handle kind, contiguous and pag
       }
     }
   }
-  REQUIRE((*agent)->Stop() == 0);
+  REQUIRE(agent->Stop() == 0);
 }
 
 TEST_CASE("host <-> GPU node-local writes; 10,000 blocks in one request") {
   const CudaDriver* cu = GpuOrSkip();
   if (cu == nullptr) return;
-  auto agent = AgentProcess::Start({});
-  REQUIRE(agent.ok());
-  auto c = Connect(**agent);
+  std::unique_ptr<AgentProcess> agent = StartAgent();
+  auto c = Connect(*agent);
   constexpr uint64_t kBytes = 16 << 20;
   CudaBuffer gpu = Allocate(0, kBytes, CudaExport::kPosixFd);
   CudaBuffer gpu2 = Allocate(cu->device_count - 1, kBytes, CudaExport::kPosixFd);
@@ -248,17 +253,14 @@ TEST_CASE("host <-> GPU node-local writes; 10,000 blocks in one request") {
   memset(host->buffer.data(), 0xA5, kBytes);
   WriteOk(*c, Contiguous(g2.region_id(), host->descriptor(), {{0, 0, kBytes}}));
   REQUIRE(memcmp(host->buffer.data(), expect.data(), kBytes) == 0);
-  REQUIRE((*agent)->Stop() == 0);
+  REQUIRE(agent->Stop() == 0);
 }
 
 // Two agents on loopback addresses (tcp;ofi_rxm): GPU memory crosses "nodes" through
 // host staging buffers on both sides (agent/staged).
 std::unique_ptr<AgentProcess> FabricAgent(const std::string& addr) {
-  auto a = AgentProcess::Start({"--peer_address=" + addr + ":0", "--fabric_iface=" + addr,
-                                "--fabric_provider=tcp;ofi_rxm", "--staging_buffer_bytes=4194304"});
-  INFO(a.status().ToString());
-  REQUIRE(a.ok());
-  return std::move(*a);
+  return StartAgent({"--peer_address=" + addr + ":0", "--fabric_iface=" + addr, "--fabric_provider=tcp;ofi_rxm",
+                     "--staging_buffer_bytes=4194304"});
 }
 
 TEST_CASE("staged cross-agent writes: GPU to GPU, GPU to host, host to GPU") {
@@ -331,9 +333,8 @@ void ExpectRefused(Client& c, v1::RegisterMemoryRequest req, absl::StatusCode co
 TEST_CASE("bad GPU handles get a clear status and no crash") {
   const CudaDriver* cu = GpuOrSkip();
   if (cu == nullptr) return;
-  auto agent = AgentProcess::Start({});
-  REQUIRE(agent.ok());
-  auto c = Connect(**agent);
+  std::unique_ptr<AgentProcess> agent = StartAgent();
+  auto c = Connect(*agent);
   CudaBuffer ipc = Allocate(0, 1 << 20, CudaExport::kIpc);
   absl::StatusOr<v1::RegisterMemoryRequest> good = CudaRegistration(*c, ipc);
   REQUIRE(good.ok());
@@ -416,15 +417,14 @@ TEST_CASE("bad GPU handles get a clear status and no crash") {
   CHECK(st.regions() == 0);
   CHECK(st.cuda_imports() == 0);
   Register(*c, ipc);
-  REQUIRE((*agent)->Stop() == 0);
+  REQUIRE(agent->Stop() == 0);
 }
 
 TEST_CASE("regions on one allocation share one import, released with the last region") {
   const CudaDriver* cu = GpuOrSkip();
   if (cu == nullptr) return;
-  auto agent = AgentProcess::Start({});
-  REQUIRE(agent.ok());
-  auto c = Connect(**agent);
+  std::unique_ptr<AgentProcess> agent = StartAgent();
+  auto c = Connect(*agent);
   for (CudaExport kind : {CudaExport::kIpc, CudaExport::kPosixFd}) {
     CudaBuffer b = Allocate(0, 4 << 20, kind);
     std::vector<uint64_t> ids;
@@ -442,15 +442,14 @@ TEST_CASE("regions on one allocation share one import, released with the last re
     REQUIRE(c->Deregister(ids[2]).ok());
     CHECK(Eventually(*c, [](const v1::GetStatusResponse& s) { return s.cuda_imports() == 0; }));
   }
-  REQUIRE((*agent)->Stop() == 0);
+  REQUIRE(agent->Stop() == 0);
 }
 
 TEST_CASE("memory a pod frees while registered stays valid for the agent") {
   const CudaDriver* cu = GpuOrSkip();
   if (cu == nullptr) return;
-  auto agent = AgentProcess::Start({});
-  REQUIRE(agent.ok());
-  auto c = Connect(**agent);
+  std::unique_ptr<AgentProcess> agent = StartAgent();
+  auto c = Connect(*agent);
   for (CudaExport kind : {CudaExport::kIpc, CudaExport::kPosixFd}) {
     CudaBuffer src = Allocate(0, 1 << 20, kind);
     std::vector<uint8_t> data(src.size());
@@ -465,18 +464,17 @@ TEST_CASE("memory a pod frees while registered stays valid for the agent") {
     CHECK(memcmp(host->buffer.data(), data.data(), data.size()) == 0);
     REQUIRE(c->Deregister(s.region_id()).ok());
   }
-  REQUIRE((*agent)->Stop() == 0);
+  REQUIRE(agent->Stop() == 0);
 }
 
 TEST_CASE("a pod killed while its GPU memory is registered is reclaimed") {
   const CudaDriver* cu = GpuOrSkip();
   if (cu == nullptr) return;
-  auto agent = AgentProcess::Start({});
-  REQUIRE(agent.ok());
-  auto c = Connect(**agent);
-  std::string ready = (*agent)->dir() + "/pod.ready";
-  auto pod = ChildProcess::Spawn({g_self, "--pod=hold", "--socket=" + (*agent)->socket(), "--ready=" + ready},
-                                 (*agent)->dir() + "/pod.log");
+  std::unique_ptr<AgentProcess> agent = StartAgent();
+  auto c = Connect(*agent);
+  std::string ready = agent->dir() + "/pod.ready";
+  auto pod = ChildProcess::Spawn({g_self, "--pod=hold", "--socket=" + agent->socket(), "--ready=" + ready},
+                                 agent->dir() + "/pod.log");
   REQUIRE(pod.ok());
   absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (access(ready.c_str(), R_OK) != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
@@ -485,7 +483,7 @@ TEST_CASE("a pod killed while its GPU memory is registered is reclaimed") {
   CHECK(Status(*c).cuda_imports() == 2);
   (*pod)->Kill(9);
   CHECK(Eventually(*c, [](const v1::GetStatusResponse& s) { return s.regions() == 0 && s.cuda_imports() == 0; }));
-  REQUIRE((*agent)->Stop() == 0);
+  REQUIRE(agent->Stop() == 0);
 }
 
 // Which handle kinds cross a PID + IPC namespace boundary (two pods on one node).
@@ -496,15 +494,14 @@ TEST_CASE("handle kinds across PID and IPC namespaces") {
     printf("SKIPPED (needs root for unshare --pid --ipc)\n");
     return;
   }
-  auto agent = AgentProcess::Start({});
-  REQUIRE(agent.ok());
+  std::unique_ptr<AgentProcess> agent = StartAgent();
   std::string report;
   int fd_status = -1;
   for (const char* kind : {"ipc", "fd", "dmabuf"}) {
-    std::string log = (*agent)->dir() + "/ns-" + kind + ".log";
+    std::string log = agent->dir() + "/ns-" + kind + ".log";
     // As two pods on a node: own PID namespace (with its own /proc), own IPC namespace.
     auto pod = ChildProcess::Spawn({"/usr/bin/unshare", "--pid", "--ipc", "--mount", "--mount-proc", "--fork", g_self, "--pod=cross-ns",
-                                    std::string("--kind=") + kind, "--socket=" + (*agent)->socket()},
+                                    std::string("--kind=") + kind, "--socket=" + agent->socket()},
                                    log);
     REQUIRE(pod.ok());
     int st = (*pod)->Wait(absl::Seconds(60));
@@ -517,7 +514,7 @@ TEST_CASE("handle kinds across PID and IPC namespaces") {
   if (const char* f = getenv("FERRY_FINDINGS")) std::ofstream(f) << report;
   // The preferred path (POSIX fd over the session socket) must work between pods.
   REQUIRE(fd_status == 0);
-  REQUIRE((*agent)->Stop() == 0);
+  REQUIRE(agent->Stop() == 0);
 }
 
 // ---------------------------------------------------------------- pod stand-ins
