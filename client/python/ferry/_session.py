@@ -68,5 +68,14 @@ class Session:
             raise errors.ResourceExhausted(f"the agent refused the fd: {os.strerror(reason) if reason else 'unknown'}")
         return handle
 
+    def alive(self) -> bool:
+        """False once the agent closed the session (it exited or restarted)."""
+        try:
+            return self._sock.recv(_FRAME.size, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
     def close(self) -> None:
         self._sock.close()

@@ -23,6 +23,7 @@ import dataclasses
 import mmap
 import os
 import threading
+import weakref
 from typing import Iterable, Iterator, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -108,9 +109,10 @@ class Region:
 class HostRegion(Region):
     """Host memory shared with the agent (a memfd mapped here and there)."""
 
-    def __init__(self, client: "Client", response: ferry_pb2.RegisterMemoryResponse, mapping: mmap.mmap):
+    def __init__(self, client: "Client", response: ferry_pb2.RegisterMemoryResponse, mapping: mmap.mmap, fd: int):
         super().__init__(client, response)
         self._mmap = mapping
+        self._fd = fd  # kept to register the same memory again after an agent restart
         self.buffer = memoryview(mapping)
 
     def numpy(self):
@@ -124,6 +126,13 @@ class HostRegion(Region):
         self.deregister()
         self.buffer.release()
         self._mmap.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self):
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,13 +198,16 @@ class Client:
     def __init__(self, socket: str = "/run/ferry/ferry.sock", timeout: float = 30.0):
         self.socket = socket
         self.timeout = timeout
-        self._session = Session(socket)
-        self._channel = grpc.insecure_channel(f"unix:{socket}", options=[
+        self._closed = False
+        self._host_regions: "weakref.WeakSet[HostRegion]" = weakref.WeakSet()
+        self._open()
+
+    def _open(self) -> None:
+        self._session = Session(self.socket)
+        self._channel = grpc.insecure_channel(f"unix:{self.socket}", options=[
             ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)])
         self._stub = ferry_pb2_grpc.AgentStub(self._channel)
         self._metadata = (("ferry-session", self._session.token_hex),)
-        self._closed = False
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -205,6 +217,27 @@ class Client:
             self._closed = True
             self._channel.close()
             self._session.close()
+
+    def reconnect(self, timeout: float = 30.0) -> None:
+        """Opens a new session after the agent restarted (calls raise Unavailable until
+        then), waiting up to ``timeout`` seconds for the agent to come back, and registers
+        every host region of this client again: the same memory, with new ids and
+        descriptors, so hand the new descriptors out again. GPU regions are the caller's
+        to register again. Writes in flight when the agent died are lost: submit again."""
+        deadline = _now() + timeout
+        self._channel.close()
+        self._session.close()
+        while True:
+            try:
+                self._open()
+                break
+            except errors.Unavailable:
+                if _now() >= deadline:
+                    raise
+                threading.Event().wait(0.1)
+        for region in list(self._host_regions):
+            if region._registered:
+                region.id, region._descriptor = self._register_fd(region._fd, region.size)
 
     def __enter__(self) -> "Client":
         return self
@@ -222,16 +255,25 @@ class Client:
         try:
             os.ftruncate(fd, size)
             mapping = mmap.mmap(fd, size)
-            handle = self._session.send_fd(fd)
-        finally:
-            os.close(fd)
-        req = ferry_pb2.RegisterMemoryRequest(size=size, host=ferry_pb2.HostMemory(fd_handle=handle))
-        try:
-            resp = self._call("RegisterMemory", req)
+            try:
+                handle = self._session.send_fd(fd)
+                resp = self._call("RegisterMemory", ferry_pb2.RegisterMemoryRequest(
+                    size=size, host=ferry_pb2.HostMemory(fd_handle=handle)))
+            except Exception:
+                mapping.close()
+                raise
         except Exception:
-            mapping.close()
+            os.close(fd)
             raise
-        return HostRegion(self, resp, mapping)
+        region = HostRegion(self, resp, mapping, fd)
+        self._host_regions.add(region)
+        return region
+
+    def _register_fd(self, fd: int, size: int):
+        handle = self._session.send_fd(fd)
+        resp = self._call("RegisterMemory", ferry_pb2.RegisterMemoryRequest(
+            size=size, host=ferry_pb2.HostMemory(fd_handle=handle)))
+        return resp.region_id, resp.region
 
     def register_cuda(self, tensor) -> Region:
         """Registers a CUDA tensor's memory (PyTorch; contiguous). Tensors made with
@@ -321,4 +363,8 @@ class Client:
             return getattr(self._stub, method)(request, metadata=self._metadata,
                                                timeout=self.timeout if timeout is None else timeout)
         except grpc.RpcError as e:
-            raise errors.from_rpc_error(e) from None
+            err = errors.from_rpc_error(e)
+            if isinstance(err, (errors.Unauthenticated, errors.Unavailable)) and not self._session.alive():
+                raise errors.Unavailable("the agent closed this session (it exited or restarted): call "
+                                         "client.reconnect() and register again") from None
+            raise err from None

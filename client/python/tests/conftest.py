@@ -13,11 +13,14 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 class Agent:
-    def __init__(self, *flags: str):
+    def __init__(self, *flags: str, dir: str = ""):
         binary = os.environ.get("FERRYD", str(REPO / "bazel-bin/agent/main/ferryd"))
-        self.dir = tempfile.mkdtemp(prefix="fy.py.", dir="/tmp")  # unix socket paths are short
+        self.killed = False
+        self.dir = dir or tempfile.mkdtemp(prefix="fy.py.", dir="/tmp")  # unix socket paths are short
         self.socket = f"{self.dir}/ferry.sock"
         ready = f"{self.dir}/ready"
+        if os.path.exists(ready):
+            os.unlink(ready)
         self.log = open(f"{self.dir}/ferryd.log", "wb")
         self.proc = subprocess.Popen([binary, f"--socket={self.socket}", "--metrics_address=127.0.0.1:0",
                                       f"--ready_file={ready}", *flags], stderr=self.log)
@@ -27,6 +30,12 @@ class Agent:
                 self.proc.kill()
                 raise RuntimeError(f"ferryd did not start: {open(self.log.name).read()}")
             time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL: the agent dies without cleaning up (stale socket files stay)."""
+        self.killed = True
+        self.proc.kill()
+        self.proc.wait()
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
@@ -49,10 +58,11 @@ def agent():
 def agent_factory():
     started = []
 
-    def start(*flags):
-        started.append(Agent(*flags))
+    def start(*flags, dir=""):
+        started.append(Agent(*flags, dir=dir))
         return started[-1]
 
     yield start
     for a in started:
-        assert a.stop() == 0
+        if not a.killed:
+            assert a.stop() == 0

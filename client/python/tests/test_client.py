@@ -123,3 +123,21 @@ def test_cross_agent_write_through_the_fabric(agent_factory):
         assert r.path == "fabric"
         assert dst.buffer == src.buffer
         assert [n.tag for n in cb.notifications(timeout=2)] == [3]
+
+
+def test_agent_restart_gives_unavailable_and_reconnect_registers_again(agent_factory):
+    a = agent_factory()
+    c = ferry.Client(a.socket)
+    src = c.register_host(1 << 16)
+    dst = c.register_host(1 << 16)
+    src.buffer[:4] = b"abcd"
+    a.kill()
+    agent_factory(dir=a.dir)  # the same socket path: a restarted agent
+    with pytest.raises(ferry.Unavailable) as e:
+        c.write(src, dst.descriptor(), [(0, 0, 4)])
+    assert "reconnect" in e.value.message
+    c.reconnect(timeout=10)
+    assert c.status().regions == 2  # both regions registered again, same memory
+    c.write(src, dst.descriptor(), [(0, 0, 4)]).result(10)
+    assert bytes(dst.buffer[:4]) == b"abcd"
+    c.close()
