@@ -56,6 +56,7 @@ StagedExecutor::~StagedExecutor() {
 absl::Status StagedExecutor::Prepare(Transfer& t) {
   absl::Status s = engine_->ResolveTarget(t);
   if (!s.ok()) return s;
+  if (t.src == nullptr) return absl::OkStatus();  // a queue's destination, checked without a source
   const bool src_staged = t.src->kind() == MemoryKind::kCuda || options_.stage_host_regions;
   if (!src_staged && t.src->nics().size() != engine_->nics().size()) {
     return absl::FailedPreconditionError(absl::StrCat("src_region_id ", t.src->id(), " is not registered with the fabric"));

@@ -8,6 +8,7 @@
 
 #include "absl/time/clock.h"
 #include "client/cpp/ferry_client.h"
+#include "client/cpp/write_queue.h"
 #include "tests/testing/agent_process.h"
 #include "tests/testing/fabric_agent.h"
 #include "tests/testing/netns.h"
@@ -103,6 +104,44 @@ TEST_CASE("staged writes from several sessions into one region take turns and al
     INFO(r->message());
     CHECK(r->code() == 0);
     CHECK(memcmp(receiver.buf->data() + i * kSlice, senders[i].buf->data(), kSlice) == 0);
+  }
+}
+
+TEST_CASE("a shared-memory write queue into a staged destination") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartFabricAgent(net.host(0), kStaged);
+  auto b = StartFabricAgent(net.host(1), kStaged);
+  const uint64_t kSize = 1 << 20, kBlock = 64 << 10;
+  Pod sender = MakePod(a->socket(), kSize, 0);
+  Pod receiver = MakePod(b->socket(), kSize, 0xEE);
+  FillRandom(sender.buf->data(), kSize, 41);
+  auto q = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 32);
+  INFO(q.status().ToString() << "\n" << a->Log());
+  REQUIRE(q.ok());
+  const uint64_t n = kSize / kBlock;
+  for (uint64_t i = 0; i < n; ++i) {
+    WriteQueue::Entry e;
+    e.src_region = sender.reg.region_id();
+    e.src_offset = i * kBlock;
+    e.dst_offset = (n - 1 - i) * kBlock;  // reversed order on the target
+    e.length = kBlock;
+    e.user_data = i;
+    REQUIRE((*q)->Post(e).ok());
+  }
+  uint64_t done = 0;
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (done < n && absl::Now() < deadline) {
+    std::vector<WriteQueue::Completion> c;
+    (*q)->Reap(&c, 16, absl::Milliseconds(200));
+    for (const auto& r : c) {
+      INFO(r.status.ToString());
+      CHECK(r.status.ok());
+      ++done;
+    }
+  }
+  REQUIRE(done == n);
+  for (uint64_t i = 0; i < n; ++i) {
+    REQUIRE(memcmp(receiver.buf->data() + (n - 1 - i) * kBlock, sender.buf->data() + i * kBlock, kBlock) == 0);
   }
 }
 
