@@ -27,24 +27,29 @@ size_t PiecesOf(const Transfer& t) {
   return n;
 }
 
+// Whether a kernel on `device` can dereference both regions: its own memory, or a
+// mapping that granted it access (a legacy IPC mapping only serves its own device).
+bool Reaches(const Transfer& t, int device) {
+  return t.src->backing().AccessibleFrom(device) && t.dst->backing().AccessibleFrom(device);
+}
+
 }  // namespace
 
 int GpuCopier::LaunchDevice(const Transfer& t) const {
   const int src = DeviceOf(*t.src), dst = DeviceOf(*t.dst);
   if (src < 0) return dst;  // host to GPU: the destination GPU's copy engines
   if (dst < 0) return src;
-  return pull_ ? dst : src;
+  // The preferred side (--gpu_kernel_pull), unless only the other one reaches both.
+  const int first = pull_ ? dst : src, second = pull_ ? src : dst;
+  return !Reaches(t, first) && Reaches(t, second) ? second : first;
 }
 
 GpuCopier::Method GpuCopier::Choose(const Transfer& t) const {
-  // The kernel must be able to dereference both regions on the GPU it runs on: its own
-  // memory, or a mapping that granted it access. Otherwise the copy engines, which
+  // The kernel where one launch reaches both regions; otherwise the copy engines, which
   // reach any peer context.
   if (DeviceOf(*t.src) < 0 || DeviceOf(*t.dst) < 0) return Method::kCopyEngine;
-  const int on = LaunchDevice(t);
-  const bool reachable = t.src->backing().AccessibleFrom(on) && t.dst->backing().AccessibleFrom(on);
   const size_t n = t.plan.chunks.size();
-  if (reachable && n >= 2 && t.plan.total_bytes / n < kCopyEngineAverage) return Method::kKernel;
+  if (Reaches(t, LaunchDevice(t)) && n >= 2 && t.plan.total_bytes / n < kCopyEngineAverage) return Method::kKernel;
   return Method::kCopyEngine;
 }
 

@@ -10,7 +10,7 @@
 //  - many GPU-to-GPU chunks (paged KV blocks): one launch of the gather/scatter kernel
 //    (agent/cuda/copy_kernel.h), which reads scattered source blocks and writes
 //    scattered destination blocks in a single pass, on the source GPU (or the
-//    destination GPU with `pull`), when that GPU can reach both regions.
+//    destination GPU with `pull`, or whichever of the two can reach both regions).
 // One lane per device (a stream, a thread that puts transfers on it as they arrive and
 // one that answers them in order). A transfer past its
 // deadline is answered DEADLINE_EXCEEDED at once, but its regions are held until the
