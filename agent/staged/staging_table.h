@@ -3,8 +3,10 @@
 // Each OpenRegion of a region the NICs cannot reach gets its own staging buffer (host
 // memory registered with the NICs): one initiator agent caches one OpenRegion per
 // region and uses it one transfer at a time, so writers never share a buffer. A buffer
-// lives while its region does; at most `max_buffers` exist, the oldest of a region
-// that is gone being reused first.
+// lives while its region does (it is freed at the next Open after the region goes); at
+// most `max_buffers` exist, and an Open beyond that is RESOURCE_EXHAUSTED. Buffers are
+// bound to one region on purpose: a commit can only move bytes that were written for
+// that region, by holders of its token.
 #ifndef FERRY_AGENT_STAGED_STAGING_TABLE_H_
 #define FERRY_AGENT_STAGED_STAGING_TABLE_H_
 
