@@ -82,33 +82,67 @@ HostBuffer::~HostBuffer() {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket) {
   std::unique_ptr<Client> c(new Client());
-  const std::string session_path = SessionSocketPath(socket);
+  c->socket_ = socket;
+  absl::Status opened = c->Open();
+  if (!opened.ok()) return opened;
+  return c;
+}
+
+absl::Status Client::Open() {
+  const std::string session_path = SessionSocketPath(socket_);
   sockaddr_un addr{};
   if (session_path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", session_path));
   }
   addr.sun_family = AF_UNIX;
   memcpy(addr.sun_path, session_path.c_str(), session_path.size() + 1);
-  c->session_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (c->session_fd_ < 0 || connect(c->session_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  session_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (session_fd_ < 0 || connect(session_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot connect to the ferry agent at ", session_path, ": ",
                                                strerror(errno), " (is ferryd running?)"));
   }
-  absl::StatusOr<SessionFrame> hello = ReadFrame(c->session_fd_, absl::Seconds(10));
+  absl::StatusOr<SessionFrame> hello = ReadFrame(session_fd_, absl::Seconds(10));
   if (!hello.ok()) return hello.status();
   if (hello->type != static_cast<uint32_t>(SessionFrameType::kHello)) return absl::UnavailableError("the agent did not greet the session");
-  c->session_id_ = hello->a;
+  session_id_ = hello->a;
   char token[16];
   memcpy(token, &hello->b, 8);
   memcpy(token + 8, &hello->c, 8);
-  c->token_hex_ = absl::BytesToHexString(absl::string_view(token, 16));
+  token_hex_ = absl::BytesToHexString(absl::string_view(token, 16));
 
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  c->channel_ = grpc::CreateCustomChannel("unix:" + socket, grpc::InsecureChannelCredentials(), args);
-  c->stub_ = v1::Agent::NewStub(c->channel_);
-  return c;
+  channel_ = grpc::CreateCustomChannel("unix:" + socket_, grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::Agent::NewStub(channel_);
+  return absl::OkStatus();
+}
+
+absl::Status Client::Reconnect(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    if (session_fd_ >= 0) close(session_fd_);
+    session_fd_ = -1;
+    absl::Status s = Open();
+    if (s.ok() || absl::Now() >= deadline) return s;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
+bool Client::SessionAlive() const {
+  char buf[sizeof(SessionFrame)];
+  ssize_t n = recv(session_fd_, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+  return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+}
+
+absl::Status Client::Checked(const grpc::Status& s) const {
+  absl::Status st = FromGrpc(s);
+  if ((st.code() == absl::StatusCode::kUnauthenticated || st.code() == absl::StatusCode::kUnavailable) &&
+      !SessionAlive()) {
+    return absl::UnavailableError(
+        "the agent closed this session (it exited or restarted): call Reconnect() and register again");
+  }
+  return st;
 }
 
 Client::~Client() {
@@ -156,7 +190,7 @@ absl::StatusOr<v1::RegisterMemoryResponse> Client::RegisterHost(const HostBuffer
   req.mutable_host()->set_fd_handle(*handle);
   v1::RegisterMemoryResponse resp;
   auto ctx = NewContext();
-  absl::Status s = FromGrpc(stub_->RegisterMemory(ctx.get(), req, &resp));
+  absl::Status s = Checked(stub_->RegisterMemory(ctx.get(), req, &resp));
   if (!s.ok()) return s;
   return resp;
 }
@@ -174,13 +208,13 @@ absl::Status Client::Deregister(uint64_t region_id) {
   req.set_region_id(region_id);
   v1::DeregisterMemoryResponse resp;
   auto ctx = NewContext();
-  return FromGrpc(stub_->DeregisterMemory(ctx.get(), req, &resp));
+  return Checked(stub_->DeregisterMemory(ctx.get(), req, &resp));
 }
 
 absl::StatusOr<uint64_t> Client::Write(const v1::WriteRequest& request) {
   v1::WriteResponse resp;
   auto ctx = NewContext();
-  absl::Status s = FromGrpc(stub_->Write(ctx.get(), request, &resp));
+  absl::Status s = Checked(stub_->Write(ctx.get(), request, &resp));
   if (!s.ok()) return s;
   return resp.transfer_id();
 }
@@ -226,7 +260,7 @@ absl::StatusOr<v1::TransferResult> Client::Wait(uint64_t transfer_id, absl::Dura
     req.set_timeout_ms(static_cast<uint32_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(left))));
     v1::WaitResponse resp;
     auto ctx = NewContext(left + absl::Seconds(5));
-    absl::Status s = FromGrpc(stub_->Wait(ctx.get(), req, &resp));
+    absl::Status s = Checked(stub_->Wait(ctx.get(), req, &resp));
     if (!s.ok()) return s;
     if (resp.done()) return resp.result();
     if (absl::Now() >= deadline) {
@@ -248,7 +282,7 @@ absl::StatusOr<v1::TransferResult> Client::WriteAndWait(const v1::WriteRequest& 
 absl::StatusOr<v1::GetStatusResponse> Client::GetStatus() {
   v1::GetStatusResponse resp;
   auto ctx = NewContext();
-  absl::Status s = FromGrpc(stub_->GetStatus(ctx.get(), v1::GetStatusRequest(), &resp));
+  absl::Status s = Checked(stub_->GetStatus(ctx.get(), v1::GetStatusRequest(), &resp));
   if (!s.ok()) return s;
   return resp;
 }

@@ -72,6 +72,12 @@ class Client {
 
   uint64_t session_id() const { return session_id_; }
 
+  // After the agent restarted, calls fail with UNAVAILABLE ("call Reconnect()"). This
+  // opens a new session, waiting up to `timeout` for the agent; the caller registers its
+  // memory again (a HostBuffer can be registered again as is) and hands out the new
+  // descriptors. Writes in flight when the agent died are lost.
+  absl::Status Reconnect(absl::Duration timeout = absl::Seconds(30));
+
   // Sends `fd` (a dup of it) on the session socket; returns the agent's fd handle.
   absl::StatusOr<uint64_t> SendFd(int fd);
 
@@ -101,6 +107,12 @@ class Client {
 
  private:
   Client() = default;
+  absl::Status Open();
+  bool SessionAlive() const;
+  // FromGrpc, but UNAVAILABLE with a hint when the agent has closed the session.
+  absl::Status Checked(const grpc::Status& s) const;
+
+  std::string socket_;
   int session_fd_ = -1;
   uint64_t session_id_ = 0;
   std::string token_hex_;

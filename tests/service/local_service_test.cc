@@ -25,6 +25,7 @@ using testing::AgentProcess;
 
 using Pod = testing::TestPod;
 using testing::FillRandom;
+using testing::ChunkWrite;
 using testing::MakePod;
 
 std::unique_ptr<AgentProcess> StartAgent(const std::vector<std::string>& flags = {}) {
@@ -394,6 +395,31 @@ TEST_CASE("ferryctl status prints the agent's state as a table and as JSON") {
   CHECK(text->find("sessions               1") != std::string::npos);
   CHECK(text->find("regions                1 (1.0 MiB)") != std::string::npos);
   CHECK(text->find("\"registeredBytes\": \"1048576\"") != std::string::npos);
+}
+
+TEST_CASE("after the agent restarts, calls are UNAVAILABLE until Reconnect(); the same memory registers again") {
+  auto agent = StartAgent();
+  agent->KeepDir();
+  const std::string dir = agent->dir();
+  Pod a = MakePod(agent->socket(), 1 << 16, 0x3C);
+  Pod b = MakePod(agent->socket(), 1 << 16, 0);
+  REQUIRE(agent->Stop(SIGKILL) == 128 + SIGKILL);  // dies without cleaning up
+  auto restarted = AgentProcess::Start({}, dir);
+  INFO(restarted.status().ToString());
+  REQUIRE(restarted.ok());
+  absl::StatusOr<uint64_t> w = a.client->Write(ChunkWrite(a, b.reg.region(), 0, 0, 16));
+  CHECK(w.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(w.status().message()).find("Reconnect") != std::string::npos);
+  for (Pod* p : {&a, &b}) {
+    REQUIRE(p->client->Reconnect(absl::Seconds(10)).ok());
+    absl::StatusOr<v1::RegisterMemoryResponse> r = p->client->RegisterHost(*p->buf);  // the same memory
+    REQUIRE(r.ok());
+    p->reg = *r;
+  }
+  auto done = a.client->WriteAndWait(ChunkWrite(a, b.reg.region(), 0, 0, 16), absl::Seconds(10));
+  INFO(done.status().ToString());
+  REQUIRE(done.ok());
+  CHECK(b.buf->data()[15] == 0x3C);
 }
 
 TEST_CASE("SIGTERM stops cleanly; a stale socket does not block a restart; a live one does") {
