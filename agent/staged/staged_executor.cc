@@ -53,11 +53,15 @@ StagedExecutor::~StagedExecutor() {
   for (auto& [t, done] : left) done(absl::UnavailableError("the agent is shutting down"));
 }
 
+bool StagedExecutor::SourceStaged(const Region& src) const {
+  return src.kind() == MemoryKind::kCuda || options_.stage_host_regions;
+}
+
 absl::Status StagedExecutor::Prepare(Transfer& t) {
   absl::Status s = engine_->ResolveTarget(t);
   if (!s.ok()) return s;
   if (t.src == nullptr) return absl::OkStatus();  // a queue's destination, checked without a source
-  const bool src_staged = t.src->kind() == MemoryKind::kCuda || options_.stage_host_regions;
+  const bool src_staged = SourceStaged(*t.src);
   if (!src_staged && t.src->nics().size() != engine_->nics().size()) {
     return absl::FailedPreconditionError(absl::StrCat("src_region_id ", t.src->id(), " is not registered with the fabric"));
   }
@@ -87,7 +91,7 @@ void StagedExecutor::Work() {
 
 absl::Status StagedExecutor::Run(const std::shared_ptr<Transfer>& t, std::shared_ptr<Region>& staging) {
   const std::shared_ptr<RemoteRegion> region = FabricEngine::TargetRegion(*t);
-  const bool src_staged = t->src->kind() == MemoryKind::kCuda || options_.stage_host_regions;
+  const bool src_staged = SourceStaged(*t->src);
   const bool dst_staged = region->staging.has_value();
   if (src_staged && staging == nullptr) {
     absl::StatusOr<std::shared_ptr<Region>> s = AllocateStagingRegion(options_.buffer_bytes, cu_, engine_);
@@ -131,7 +135,7 @@ absl::Status StagedExecutor::RunStage(const std::shared_ptr<Transfer>& t, const 
                                       std::shared_ptr<Region>& staging) {
   const std::shared_ptr<PeerConnection> peer = FabricEngine::TargetPeer(*t);
   const std::shared_ptr<RemoteRegion> region = FabricEngine::TargetRegion(*t);
-  const bool src_staged = t->src->kind() == MemoryKind::kCuda || options_.stage_host_regions;
+  const bool src_staged = SourceStaged(*t->src);
   const bool dst_staged = region->staging.has_value();
   if (absl::Now() > t->deadline) {
     return absl::DeadlineExceededError(absl::StrCat("transfer ", t->id, " passed its deadline"));

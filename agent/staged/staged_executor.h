@@ -45,6 +45,8 @@ class StagedExecutor : public TransferExecutor {
 
  private:
   void Work();
+  // Whether bytes leave `src` through local staging (the NICs cannot reach it).
+  bool SourceStaged(const Region& src) const;
   absl::Status Run(const std::shared_ptr<Transfer>& t, std::shared_ptr<Region>& staging);
   // One stage: [first, last) of `stage`'s chunks, already split to fit.
   absl::Status RunStage(const std::shared_ptr<Transfer>& t, const std::vector<CopyChunk>& stage,

@@ -101,33 +101,8 @@ TEST_CASE("a write queue to another agent: bytes land, the receiver is notified,
   auto ctx = receiver.client->NewContext(absl::Seconds(60));
   auto stream = receiver.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
 
-  auto q = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 64);
-  INFO(q.status().ToString() << "\n" << a->Log());
-  REQUIRE(q.ok());
-  const uint64_t n = kSize / kBlock;
-  for (uint64_t i = 0; i < n; ++i) {
-    WriteQueue::Entry e;
-    e.src_region = sender.reg.region_id();
-    e.src_offset = i * kBlock;
-    e.dst_offset = (n - 1 - i) * kBlock;  // reversed order
-    e.length = kBlock;
-    e.user_data = i;
-    e.notify = (i == n - 1);
-    e.tag = 77;
-    REQUIRE((*q)->Post(e).ok());
-  }
-  std::vector<WriteQueue::Completion> done;
-  for (absl::Time end = absl::Now() + absl::Seconds(30); done.size() < n && absl::Now() < end;) {
-    (*q)->Reap(&done, n, absl::Milliseconds(200));
-  }
-  REQUIRE(done.size() == n);
-  for (const auto& c : done) {
-    INFO(c.status.ToString());
-    REQUIRE(c.status.ok());
-  }
-  for (uint64_t i = 0; i < n; ++i) {
-    REQUIRE(memcmp(receiver.buf->data() + (n - 1 - i) * kBlock, sender.buf->data() + i * kBlock, kBlock) == 0);
-  }
+  INFO(a->Log());
+  testing::QueueReversedBlocks(sender, receiver, kBlock, 64, /*notify_last=*/true, /*tag=*/77);
   v1::Notification note;
   REQUIRE(stream->Read(&note));
   CHECK(note.tag() == 77);

@@ -8,7 +8,6 @@
 
 #include "absl/time/clock.h"
 #include "client/cpp/ferry_client.h"
-#include "client/cpp/write_queue.h"
 #include "tests/testing/agent_process.h"
 #include "tests/testing/fabric_agent.h"
 #include "tests/testing/netns.h"
@@ -115,34 +114,8 @@ TEST_CASE("a shared-memory write queue into a staged destination") {
   Pod sender = MakePod(a->socket(), kSize, 0);
   Pod receiver = MakePod(b->socket(), kSize, 0xEE);
   FillRandom(sender.buf->data(), kSize, 41);
-  auto q = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 32);
-  INFO(q.status().ToString() << "\n" << a->Log());
-  REQUIRE(q.ok());
-  const uint64_t n = kSize / kBlock;
-  for (uint64_t i = 0; i < n; ++i) {
-    WriteQueue::Entry e;
-    e.src_region = sender.reg.region_id();
-    e.src_offset = i * kBlock;
-    e.dst_offset = (n - 1 - i) * kBlock;  // reversed order on the target
-    e.length = kBlock;
-    e.user_data = i;
-    REQUIRE((*q)->Post(e).ok());
-  }
-  uint64_t done = 0;
-  absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (done < n && absl::Now() < deadline) {
-    std::vector<WriteQueue::Completion> c;
-    (*q)->Reap(&c, 16, absl::Milliseconds(200));
-    for (const auto& r : c) {
-      INFO(r.status.ToString());
-      CHECK(r.status.ok());
-      ++done;
-    }
-  }
-  REQUIRE(done == n);
-  for (uint64_t i = 0; i < n; ++i) {
-    REQUIRE(memcmp(receiver.buf->data() + (n - 1 - i) * kBlock, sender.buf->data() + i * kBlock, kBlock) == 0);
-  }
+  INFO(a->Log());
+  testing::QueueReversedBlocks(sender, receiver, kBlock, 32);
 }
 
 TEST_CASE("staged writes: a wrong token or bounds are refused before any byte moves; a restarted target heals") {

@@ -13,7 +13,9 @@
 #include <random>
 #include <string>
 
+#include "absl/time/clock.h"
 #include "client/cpp/ferry_client.h"
+#include "client/cpp/write_queue.h"
 
 namespace ferry::testing {
 
@@ -52,6 +54,41 @@ inline v1::WriteRequest ChunkWrite(const TestPod& src, const v1::RegionDescripto
   c->set_dst_offset(dst_off);
   c->set_length(len);
   return req;
+}
+
+// Writes all of `sender`'s region into `receiver`'s through a shared-memory write queue,
+// in `block`-sized entries landing in reverse block order; REQUIREs that every entry
+// completes OK and every block is in place. The last entry asks for a notification with
+// `tag` when `notify_last`.
+inline void QueueReversedBlocks(TestPod& sender, TestPod& receiver, uint64_t block, uint32_t entries,
+                                bool notify_last = false, uint64_t tag = 0) {
+  auto q = WriteQueue::Create(*sender.client, {receiver.reg.region()}, entries);
+  INFO(q.status().ToString());
+  REQUIRE(q.ok());
+  const uint64_t n = sender.buf->size() / block;
+  for (uint64_t i = 0; i < n; ++i) {
+    WriteQueue::Entry e;
+    e.src_region = sender.reg.region_id();
+    e.src_offset = i * block;
+    e.dst_offset = (n - 1 - i) * block;
+    e.length = block;
+    e.user_data = i;
+    e.notify = notify_last && i == n - 1;
+    e.tag = tag;
+    REQUIRE((*q)->Post(e).ok());  // `entries` must hold them all
+  }
+  std::vector<WriteQueue::Completion> done;
+  for (absl::Time end = absl::Now() + absl::Seconds(30); done.size() < n && absl::Now() < end;) {
+    (*q)->Reap(&done, n, absl::Milliseconds(200));
+  }
+  REQUIRE(done.size() == n);
+  for (const auto& c : done) {
+    INFO(c.status.ToString());
+    REQUIRE(c.status.ok());
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    REQUIRE(memcmp(receiver.buf->data() + (n - 1 - i) * block, sender.buf->data() + i * block, block) == 0);
+  }
 }
 
 // Fills [p, p + n) with a reproducible random pattern.

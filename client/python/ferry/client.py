@@ -23,6 +23,7 @@ import dataclasses
 import mmap
 import os
 import threading
+import time
 import weakref
 from typing import Iterable, Iterator, Optional, Sequence, Tuple, Union
 
@@ -187,8 +188,6 @@ class TransferFuture:
 
 
 def _now() -> float:
-    import time
-
     return time.monotonic()
 
 
@@ -237,7 +236,8 @@ class Client:
                 threading.Event().wait(0.1)
         for region in list(self._host_regions):
             if region._registered:
-                region.id, region._descriptor = self._register_fd(region._fd, region.size)
+                resp = self._register_fd(region._fd, region.size)
+                region.id, region._descriptor = resp.region_id, resp.region
 
     def __enter__(self) -> "Client":
         return self
@@ -256,9 +256,7 @@ class Client:
             os.ftruncate(fd, size)
             mapping = mmap.mmap(fd, size)
             try:
-                handle = self._session.send_fd(fd)
-                resp = self._call("RegisterMemory", ferry_pb2.RegisterMemoryRequest(
-                    size=size, host=ferry_pb2.HostMemory(fd_handle=handle)))
+                resp = self._register_fd(fd, size)
             except Exception:
                 mapping.close()
                 raise
@@ -269,11 +267,11 @@ class Client:
         self._host_regions.add(region)
         return region
 
-    def _register_fd(self, fd: int, size: int):
+    def _register_fd(self, fd: int, size: int) -> ferry_pb2.RegisterMemoryResponse:
+        """Registers ``size`` bytes of the memfd ``fd`` (sent on the session socket)."""
         handle = self._session.send_fd(fd)
-        resp = self._call("RegisterMemory", ferry_pb2.RegisterMemoryRequest(
+        return self._call("RegisterMemory", ferry_pb2.RegisterMemoryRequest(
             size=size, host=ferry_pb2.HostMemory(fd_handle=handle)))
-        return resp.region_id, resp.region
 
     def register_cuda(self, tensor) -> Region:
         """Registers a CUDA tensor's memory (PyTorch; contiguous). Tensors made with
