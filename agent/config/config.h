@@ -28,6 +28,8 @@ struct AgentConfig {
   size_t fabric_tx_size = 0;               // > 0 overrides the provider's queue depth
   uint64_t fabric_max_op_bytes = 4 << 20;  // larger chunks are split (and striped)
   uint32_t fabric_spin_us = 100;           // NIC worker polling after activity
+  std::string sysfs_root = "/sys";         // topology discovery (a fake tree in tests)
+  bool pin_workers = true;                 // NIC workers on their NIC's NUMA-local cores
   // Agent-to-agent mTLS: PEM files (all three, or none for plaintext), and the name
   // every agent's certificate carries (a DNS SAN), checked instead of the peer's IP.
   std::string peer_tls_cert, peer_tls_key, peer_tls_ca;

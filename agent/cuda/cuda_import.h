@@ -64,7 +64,10 @@ class CudaMemory {
 
   // Imports alive (regions share one per allocation).
   size_t live_imports() const { return cache_.live(); }
-
+  // "0000:8f:00.0" for an ordinal; empty for one the driver did not name.
+  std::string PciBusId(int device) const {
+    return device >= 0 && static_cast<size_t>(device) < bus_ids_.size() ? bus_ids_[device] : std::string();
+  }
 
  private:
   // The agent's ordinal for the request's (device, pci_bus_id).

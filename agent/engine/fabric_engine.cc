@@ -1,11 +1,13 @@
 #include "agent/engine/fabric_engine.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/log.h"
+#include "agent/topology/cpu_list.h"
 
 namespace ferry {
 namespace {
@@ -35,8 +37,26 @@ absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricE
     }
     e->nics_.push_back(std::move(*nic));
   }
+  e->topology_ = options.topology != nullptr ? options.topology : std::make_shared<const Topology>();
   for (auto& nic : e->nics_) {
-    e->workers_.push_back(std::make_unique<RailWorker>(nic.get(), metrics, options.worker_spin));
+    const NicDevice* dev = e->topology_->FindNic(nic->netdev());
+    if (dev == nullptr) dev = e->topology_->FindNic(nic->domain_name());
+    e->nic_devices_.push_back(dev);
+  }
+  e->rails_ = PlanRails(*e->topology_, e->nic_devices_);
+  // Pinning stays inside the cores this process may use (a container's cpuset).
+  const std::vector<int> allowed = ProcessCpus(0);
+  for (size_t i = 0; i < e->nics_.size(); ++i) {
+    std::vector<int> cpus;
+    if (options.pin_workers) {
+      std::set_intersection(e->rails_.nic_cpus[i].begin(), e->rails_.nic_cpus[i].end(), allowed.begin(), allowed.end(),
+                            std::back_inserter(cpus));
+    }
+    const NicDevice* dev = e->nic_devices_[i];
+    FERRY_LOG(INFO) << e->nics_[i]->name() << ": device " << (dev ? dev->name : "(none in sysfs)") << ", NUMA node "
+                    << (dev ? dev->pci.numa_node : -1) << ", worker "
+                    << (cpus.empty() ? "unpinned" : "pinned to cores " + FormatCpuList(cpus));
+    e->workers_.push_back(std::make_unique<RailWorker>(e->nics_[i].get(), metrics, options.worker_spin, cpus));
     e->workers_.back()->Start();
   }
   e->watchdog_ = std::thread([p = e.get()] { p->Watchdog(); });
@@ -167,7 +187,8 @@ void FabricEngine::NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done
 
 void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerConnection> peer,
                             const std::vector<v1::RemoteKey>& keys, uint64_t region_id, Done done) {
-  const size_t local_nics = workers_.size();
+  const std::vector<int> rail = t->rail.empty() ? RailFor(*t->src) : t->rail;
+  const size_t local_nics = rail.size();
   const size_t remote_nics = peer->remote_nic_count();
   // Split at --fabric_max_op_bytes, and never past what the provider accepts in one op.
   uint64_t max_op = std::max<uint64_t>(options_.max_op_bytes, 4096);
@@ -191,7 +212,7 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
   }
 
   std::vector<uint64_t> nic_bytes(remote_nics, 0);
-  for (size_t i = 0; i < pieces.size(); ++i) nic_bytes[(i % local_nics) % remote_nics] += pieces[i].length;
+  for (size_t i = 0; i < pieces.size(); ++i) nic_bytes[rail[i % local_nics] % remote_nics] += pieces[i].length;
 
   auto state = std::make_shared<TransferState>(
       t, peer, pieces.size(),
@@ -214,9 +235,9 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
     active_.push_back(state);
   }
 
-  std::vector<std::vector<WriteOp*>> per_nic(local_nics);
+  std::vector<std::vector<WriteOp*>> per_nic(workers_.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
-    const size_t l = i % local_nics, r = l % remote_nics;
+    const size_t l = rail[i % local_nics], r = l % remote_nics;
     auto* op = new WriteOp();
     op->state = state;
     op->local = t->src->data() + pieces[i].src_offset;
@@ -227,7 +248,7 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
     op->key = keys[r].key();
     per_nic[l].push_back(op);
   }
-  for (size_t l = 0; l < local_nics; ++l) {
+  for (size_t l = 0; l < per_nic.size(); ++l) {
     if (!per_nic[l].empty()) workers_[l]->Submit(std::move(per_nic[l]));
   }
 }
@@ -383,6 +404,9 @@ void FabricEngine::FillStatus(v1::GetStatusResponse* resp) const {
     n->set_rx_bytes(static_cast<uint64_t>(metrics_->transfer_bytes("rx", "fabric", w->nic()->name()).Value()));
     n->set_ops_inflight(w->inflight());
     for (int c : w->cpus()) n->add_cpus(c);
+    const NicDevice* dev = nic_devices_[&w - &workers_[0]];
+    n->set_numa_node(dev != nullptr ? dev->pci.numa_node : -1);
+    if (dev != nullptr) n->set_device(dev->name);
   }
   if (peers_ == nullptr) return;
   for (const PeerTable::PeerInfo& p : peers_->List()) {

@@ -6,8 +6,10 @@
 //   // as TransferExecutor: Prepare() resolves the destination, Submit() moves the bytes
 //
 // A transfer becomes WriteOps: adjacent chunks are coalesced, large ones split at
-// `max_op_bytes`, and the pieces striped round-robin over the local NICs (local NIC i
-// writes to remote NIC i mod R). Each NIC's RailWorker posts and completes its ops.
+// `max_op_bytes`, and the pieces striped round-robin over the NICs of the source's rail
+// (a GPU's nearest NICs, or those of a host region's NUMA node; see agent/topology);
+// local NIC i writes to remote NIC i mod R, so rail-aligned networks stay on their rail.
+// Each NIC's RailWorker, pinned to its NIC's NUMA-local cores, posts and completes its ops.
 // Once every op reported delivery-complete, the target agent is told over gRPC (Notify)
 // when the writer asked for a notification; only then does the writer see success.
 // Transfers without a notification are reported to the target in the background, at
@@ -35,6 +37,7 @@
 #include "agent/memory/region.h"
 #include "agent/metrics/metrics.h"
 #include "agent/peers/peer_table.h"
+#include "agent/topology/rails.h"
 #include "agent/transfer/executor.h"
 
 namespace ferry {
@@ -48,6 +51,10 @@ struct FabricEngineOptions {
   size_t tx_size = 0;  // > 0 overrides the provider's queue depth
   absl::Duration worker_spin = absl::Microseconds(100);  // see RailWorker
   int notify_threads = 2;
+  // The node's topology (agent/topology): rails and worker pinning. Null: every region
+  // stripes over every NIC, workers unpinned.
+  std::shared_ptr<const Topology> topology;
+  bool pin_workers = true;  // to the cores of each NIC's NUMA node
 };
 
 class FabricEngine : public TransferExecutor, public RegionRegistrar {
@@ -81,6 +88,12 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   void NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done);
 
   std::vector<FabricNic*> nics() const;
+  // Each NIC's device in the topology (nullptr: none, e.g. loopback), the rails built
+  // from them, and the NICs a region's bytes go over.
+  const std::vector<const NicDevice*>& nic_devices() const { return nic_devices_; }
+  const RailPlan& rails() const { return rails_; }
+  std::vector<int> RailFor(const Region& r) const { return rails_.NicsFor(r.placement()); }
+  const std::vector<int>& worker_cpus(size_t nic) const { return workers_[nic]->cpus(); }
   const std::string& provider() const { return nics_.front()->provider(); }
   void FillStatus(v1::GetStatusResponse* resp) const;
 
@@ -107,6 +120,9 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   Metrics* metrics_;
   std::vector<std::unique_ptr<FabricNic>> nics_;
   std::vector<std::unique_ptr<RailWorker>> workers_;
+  std::shared_ptr<const Topology> topology_;
+  std::vector<const NicDevice*> nic_devices_;
+  RailPlan rails_;
   std::unique_ptr<PeerTable> peers_;
 
   absl::Mutex mu_;

@@ -25,20 +25,28 @@ absl::Status FiError(const std::string& what, int rc) {
   return absl::UnavailableError(absl::StrCat(what, ": ", fi_strerror(-rc), " (", rc, ")"));
 }
 
-// Resolves an interface name to its IPv4 address; an address passes through.
-absl::StatusOr<std::string> ResolveIface(const std::string& iface) {
-  in_addr a;
-  if (inet_pton(AF_INET, iface.c_str(), &a) == 1) return iface;
+struct Iface {
+  std::string address;  // IPv4
+  std::string name;     // interface holding it; empty if none does (e.g. a remote address)
+};
+
+// Resolves an interface name to its IPv4 address, or an address to its interface.
+absl::StatusOr<Iface> ResolveIface(const std::string& iface) {
+  in_addr want;
+  const bool is_address = inet_pton(AF_INET, iface.c_str(), &want) == 1;
   ifaddrs* ifs = nullptr;
   if (getifaddrs(&ifs) != 0) return absl::InternalError("getifaddrs failed");
   absl::Cleanup free_ifs = [ifs] { freeifaddrs(ifs); };
   for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET && iface == i->ifa_name) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    const in_addr have = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr;
+    if (is_address ? have.s_addr == want.s_addr : iface == i->ifa_name) {
       char buf[INET_ADDRSTRLEN];
-      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof(buf));
-      return std::string(buf);
+      inet_ntop(AF_INET, &have, buf, sizeof(buf));
+      return Iface{buf, i->ifa_name};
     }
   }
+  if (is_address) return Iface{iface, ""};
   return absl::InvalidArgumentError(
       absl::StrCat("--fabric_iface '", iface, "' is neither an IPv4 address nor an interface with one"));
 }
@@ -70,8 +78,9 @@ std::string LibfabricVersion() {
 }
 
 absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOptions& options) {
-  absl::StatusOr<std::string> node = ResolveIface(options.iface);
-  if (!node.ok()) return node.status();
+  absl::StatusOr<Iface> iface = ResolveIface(options.iface);
+  if (!iface.ok()) return iface.status();
+  const std::string* node = &iface->address;
   std::vector<std::string> candidates;
   if (options.provider == "auto") {
     candidates = {"efa", "verbs;ofi_rxm", "tcp;ofi_rxm"};
@@ -95,6 +104,8 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
   nic->name_ = absl::StrCat("nic", options.index);
   nic->provider_ = info->fabric_attr->prov_name;
   nic->iface_ = *node;
+  nic->netdev_ = iface->name;
+  if (info->domain_attr->name != nullptr) nic->domain_name_ = info->domain_attr->name;
   nic->mr_mode_ = info->domain_attr->mr_mode;
   nic->max_msg_size_ = info->ep_attr->max_msg_size;
   nic->tx_size_ = info->tx_attr->size;
@@ -135,7 +146,7 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
   if (rc) return FiError("fi_getname", rc);
   nic->address_.assign(name, len);
   FERRY_LOG(INFO) << nic->name_ << ": " << nic->provider_ << " on " << nic->iface_ << " address "
-                  << nic->address_string() << " mr_mode 0x" << std::hex << nic->mr_mode_ << std::dec
+                  << nic->address_string() << " (netdev " << nic->netdev_ << ", domain " << nic->domain_name_ << ") mr_mode 0x" << std::hex << nic->mr_mode_ << std::dec
                   << " tx_size " << nic->tx_size_ << (nic->wait_fd_ >= 0 ? " (wait fd)" : " (polling)");
   return nic;
 }

@@ -46,7 +46,11 @@ class FabricNic {
 
   const std::string& name() const { return name_; }          // "nic0"
   const std::string& provider() const { return provider_; }  // as resolved, e.g. "tcp;ofi_rxm"
-  const std::string& iface() const { return iface_; }
+  const std::string& iface() const { return iface_; }  // the bound IPv4 address
+  // Where the NIC is in sysfs (agent/topology): the interface holding iface(), and the
+  // libfabric domain ("mlx5_0" for verbs, "rdmap16s27-rdm" for efa, the netdev for tcp).
+  const std::string& netdev() const { return netdev_; }
+  const std::string& domain_name() const { return domain_name_; }
   // Raw endpoint name for peers' address vectors, and a printable form.
   const std::string& address() const { return address_; }
   std::string address_string() const;
@@ -72,7 +76,7 @@ class FabricNic {
  private:
   FabricNic() = default;
 
-  std::string name_, provider_, iface_, address_;
+  std::string name_, provider_, iface_, netdev_, domain_name_, address_;
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;

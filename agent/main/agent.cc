@@ -10,40 +10,28 @@
 #include <filesystem>
 #include <fstream>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/log.h"
 #include "agent/common/token.h"
+#include "agent/main/topology_report.h"
+#include "agent/topology/cpu_list.h"
 #include "agent/peers/peer_tls.h"
 #include "agent/session/session_wire.h"
 
 namespace ferry {
 namespace {
 
-// NUMA nodes and their CPUs from sysfs ("0-3,8-11" lists). The topology issue replaces
-// this with full GPU/NIC/PCIe discovery.
-void FillNumaNodes(v1::GetTopologyResponse* resp) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/sys/devices/system/node", ec)) {
-    const std::string name = entry.path().filename().string();
-    int node;
-    if (name.rfind("node", 0) != 0 || !absl::SimpleAtoi(name.substr(4), &node)) continue;
-    std::ifstream in(entry.path() / "cpulist");
-    std::string list;
-    std::getline(in, list);
-    v1::CpuSet* set = resp->add_numa_nodes();
-    set->set_numa_node(node);
-    for (absl::string_view range : absl::StrSplit(list, ',', absl::SkipEmpty())) {
-      std::pair<std::string, std::string> ends = absl::StrSplit(range, absl::MaxSplits('-', 1));
-      int lo, hi;
-      if (!absl::SimpleAtoi(ends.first, &lo)) continue;
-      if (ends.second.empty() || !absl::SimpleAtoi(ends.second, &hi)) hi = lo;
-      for (int c = lo; c <= hi; ++c) set->add_cpus(c);
-    }
+// Where a new region's memory is: its GPU, or the NUMA node its client runs on (the
+// pages are normally first touched, and so placed, there).
+Placement Place(const Topology& topology, const CudaMemory* cuda, const Session& session, const MemoryBacking& b) {
+  Placement p;
+  if (b.kind() == MemoryKind::kCuda) {
+    if (cuda != nullptr) p.gpu_pci_address = cuda->PciBusId(b.device());
+  } else if (session.creds().pid > 0) {
+    p.numa_node = topology.NumaNodeOfCpus(ProcessCpus(session.creds().pid));
   }
+  return p;
 }
 
 }  // namespace
@@ -86,6 +74,16 @@ absl::Status Agent::Init() {
       /*on_open=*/[m](Session&) { m->sessions().Increment(); });
   transfers_ = std::make_unique<TransferManager>(incarnation_, m, sessions_.get(), regions);
   local_copier_ = std::make_unique<HostCopier>(config_.local_copy_threads);
+  absl::StatusOr<Topology> topology = DiscoverTopology(config_.sysfs_root);
+  if (topology.ok()) {
+    topology_ = std::make_shared<const Topology>(std::move(*topology));
+  } else {
+    topology_ = std::make_shared<const Topology>();
+    FERRY_LOG(WARNING) << "no topology (" << topology.status().message()
+                       << "): every region stripes over every NIC, workers unpinned";
+  }
+  FERRY_LOG(INFO) << "topology from " << config_.sysfs_root << ": " << topology_->numa_nodes.size()
+                  << " NUMA nodes, " << topology_->gpus.size() << " GPUs, " << topology_->nics.size() << " NICs";
   // GPU support when the node has a driver; devices are touched on first use only.
   absl::StatusOr<const CudaDriver*> cu = CudaDriver::Load();
   if (cu.ok()) {
@@ -137,14 +135,9 @@ absl::Status Agent::Init() {
     deps.registrar = engine_.get();
     deps.fill_status = [e = engine_.get()](v1::GetStatusResponse* r) { e->FillStatus(r); };
   }
-  deps.fill_topology = [e = engine_.get()](v1::GetTopologyResponse* r) {
-    FillNumaNodes(r);
-    if (e == nullptr) return;
-    for (FabricNic* nic : e->nics()) {
-      v1::NicInfo* n = r->add_nics();
-      n->set_name(nic->name());
-      n->set_fabric_address(nic->address_string());
-    }
+  deps.fill_topology = [t = topology_, e = engine_.get()](v1::GetTopologyResponse* r) { FillTopology(*t, e, r); };
+  deps.place = [t = topology_, c = cuda_memory_.get()](const Session& s, const MemoryBacking& b) {
+    return Place(*t, c, s, b);
   };
   local_service_ = std::make_unique<LocalService>(std::move(deps));
   queue_poller_->Start();
@@ -204,9 +197,16 @@ absl::Status Agent::StartFabric() {
   options.tx_size = config_.fabric_tx_size;
   options.max_op_bytes = config_.fabric_max_op_bytes;
   options.worker_spin = absl::Microseconds(config_.fabric_spin_us);
+  options.topology = topology_;
+  options.pin_workers = config_.pin_workers;
   absl::StatusOr<std::unique_ptr<FabricEngine>> engine = FabricEngine::Create(options, metrics_.get());
   if (!engine.ok()) return engine.status();
   engine_ = std::move(*engine);
+  for (size_t i = 0; i < engine_->nics().size(); ++i) {
+    const NicDevice* dev = engine_->nic_devices()[i];
+    metrics_->SetNicInfo(engine_->nics()[i]->name(), dev != nullptr ? dev->name : "", dev != nullptr ? dev->pci.numa_node : -1,
+                         dev != nullptr ? dev->pci.pcie_root : "");
+  }
 
   absl::StatusOr<PeerTls> tls = PeerTls::Load(config_);
   if (!tls.ok()) return tls.status();

@@ -63,6 +63,7 @@ class Agent {
   std::unique_ptr<HostCopier> local_copier_;
   absl::Status cuda_status_;  // why GPU memory is unavailable, when it is
   std::unique_ptr<CudaMemory> cuda_memory_;
+  std::shared_ptr<const Topology> topology_;  // never null once Init ran
   std::unique_ptr<GpuCopier> gpu_copier_;
   std::unique_ptr<FabricEngine> engine_;
   std::unique_ptr<PeerService> peer_service_;

@@ -48,6 +48,10 @@ ABSL_FLAG(uint32_t, fabric_spin_us, 100,
           "How long a NIC worker keeps polling after its last activity before it sleeps on the CQ. Raise it "
           "(e.g. 1000000) on nodes with a core to spare for progress: rxm/tcp move incoming data only while "
           "the target polls. Idle CPU grows with it.");
+ABSL_FLAG(std::string, sysfs_root, "/sys",
+          "Where to read the node's topology (GPUs, NICs, NUMA nodes, PCIe tree); tests point it at a fake tree.");
+ABSL_FLAG(bool, pin_workers, true,
+          "Pin each NIC's worker thread to the cores of the NIC's NUMA node (within the agent's own cpuset).");
 ABSL_FLAG(uint64_t, fabric_max_op_bytes, 4 << 20,
           "Largest single RDMA write; larger chunks are split so they stripe over the NICs.");
 ABSL_FLAG(uint64_t, max_region_bytes, 1ull << 40, "Largest region one RegisterMemory may register.");
@@ -130,6 +134,8 @@ int main(int argc, char** argv) {
   config.fabric_tx_size = absl::GetFlag(FLAGS_fabric_tx_size);
   config.fabric_max_op_bytes = absl::GetFlag(FLAGS_fabric_max_op_bytes);
   config.fabric_spin_us = absl::GetFlag(FLAGS_fabric_spin_us);
+  config.sysfs_root = absl::GetFlag(FLAGS_sysfs_root);
+  config.pin_workers = absl::GetFlag(FLAGS_pin_workers);
   config.peer_tls_cert = absl::GetFlag(FLAGS_peer_tls_cert);
   config.peer_tls_key = absl::GetFlag(FLAGS_peer_tls_key);
   config.peer_tls_ca = absl::GetFlag(FLAGS_peer_tls_ca);

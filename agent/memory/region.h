@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/common/token.h"
+#include "agent/topology/placement.h"
 
 namespace ferry {
 
@@ -85,6 +86,10 @@ class Region {
   // Set once, before the region is published in the RegionTable.
   void set_registration(RegionRegistration reg) { registration_ = std::move(reg); }
   const std::vector<NicRegistration>& nics() const { return registration_.nics; }
+  // Where the memory is (its GPU, or its owner's NUMA node): picks the NICs that carry
+  // it. Set once, before the region is published.
+  void set_placement(Placement p) { placement_ = std::move(p); }
+  const Placement& placement() const { return placement_; }
 
  private:
   const uint64_t id_;
@@ -94,6 +99,7 @@ class Region {
   // registrations are released before the memory they describe is unmapped.
   std::unique_ptr<MemoryBacking> backing_;
   RegionRegistration registration_;
+  Placement placement_;
 };
 
 }  // namespace ferry

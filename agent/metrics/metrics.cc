@@ -90,6 +90,19 @@ Metrics::Metrics()
   }
 }
 
+void Metrics::SetNicInfo(const std::string& nic, const std::string& device, int numa_node,
+                         const std::string& pcie_root) {
+  BuildGauge()
+      .Name("ferry_nic_info")
+      .Help("A fabric NIC's place in the node's topology; always 1")
+      .Register(*registry_)
+      .Add({{"nic", nic},
+            {"device", device},
+            {"numa_node", numa_node >= 0 ? absl::StrCat(numa_node) : "unknown"},
+            {"pcie_root", pcie_root}})
+      .Set(1);
+}
+
 void Metrics::SetBuildInfo(const std::string& version, const std::string& libfabric_version,
                            const std::string& provider) {
   BuildGauge()

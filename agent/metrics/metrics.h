@@ -35,6 +35,10 @@ class Metrics {
   // ferry_build_info; call once, when the fabric provider is known ("" without fabric).
   void SetBuildInfo(const std::string& version, const std::string& libfabric_version, const std::string& provider);
 
+  // ferry_nic_info: where each fabric NIC is, so per-NIC series can be grouped by NUMA
+  // node and PCIe root in PromQL (`* on(nic) group_left(numa_node) ferry_nic_info`).
+  void SetNicInfo(const std::string& nic, const std::string& device, int numa_node, const std::string& pcie_root);
+
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
   // `hook` runs before every scrape, on the HTTP server's thread, to refresh gauges that

@@ -91,6 +91,7 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
   }
 
   auto region = std::make_shared<Region>(deps_.regions->NextId(), session.id(), Token::Random(), std::move(backing));
+  if (deps_.place) region->set_placement(deps_.place(session, region->backing()));
   if (deps_.registrar != nullptr) {
     absl::StatusOr<RegionRegistration> reg = deps_.registrar->Register(region->backing());
     if (!reg.ok()) return reg.status();

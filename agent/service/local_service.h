@@ -53,6 +53,8 @@ struct LocalServiceDeps {
   // Adds fabric, NIC and peer details to GetStatus; may be null.
   std::function<void(v1::GetStatusResponse*)> fill_status;
   std::function<void(v1::GetTopologyResponse*)> fill_topology;
+  // Where a new region's memory is (its GPU, or the registering client's NUMA node).
+  std::function<Placement(const Session&, const MemoryBacking&)> place;
 };
 
 class LocalService final : public v1::Agent::Service {

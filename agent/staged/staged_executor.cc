@@ -149,6 +149,7 @@ absl::Status StagedExecutor::RunStage(const std::shared_ptr<Transfer>& t, const 
   sub->src = t->src;
   sub->deadline = t->deadline;
   sub->dst_descriptor = t->dst_descriptor;
+  sub->rail = engine_->RailFor(*t->src);  // the GPU's rail, not the staging buffer's
   std::vector<CopyChunk> gather, commit;
   uint64_t packed = 0;
   for (const CopyChunk& c : stage) {

@@ -50,6 +50,9 @@ struct Transfer {
   // Remote destination (path FABRIC / STAGED).
   v1::RegionDescriptor dst_descriptor;
   std::shared_ptr<ExecutorContext> executor_context;
+  // Fabric NICs (indices) to stripe over; empty: those of the source region's placement.
+  // The staged path sets the user region's here, as its source is a staging buffer.
+  std::vector<int> rail;
   TransferExecutor* executor = nullptr;  // local or remote, chosen by the destination
   // Where the result goes: when set (a shared-memory queue's completion ring) instead
   // of the session's Wait / WatchCompletions bookkeeping.

@@ -287,4 +287,12 @@ absl::StatusOr<v1::GetStatusResponse> Client::GetStatus() {
   return resp;
 }
 
+absl::StatusOr<v1::GetTopologyResponse> Client::GetTopology() {
+  v1::GetTopologyResponse resp;
+  auto ctx = NewContext();
+  absl::Status s = Checked(stub_->GetTopology(ctx.get(), v1::GetTopologyRequest(), &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
 }  // namespace ferry

@@ -100,6 +100,8 @@ class Client {
   absl::StatusOr<v1::TransferResult> WriteAndWait(const v1::WriteRequest& request, absl::Duration timeout);
 
   absl::StatusOr<v1::GetStatusResponse> GetStatus();
+  // GPUs, NICs, NUMA nodes, their links and the rails (what `ferryctl topology` prints).
+  absl::StatusOr<v1::GetTopologyResponse> GetTopology();
 
   // A context carrying this session's metadata, for calls on stub() directly.
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Duration timeout = absl::Seconds(30)) const;

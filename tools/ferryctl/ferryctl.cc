@@ -11,9 +11,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "agent/topology/cpu_list.h"
 #include "proto/ferry/v1/ferry.grpc.pb.h"
 
 ABSL_FLAG(std::string, socket, "/run/ferry/ferry.sock", "the agent's gRPC socket");
@@ -45,6 +47,12 @@ int PrintJson(const google::protobuf::Message& m) {
   return 0;
 }
 
+std::string Cores(const google::protobuf::RepeatedField<int32_t>& cpus) {
+  return cpus.empty() ? "unpinned" : ferry::FormatCpuList({cpus.begin(), cpus.end()});
+}
+
+std::string Numa(int node) { return node < 0 ? "-" : absl::StrCat(node); }
+
 int Status(Agent::Stub& stub, grpc::ClientContext& ctx) {
   ferry::v1::GetStatusResponse s;
   grpc::Status st = stub.GetStatus(&ctx, ferry::v1::GetStatusRequest(), &s);
@@ -66,11 +74,13 @@ int Status(Agent::Stub& stub, grpc::ClientContext& ctx) {
          static_cast<unsigned long long>(s.transfers_failed()));
   printf("%-22s %s\n", "fabric provider", s.fabric_provider().empty() ? "(none)" : s.fabric_provider().c_str());
   if (s.nics_size() > 0) {
-    printf("\n%-10s %-14s %-28s %12s %12s %8s %s\n", "NIC", "provider", "address", "tx", "rx", "inflight", "cpus");
+    printf("\n%-10s %-14s %-28s %12s %12s %8s %-12s %-5s %s\n", "NIC", "provider", "address", "tx", "rx", "inflight",
+           "device", "NUMA", "worker cores");
     for (const auto& n : s.nics()) {
-      printf("%-10s %-14s %-28s %12s %12s %8llu %s\n", n.name().c_str(), n.provider().c_str(), n.address().c_str(),
-             HumanBytes(n.tx_bytes()).c_str(), HumanBytes(n.rx_bytes()).c_str(),
-             static_cast<unsigned long long>(n.ops_inflight()), absl::StrJoin(n.cpus(), ",").c_str());
+      printf("%-10s %-14s %-28s %12s %12s %8llu %-12s %-5s %s\n", n.name().c_str(), n.provider().c_str(),
+             n.address().c_str(), HumanBytes(n.tx_bytes()).c_str(), HumanBytes(n.rx_bytes()).c_str(),
+             static_cast<unsigned long long>(n.ops_inflight()), n.device().empty() ? "-" : n.device().c_str(),
+             Numa(n.numa_node()).c_str(), Cores(n.cpus()).c_str());
     }
   }
   if (s.peers_size() > 0) {
@@ -83,6 +93,7 @@ int Status(Agent::Stub& stub, grpc::ClientContext& ctx) {
   return 0;
 }
 
+// A GPU x NIC matrix in the words of `nvidia-smi topo -m`, the NICs, then the rails.
 int Topology(Agent::Stub& stub, grpc::ClientContext& ctx) {
   ferry::v1::GetTopologyResponse t;
   grpc::Status st = stub.GetTopology(&ctx, ferry::v1::GetTopologyRequest(), &t);
@@ -93,8 +104,40 @@ int Topology(Agent::Stub& stub, grpc::ClientContext& ctx) {
   if (absl::GetFlag(FLAGS_json)) return PrintJson(t);
   printf("host %s: %d GPUs, %d NICs, %d NUMA nodes\n", t.hostname().c_str(), t.gpus_size(), t.nics_size(),
          t.numa_nodes_size());
-  for (const auto& n : t.numa_nodes()) printf("  numa%d cpus %s\n", n.numa_node(), absl::StrJoin(n.cpus(), ",").c_str());
-  for (const auto& n : t.nics()) printf("  nic %s %s\n", n.name().c_str(), n.fabric_address().c_str());
+  if (t.gpus_size() > 0 && t.nics_size() > 0) {
+    printf("\n%-6s", "");
+    for (const auto& n : t.nics()) printf(" %-10s", n.name().c_str());
+    printf(" %-5s %s\n", "NUMA", "PCIe root");
+    for (const auto& g : t.gpus()) {
+      printf("%-6s", absl::StrCat("GPU", g.index()).c_str());
+      for (const std::string& l : g.nic_links()) printf(" %-10s", l.c_str());
+      printf(" %-5s %s\n", Numa(g.numa_node()).c_str(), g.pcie_root().c_str());
+    }
+    printf("\nLegend: PIX = one PCIe switch between them; PXB = several switches; PHB = through the PCIe host\n"
+           "bridge; NODE = across root complexes of one NUMA node; SYS = across NUMA nodes, or place unknown\n");
+  }
+  if (t.nics_size() > 0) {
+    printf("\n%-10s %-12s %-12s %-13s %-11s %-5s %-24s %s\n", "NIC", "RDMA device", "netdev", "PCI", "PCIe root",
+           "NUMA", "fabric address", "worker cores");
+    for (const auto& n : t.nics()) {
+      printf("%-10s %-12s %-12s %-13s %-11s %-5s %-24s %s\n", n.name().c_str(), n.rdma_device().c_str(),
+             n.netdev().c_str(), n.pci_address().c_str(), n.pcie_root().c_str(), Numa(n.numa_node()).c_str(),
+             n.fabric_address().empty() ? "(not used)" : n.fabric_address().c_str(),
+             n.fabric_address().empty() ? "" : Cores(n.cpus()).c_str());
+    }
+  }
+  if (t.rails_size() > 0) {
+    printf("\nRails (a GPU region's bytes go over its rail):\n");
+    for (const auto& r : t.rails()) {
+      printf("  GPU%d -> %s [%s], worker cores %s\n", r.gpu_index(), absl::StrJoin(r.nics(), ",").c_str(),
+             r.link().c_str(), Cores(r.cpus()).c_str());
+    }
+  }
+  printf("\nNUMA nodes (a host region goes over its client's node's NICs, or all when it has none):\n");
+  for (const auto& n : t.numa_nodes()) {
+    printf("  numa%d cpus %s -> %s\n", n.numa_node(), Cores(n.cpus()).c_str(),
+           n.nics().empty() ? "all NICs" : absl::StrJoin(n.nics(), ",").c_str());
+  }
   return 0;
 }
 
