@@ -12,18 +12,24 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "agent/cuda/cuda_driver.h"
 #include "client/cpp/cuda_buffer.h"
 #include "client/cpp/ferry_client.h"
 #include "tests/testing/agent_process.h"
+#include "tests/testing/fabric_agent.h"
+#include "tests/testing/fake_sysfs.h"
+#include "tests/testing/netns.h"
 #include "tests/testing/test_pod.h"
 
 namespace ferry {
@@ -318,6 +324,67 @@ TEST_CASE("staged cross-agent writes: GPU to GPU, GPU to host, host to GPU") {
   ctx->TryCancel();
   REQUIRE(a->Stop() == 0);
   REQUIRE(b->Stop() == 0);
+}
+
+// Rails on a real GPU host: two agents in network namespaces, each with one stand-in
+// NIC per GPU (veth ethN) that a fake sysfs tree puts behind GPU N's PCIe switch (the
+// GPUs' real PCI addresses). A staged write from GPU N's memory goes over nic N only.
+TEST_CASE("staged writes go over the source GPU's rail") {
+  const CudaDriver* cu = GpuOrSkip();
+  if (cu == nullptr) return;
+  const int gpus = std::min(cu->device_count, 2);
+  testing::TestNetwork net = testing::TestNetwork::Create(2, gpus);
+  if (!net.namespaces()) {
+    printf("SKIPPED %s: needs network namespaces (root and iproute2)\n", Catch::getResultCapture().getCurrentTestName().c_str());
+    return;
+  }
+  std::string spec = "node 0 0-1023\n";
+  for (int g = 0; g < gpus; ++g) {
+    char bus[32] = {0};
+    CUdevice dev;
+    REQUIRE(cu->cuDeviceGet(&dev, g) == CUDA_SUCCESS);
+    REQUIRE(cu->cuDeviceGetPCIBusId(bus, sizeof(bus), dev) == CUDA_SUCCESS);
+    const std::string sw = absl::StrFormat("pci0000:%02x/0000:%02x:01.0/0000:%02x:00.0", 0x10 * (g + 1), 0x10 * (g + 1),
+                                           0x10 * (g + 1) + 1);
+    absl::StrAppend(&spec, "gpu ", sw, "/0000:00:00.0/", absl::AsciiStrToLower(bus), " numa 0\n");
+    absl::StrAppend(&spec, "net eth", g, " ", sw, absl::StrFormat("/0000:00:01.0/0000:%02x:00.0", 0x10 * (g + 1) + 3),
+                    " numa 0\n");
+  }
+  const std::string root = testing::MakeTempDir("sysfs");
+  REQUIRE(testing::WriteFakeSysfs(spec, root).ok());
+  const std::vector<std::string> flags = {"--sysfs_root=" + root, "--staging_buffer_bytes=4194304"};
+  auto a = testing::StartFabricAgent(net.host(0), flags);
+  auto b = testing::StartFabricAgent(net.host(1), flags);
+  auto writer = Connect(*a);
+  auto reader = Connect(*b);
+  absl::StatusOr<v1::GetTopologyResponse> topo = writer->GetTopology();
+  REQUIRE(topo.ok());
+  REQUIRE(topo->rails_size() == gpus);
+  constexpr uint64_t kBytes = 8 << 20;
+  absl::StatusOr<HostRegion> sink = reader->AllocateHost(kBytes);
+  REQUIRE(sink.ok());
+  for (int g = 0; g < gpus; ++g) {
+    INFO("GPU " << g << ", rail " << topo->rails(g).DebugString());
+    CHECK(topo->rails(g).link() == "PIX");
+    CudaBuffer src = Allocate(g, kBytes, CudaExport::kPosixFd);
+    std::vector<uint8_t> data(kBytes);
+    FillRandom(data.data(), kBytes, 90 + g);
+    Upload(cu, src, data);
+    v1::RegisterMemoryResponse s = Register(*writer, src);
+    auto before = writer->GetStatus();
+    REQUIRE(before.ok());
+    WriteOk(*writer, Contiguous(s.region_id(), sink->descriptor(), {{0, 0, kBytes}}));
+    CHECK(memcmp(sink->buffer.data(), data.data(), kBytes) == 0);
+    auto after = writer->GetStatus();
+    REQUIRE(after.ok());
+    for (int n = 0; n < gpus; ++n) {
+      INFO("nic" << n);
+      CHECK(after->nics(n).tx_bytes() - before->nics(n).tx_bytes() == (n == g ? kBytes : 0));
+    }
+  }
+  REQUIRE(a->Stop() == 0);
+  REQUIRE(b->Stop() == 0);
+  std::filesystem::remove_all(root);
 }
 
 // A request altered by `mutate` must fail with `code` and the agent must carry on.
