@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 b=$(realpath "${1:-.gpu-bundle}")
 shift || true
-export LD_LIBRARY_PATH="$b/lib" FERRY_BIN_DIR="$b/bin"
+export LD_LIBRARY_PATH="$b/lib" FERRY_BIN_DIR="$b/bin" PATH="$PATH:$b/bin"  # the host's ip first, if any
 if ldd "$b/bin/ferryd" | grep 'not found'; then
   echo "run.sh: the bundle lacks libraries for this host" >&2
   exit 1
