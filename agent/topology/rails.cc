@@ -36,13 +36,32 @@ RailPlan PlanRails(const Topology& topology, const std::vector<const NicDevice*>
         rail.nics.push_back(static_cast<int>(i));
       }
     }
+    plan.gpu_rails.push_back(std::move(rail));
+  }
+  // GPUs with the same nearest NICs (two GPUs and two NICs behind one switch) share them
+  // out in order, so GPU i keeps to NIC i as NCCL pairs them and rail-aligned networks
+  // expect; with fewer NICs than GPUs, the NICs are dealt round-robin.
+  std::map<std::pair<std::vector<int>, Link>, std::vector<GpuRail*>> groups;
+  for (GpuRail& r : plan.gpu_rails) groups[{r.nics, r.link}].push_back(&r);
+  for (auto& [key, members] : groups) {
+    const std::vector<int>& shared = key.first;
+    const size_t g = members.size(), n = shared.size();
+    if (g < 2 || n == 0) continue;
+    for (size_t j = 0; j < g; ++j) {
+      if (n >= g) {
+        members[j]->nics.assign(shared.begin() + j * n / g, shared.begin() + (j + 1) * n / g);
+      } else {
+        members[j]->nics.assign(1, shared[j % n]);
+      }
+    }
+  }
+  for (GpuRail& rail : plan.gpu_rails) {
     for (int i : rail.nics) {
       const std::vector<int>& c = plan.nic_cpus[i];
       rail.cpus.insert(rail.cpus.end(), c.begin(), c.end());
     }
     std::sort(rail.cpus.begin(), rail.cpus.end());
     rail.cpus.erase(std::unique(rail.cpus.begin(), rail.cpus.end()), rail.cpus.end());
-    plan.gpu_rails.push_back(std::move(rail));
   }
   return plan;
 }

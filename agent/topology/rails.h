@@ -7,7 +7,8 @@
 //   plan.nic_cpus[0];                                    // NUMA-local cores of NIC 0
 //
 // A GPU's rail is its nearest NICs: those at the best link class to it (same switch,
-// else same root complex, else same NUMA node, else all). Host memory goes over the NICs
+// else same root complex, else same NUMA node, else all). GPUs that have the same nearest
+// NICs share them out in order (GPU i keeps to NIC i, as NCCL pairs them). Host memory goes over the NICs
 // of its NUMA node (all NICs when it has none or the node is unknown). A NIC's worker runs
 // on the cores of the NIC's NUMA node. A NIC without a place in sysfs (loopback, a veth)
 // is SYS to everything and runs unpinned.

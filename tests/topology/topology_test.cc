@@ -59,8 +59,9 @@ TEST_CASE("a3-ultragpu-8g: each GPU has its own NIC on its switch") {
   CHECK(t.numa_nodes[1].cpus.size() == 112);
   REQUIRE(t.gpus.size() == 8);
   REQUIRE(t.nics.size() == 9);  // 8 RDMA NICs and the gVNIC
-  // The values the DRA ResourceSlices of the context document publish.
-  CHECK(t.gpus[0].pci.address == "0000:8f:00.0");
+  // The values the DRA ResourceSlices and NCCL's device list in the context documents show.
+  const char* gpu_bus[] = {"8f", "90", "96", "97", "c4", "c5", "cb", "cc"};
+  for (int g = 0; g < 8; ++g) CHECK(t.gpus[g].pci.address == absl::StrCat("0000:", gpu_bus[g], ":00.0"));
   CHECK(t.gpus[0].pci.pcie_root == "pci0000:8c");
   CHECK(t.gpus[0].name == "10de:2335");
   const NicDevice* nic0 = t.FindNic("gpu0rdma0");
@@ -68,6 +69,7 @@ TEST_CASE("a3-ultragpu-8g: each GPU has its own NIC on its switch") {
   CHECK(nic0->rdma_device == "mlx5_0");
   CHECK(nic0->pci.address == "0000:91:00.0");
   CHECK(nic0->pci.pcie_root == "pci0000:8c");
+  CHECK(t.FindNic("gpu6rdma0")->pci.address == "0000:cd:00.0");
   CHECK(t.FindNic("gpu6rdma0")->pci.pcie_root == "pci0000:c8");
   CHECK(t.FindNic("gpu6rdma0")->pci.numa_node == 1);
   CHECK(t.FindNic("eth0")->rdma_device.empty());
@@ -83,9 +85,11 @@ TEST_CASE("a3-ultragpu-8g: each GPU has its own NIC on its switch") {
     CHECK(rail.link == Link::kPix);
     CHECK(rail.cpus == (g < 4 ? Cpus("0-55,112-167") : Cpus("56-111,168-223")));
     CHECK(plan.nic_cpus[g] == rail.cpus);
-    // Every other NIC is farther: the same NUMA node (NODE) or across (SYS).
+    // Its switch's other NIC is as near (PIX), but belongs to the other GPU of the pair;
+    // the rest are on the same NUMA node (NODE) or across (SYS).
     for (int n = 0; n < 8; ++n) {
-      if (n != g) CHECK(Classify(t.gpus[g].pci, nics[n]->pci) == ((n < 4) == (g < 4) ? Link::kNode : Link::kSys));
+      const Link want = n / 2 == g / 2 ? Link::kPix : ((n < 4) == (g < 4) ? Link::kNode : Link::kSys);
+      CHECK(Classify(t.gpus[g].pci, nics[n]->pci) == want);
     }
   }
   CHECK(plan.numa_nics.at(0) == std::vector<int>{0, 1, 2, 3});
@@ -94,6 +98,13 @@ TEST_CASE("a3-ultragpu-8g: each GPU has its own NIC on its switch") {
   CHECK(plan.NicsFor({"", 1}) == std::vector<int>{4, 5, 6, 7});
   CHECK(plan.NicsFor({}) == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
   CHECK(plan.NicsFor({"0000:ff:00.0", 0}) == std::vector<int>{0, 1, 2, 3});  // not a GPU here
+
+  // With only the first NIC of each pair in use, both GPUs of a pair share it; with a
+  // single NIC on the node, every GPU's rail is that NIC.
+  RailPlan half = PlanRails(t, {nics[0], nics[2], nics[4], nics[6]});
+  for (int g = 0; g < 8; ++g) CHECK(half.gpu_rails[g].nics == std::vector<int>{g / 2});
+  RailPlan one = PlanRails(t, {nics[5]});
+  for (int g = 0; g < 8; ++g) CHECK(one.gpu_rails[g].nics == std::vector<int>{0});
 }
 
 TEST_CASE("p5.48xlarge: four EFA devices per GPU, behind its switch") {
