@@ -25,17 +25,20 @@ absl::Status FiError(const std::string& what, int rc) {
   return absl::UnavailableError(absl::StrCat(what, ": ", fi_strerror(-rc), " (", rc, ")"));
 }
 
+// What --fabric_iface names: an IPv4 address or a netdev with one (tcp, verbs), or else a
+// libfabric domain / RDMA device that has no IP (efa: "rdmap16s27" or "rdmap16s27-rdm").
 struct Iface {
-  std::string address;  // IPv4
+  std::string address;  // IPv4; empty for a domain
   std::string name;     // interface holding it; empty if none does (e.g. a remote address)
+  std::string domain;   // set when the name is no interface: matched against fi_info domains
 };
 
 // Resolves an interface name to its IPv4 address, or an address to its interface.
-absl::StatusOr<Iface> ResolveIface(const std::string& iface) {
+Iface ResolveIface(const std::string& iface) {
   in_addr want;
   const bool is_address = inet_pton(AF_INET, iface.c_str(), &want) == 1;
   ifaddrs* ifs = nullptr;
-  if (getifaddrs(&ifs) != 0) return absl::InternalError("getifaddrs failed");
+  if (getifaddrs(&ifs) != 0) return Iface{"", "", iface};
   absl::Cleanup free_ifs = [ifs] { freeifaddrs(ifs); };
   for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
     if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
@@ -43,16 +46,20 @@ absl::StatusOr<Iface> ResolveIface(const std::string& iface) {
     if (is_address ? have.s_addr == want.s_addr : iface == i->ifa_name) {
       char buf[INET_ADDRSTRLEN];
       inet_ntop(AF_INET, &have, buf, sizeof(buf));
-      return Iface{buf, i->ifa_name};
+      return Iface{buf, i->ifa_name, ""};
     }
   }
-  if (is_address) return Iface{iface, ""};
-  return absl::InvalidArgumentError(
-      absl::StrCat("--fabric_iface '", iface, "' is neither an IPv4 address nor an interface with one"));
+  if (is_address) return Iface{iface, "", ""};
+  return Iface{"", "", iface};
 }
 
-// Asks libfabric for an RDM endpoint with RMA writes from `provider` bound to `node`.
-absl::StatusOr<fi_info*> GetInfo(const std::string& provider, const std::string& node, size_t tx_size) {
+bool DomainMatches(const char* domain, const std::string& want) {
+  return domain != nullptr && (want == domain || absl::StrCat(want, "-rdm") == domain);
+}
+
+// Asks libfabric for an RDM endpoint with RMA writes from `provider` bound to the
+// address, or on the domain, `where` names.
+absl::StatusOr<fi_info*> GetInfo(const std::string& provider, const Iface& where, size_t tx_size) {
   fi_info* hints = fi_allocinfo();
   absl::Cleanup free_hints = [hints] { fi_freeinfo(hints); };
   hints->ep_attr->type = FI_EP_RDM;
@@ -65,9 +72,23 @@ absl::StatusOr<fi_info*> GetInfo(const std::string& provider, const std::string&
   if (tx_size > 0) hints->tx_attr->size = tx_size;
   hints->fabric_attr->prov_name = strdup(provider.c_str());
   fi_info* info = nullptr;
-  int rc = fi_getinfo(kFiVersion, node.c_str(), nullptr, FI_SOURCE, hints, &info);
-  if (rc != 0 || info == nullptr) return FiError(absl::StrCat("no ", provider, " endpoint on ", node), rc ? rc : -FI_ENODATA);
-  return info;
+  const bool by_domain = where.address.empty();
+  const std::string& what = by_domain ? where.domain : where.address;
+  int rc = by_domain ? fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints, &info)
+                     : fi_getinfo(kFiVersion, where.address.c_str(), nullptr, FI_SOURCE, hints, &info);
+  if (rc != 0 || info == nullptr) return FiError(absl::StrCat("no ", provider, " endpoint on ", what), rc ? rc : -FI_ENODATA);
+  if (!by_domain) return info;
+  fi_info* match = nullptr;
+  for (fi_info* i = info; i != nullptr && match == nullptr; i = i->next) {
+    if (DomainMatches(i->domain_attr->name, where.domain)) match = fi_dupinfo(i);
+  }
+  fi_freeinfo(info);
+  if (match == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("--fabric_iface '", where.domain,
+                                                   "' is neither an IPv4 address, an interface with one, nor a ",
+                                                   provider, " domain (e.g. an EFA device)"));
+  }
+  return match;
 }
 
 }  // namespace
@@ -78,9 +99,7 @@ std::string LibfabricVersion() {
 }
 
 absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOptions& options) {
-  absl::StatusOr<Iface> iface = ResolveIface(options.iface);
-  if (!iface.ok()) return iface.status();
-  const std::string* node = &iface->address;
+  const Iface iface = ResolveIface(options.iface);
   std::vector<std::string> candidates;
   if (options.provider == "auto") {
     candidates = {"efa", "verbs;ofi_rxm", "tcp;ofi_rxm"};
@@ -90,7 +109,7 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
   fi_info* info = nullptr;
   std::string tried;
   for (const std::string& p : candidates) {
-    absl::StatusOr<fi_info*> i = GetInfo(p, *node, options.tx_size);
+    absl::StatusOr<fi_info*> i = GetInfo(p, iface, options.tx_size);
     if (i.ok()) {
       info = *i;
       break;
@@ -103,8 +122,8 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
   nic->info_ = info;
   nic->name_ = absl::StrCat("nic", options.index);
   nic->provider_ = info->fabric_attr->prov_name;
-  nic->iface_ = *node;
-  nic->netdev_ = iface->name;
+  nic->iface_ = iface.address.empty() ? iface.domain : iface.address;
+  nic->netdev_ = iface.name;
   if (info->domain_attr->name != nullptr) nic->domain_name_ = info->domain_attr->name;
   nic->mr_mode_ = info->domain_attr->mr_mode;
   nic->max_msg_size_ = info->ep_attr->max_msg_size;

@@ -32,7 +32,8 @@ struct FabricNicOptions {
   // A provider name as fi_info prints it ("tcp;ofi_rxm", "efa", "verbs;ofi_rxm"), or
   // "auto": efa, then verbs;ofi_rxm, then tcp;ofi_rxm.
   std::string provider = "auto";
-  // IPv4 address (or interface name) the endpoint binds to.
+  // IPv4 address or interface name the endpoint binds to; or, for NICs without an IP
+  // (EFA), the RDMA device or libfabric domain ("rdmap16s27", "rdmap16s27-rdm").
   std::string iface;
   int index = 0;
   // Overrides the provider's transmit queue depth when > 0 (tests force -FI_EAGAIN).
@@ -46,7 +47,7 @@ class FabricNic {
 
   const std::string& name() const { return name_; }          // "nic0"
   const std::string& provider() const { return provider_; }  // as resolved, e.g. "tcp;ofi_rxm"
-  const std::string& iface() const { return iface_; }  // the bound IPv4 address
+  const std::string& iface() const { return iface_; }  // the bound IPv4 address, or the domain
   // Where the NIC is in sysfs (agent/topology): the interface holding iface(), and the
   // libfabric domain ("mlx5_0" for verbs, "rdmap16s27-rdm" for efa, the netdev for tcp).
   const std::string& netdev() const { return netdev_; }

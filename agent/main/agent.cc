@@ -242,7 +242,13 @@ absl::Status Agent::StartFabric() {
   if (advertise_address_.empty()) {
     // A wildcard bind is not an address others can dial: use the first NIC's.
     std::string host = config_.peer_address.substr(0, config_.peer_address.rfind(':'));
-    if (host.empty() || host == "0.0.0.0" || host == "[::]") host = engine_->nics()[0]->iface();
+    if (host.empty() || host == "0.0.0.0" || host == "[::]") {
+      host = engine_->nics()[0]->iface();
+      if (engine_->nics()[0]->netdev().empty() && host.find('.') == std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat("--peer_address ", config_.peer_address, " binds every address and NIC ",
+                                                       host, " has none to advertise: set --advertise_address"));
+      }
+    }
     advertise_address_ = absl::StrCat(host, ":", port);
   }
   engine_->StartPeers(advertise_address_, tls->channel, tls->channel_args);
