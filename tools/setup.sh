@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# Installs every system package ferry's build and tests need (Debian 12). Idempotent:
+# Installs every system package ferry's build and tests need (Debian 12), cuda.h, and
+# for the deployment checks helm and the Go modules of tests/deploy/k8s. Idempotent:
 # returns in well under a second when everything is already there.
+#   tools/setup.sh                  everything
+#   tools/setup.sh --roles=build    only what building ferryd needs (deploy/Dockerfile)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-mapfile -t pkgs < <(grep -v '^#' tools/packages.txt | awk 'NF {print $1}')
+roles="build runtime test"
+for arg in "$@"; do
+  case $arg in
+    --roles=*) roles=${arg#--roles=}; roles=${roles//,/ } ;;
+    *) echo "setup: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+mapfile -t pkgs < <(grep -v '^#' tools/packages.txt | awk -v roles=" $roles " 'NF && index(roles, " " $2 " ") {print $1}')
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -32,4 +42,28 @@ if [ ! -f tools/cuda/include/cuda.h ]; then
   echo "$CUDA_WHEEL_SHA256  $tmp/$CUDA_WHEEL" | sha256sum -c --quiet -
   mkdir -p tools/cuda/include
   unzip -q -j -o "$tmp/$CUDA_WHEEL" nvidia/cuda_runtime/include/cuda.h -d tools/cuda/include
+fi
+
+case " $roles " in *" test "*) ;; *) exit 0 ;; esac
+
+# helm, pinned, built from the Go module proxy (Debian has no helm package), for
+# tools/deploy_check.sh. Go 1.19 (Debian's golang-go) or newer builds it.
+HELM_VERSION=v3.11.3
+if ! command -v go >/dev/null; then
+  echo "setup: installing golang-go" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+fi
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod
+if [ "$(tools/go/bin/helm version --short 2>/dev/null | cut -d+ -f1)" != "$HELM_VERSION" ]; then
+  echo "setup: building helm $HELM_VERSION" >&2
+  GOBIN="$PWD/tools/go/bin" go install -ldflags "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+fi
+# The modules of the manifest validation test (go.sum pins them), fetched once.
+if [ ! -f tools/go/.k8s-modules ] || ! cmp -s tests/deploy/k8s/go.sum tools/go/.k8s-modules; then
+  (cd tests/deploy/k8s && go mod download)
+  cp tests/deploy/k8s/go.sum tools/go/.k8s-modules
 fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: `bazel test //...`, then the Python client's pytest suite
-# (tools/pytest.sh) against the same ferryd build. Extra arguments go to Bazel, e.g.
+# (tools/pytest.sh) against the same ferryd build, then the deployment checks
+# (tools/deploy_check.sh: helm lint, manifests validated against the Kubernetes API). Extra arguments go to Bazel, e.g.
 #   tools/test.sh --config=asan
 # Prints the logs of failing tests and ends with the line "N passed, N failed".
 set -uo pipefail
@@ -26,6 +27,17 @@ else
   failed=$((failed + 1))
   rc=1
   echo "//client/python:pytest FAILED" | tee -a "$log"
+fi
+
+# The deployment checks (helm lint, manifests validated against the Kubernetes API types,
+# invariants between chart, agent and examples), counted as one more target.
+echo "== deploy (tools/deploy_check.sh) =="
+if bash tools/deploy_check.sh 2>&1 | tee -a "$log"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  rc=1
+  echo "//deploy:k8s_check FAILED" | tee -a "$log"
 fi
 
 if [ "$failed" -ne 0 ]; then

@@ -1,0 +1,462 @@
+// Package k8s checks the Helm chart and the examples offline: every rendered object is
+// decoded strictly into the Kubernetes API types (unknown fields rejected), the committed
+// plain manifests equal the chart's rendering, and the agent, the chart and the example
+// pods agree on the socket path, the metrics port, the flags and where EFA appears.
+// Run by tools/deploy_check.sh (HELM and FERRYD name the binaries).
+package k8s
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	sigsjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+)
+
+var root = func() string { r, _ := filepath.Abs("../../.."); return r }()
+
+// The chart's profiles; "" is the chart's defaults.
+var profiles = []string{"", "values-gke-a3-ultra.yaml", "values-eks-p5.yaml"}
+
+func newObject(apiVersion, kind string) (interface{}, error) {
+	switch apiVersion + "/" + kind {
+	case "v1/ConfigMap":
+		return &corev1.ConfigMap{}, nil
+	case "v1/ServiceAccount":
+		return &corev1.ServiceAccount{}, nil
+	case "v1/Service":
+		return &corev1.Service{}, nil
+	case "v1/Pod":
+		return &corev1.Pod{}, nil
+	case "apps/v1/DaemonSet":
+		return &appsv1.DaemonSet{}, nil
+	case "monitoring.coreos.com/v1/PodMonitor":
+		return &monitoringv1.PodMonitor{}, nil
+	case "monitoring.coreos.com/v1/ServiceMonitor":
+		return &monitoringv1.ServiceMonitor{}, nil
+	}
+	return nil, fmt.Errorf("no API type known for %s %s", apiVersion, kind)
+}
+
+// decodeStrict turns one YAML document into its API type; any field the type does not
+// have is an error.
+func decodeStrict(doc []byte) (interface{}, error) {
+	j, err := yaml.YAMLToJSON(doc)
+	if err != nil {
+		return nil, err
+	}
+	var tm metav1.TypeMeta
+	if err := json.Unmarshal(j, &tm); err != nil {
+		return nil, err
+	}
+	obj, err := newObject(tm.APIVersion, tm.Kind)
+	if err != nil {
+		return nil, err
+	}
+	// As the API server decodes with fieldValidation=Strict: field names match case
+	// sensitively (encoding/json would take "mountpath" for "mountPath"), unknown and
+	// duplicate fields are errors.
+	strict, err := sigsjson.UnmarshalStrict(j, obj, sigsjson.DisallowUnknownFields)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", tm.Kind, err)
+	}
+	if len(strict) > 0 {
+		return nil, fmt.Errorf("%s: %v", tm.Kind, strict)
+	}
+	return obj, nil
+}
+
+// docs splits a multi-document YAML stream, dropping documents with no content.
+func docs(stream []byte) [][]byte {
+	var out [][]byte
+	for _, d := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(stream), -1) {
+		content := false
+		for _, line := range strings.Split(d, "\n") {
+			if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "#") {
+				content = true
+			}
+		}
+		if content {
+			out = append(out, []byte(d))
+		}
+	}
+	return out
+}
+
+func decodeAll(t *testing.T, stream []byte) []interface{} {
+	t.Helper()
+	var objs []interface{}
+	for _, d := range docs(stream) {
+		o, err := decodeStrict(d)
+		if err != nil {
+			t.Fatalf("invalid object: %v\n%s", err, d)
+		}
+		objs = append(objs, o)
+	}
+	return objs
+}
+
+func render(t *testing.T, values string, set ...string) []byte {
+	t.Helper()
+	helm := os.Getenv("HELM")
+	if helm == "" {
+		t.Fatal("HELM is not set (run tools/deploy_check.sh)")
+	}
+	args := []string{"template", "ferry", filepath.Join(root, "deploy/helm/ferry"), "--namespace", "ferry"}
+	if values != "" {
+		args = append(args, "-f", filepath.Join(root, "deploy/helm/ferry", values))
+	}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	out, err := exec.Command(helm, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+type rendering struct {
+	configMap  *corev1.ConfigMap
+	daemonSet  *appsv1.DaemonSet
+	podMonitor *monitoringv1.PodMonitor
+	objects    []interface{}
+}
+
+func renderProfile(t *testing.T, values string, set ...string) rendering {
+	t.Helper()
+	r := rendering{objects: decodeAll(t, render(t, values, set...))}
+	for _, o := range r.objects {
+		switch v := o.(type) {
+		case *corev1.ConfigMap:
+			r.configMap = v
+		case *appsv1.DaemonSet:
+			r.daemonSet = v
+		case *monitoringv1.PodMonitor:
+			r.podMonitor = v
+		}
+	}
+	if r.configMap == nil || r.daemonSet == nil {
+		t.Fatalf("%q: the chart rendered no ConfigMap or DaemonSet", values)
+	}
+	return r
+}
+
+// flags of the ConfigMap's flagfile: name -> value.
+func (r rendering) flags(t *testing.T) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, line := range strings.Split(r.configMap.Data["ferryd.flags"], "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		m := regexp.MustCompile(`^--([a-z_0-9]+)=(.*)$`).FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("ConfigMap flag line %q is not --name=value", line)
+		}
+		out[m[1]] = m[2]
+	}
+	return out
+}
+
+func (r rendering) agent(t *testing.T) corev1.Container {
+	t.Helper()
+	for _, c := range r.daemonSet.Spec.Template.Spec.Containers {
+		if c.Name == "ferryd" {
+			return c
+		}
+	}
+	t.Fatal("no ferryd container")
+	return corev1.Container{}
+}
+
+func TestChartRendersValidObjects(t *testing.T) {
+	for _, values := range profiles {
+		renderProfile(t, values)
+	}
+	// Every optional part switched on.
+	r := renderProfile(t, "values-eks-p5.yaml", "serviceMonitor.enabled=true", "peerTls.enabled=true",
+		"extraFlags={--transfer_timeout_ms=60000}", "allowedUids={1000,1001}")
+	kinds := map[string]bool{}
+	for _, o := range r.objects {
+		kinds[fmt.Sprintf("%T", o)] = true
+	}
+	for _, k := range []string{"*v1.Service", "*v1.ServiceMonitor", "*v1.PodMonitor", "*v1.ServiceAccount"} {
+		if !kinds[k] {
+			t.Errorf("no %s rendered with everything on (got %v)", k, kinds)
+		}
+	}
+}
+
+func TestPlainManifestsMatchTheChart(t *testing.T) {
+	for _, profile := range []string{"gke-a3-ultra", "eks-p5"} {
+		path := filepath.Join(root, "deploy/manifests", "ferry-"+profile+".yaml")
+		committed, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := render(t, "values-"+profile+".yaml")
+		// The committed file starts with two comment lines saying how it was made.
+		body := committed[bytes.IndexByte(committed[bytes.IndexByte(committed, '\n')+1:], '\n')+bytes.IndexByte(committed, '\n')+2:]
+		if !bytes.Equal(body, want) {
+			t.Errorf("%s differs from the chart's rendering: run tools/render_manifests.sh", path)
+		}
+		decodeAll(t, committed)
+	}
+}
+
+func TestExamplesAreValid(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join(root, "deploy/examples/*.yaml"))
+	if len(files) == 0 {
+		t.Fatal("no examples in deploy/examples")
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range decodeAll(t, b) {
+			// The example programs shipped in ConfigMaps must at least compile.
+			if cm, ok := o.(*corev1.ConfigMap); ok {
+				for name, text := range cm.Data {
+					if !strings.HasSuffix(name, ".py") {
+						continue
+					}
+					py := filepath.Join(t.TempDir(), name)
+					if err := os.WriteFile(py, []byte(text), 0o644); err != nil {
+						t.Fatal(err)
+					}
+					if out, err := exec.Command("python3", "-m", "py_compile", py).CombinedOutput(); err != nil {
+						t.Errorf("%s: %s in ConfigMap %s does not compile: %s", f, name, cm.Name, out)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestMisspelledFieldsAreRejected(t *testing.T) {
+	good := docs(render(t, "values-gke-a3-ultra.yaml"))
+	var ds []byte
+	for _, d := range good {
+		if bytes.Contains(d, []byte("kind: DaemonSet")) {
+			ds = d
+		}
+	}
+	if _, err := decodeStrict(ds); err != nil {
+		t.Fatalf("the DaemonSet itself should decode: %v", err)
+	}
+	for _, typo := range [][2]string{
+		{"hostNetwork: true", "hostNetwrok: true"},
+		{"readinessProbe:", "readynessProbe:"},
+		{"mountPath: /run/ferry", "mountpath: /run/ferry"},
+		{"priorityClassName:", "priorityClass:"},
+	} {
+		bad := bytes.Replace(ds, []byte(typo[0]), []byte(typo[1]), 1)
+		if bytes.Equal(bad, ds) {
+			t.Fatalf("%q not found in the DaemonSet", typo[0])
+		}
+		if _, err := decodeStrict(bad); err == nil {
+			t.Errorf("%q was accepted", typo[1])
+		}
+	}
+	if _, err := decodeStrict([]byte("apiVersion: v1\nkind: Pod\nspec:\n  containers: []\n  hostPID: yes-please\n")); err == nil {
+		t.Error("a string in a boolean field was accepted")
+	}
+}
+
+func TestSocketPathIsTheSameEverywhere(t *testing.T) {
+	for _, values := range profiles {
+		r := renderProfile(t, values)
+		flags := r.flags(t)
+		socket := flags["socket"]
+		dir := filepath.Dir(socket)
+		found := false
+		for _, v := range r.daemonSet.Spec.Template.Spec.Volumes {
+			if v.Name == "sockets" {
+				found = v.HostPath != nil && v.HostPath.Path == dir
+			}
+		}
+		mounted := false
+		for _, m := range r.agent(t).VolumeMounts {
+			mounted = mounted || (m.Name == "sockets" && m.MountPath == dir)
+		}
+		if !found || !mounted {
+			t.Errorf("%q: --socket=%s but the sockets hostPath / mount is not %s", values, socket, dir)
+		}
+		checkExamplePods(t, socket, flags["socket_group"])
+	}
+}
+
+// Every example pod mounts the agent's socket directory from the host at the same path,
+// points FERRY_SOCKET at the socket and carries the socket's group.
+func checkExamplePods(t *testing.T, socket, group string) {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(root, "deploy/examples/*.yaml"))
+	pods := 0
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		for _, o := range decodeAll(t, b) {
+			pod, ok := o.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			pods++
+			hostDirs := map[string]string{}
+			for _, v := range pod.Spec.Volumes {
+				if v.HostPath != nil {
+					hostDirs[v.Name] = v.HostPath.Path
+				}
+			}
+			for _, c := range pod.Spec.Containers {
+				env := ""
+				for _, e := range c.Env {
+					if e.Name == "FERRY_SOCKET" {
+						env = e.Value
+					}
+				}
+				if env != socket {
+					t.Errorf("%s: FERRY_SOCKET=%q, the agent's socket is %q", pod.Name, env, socket)
+				}
+				mounted := false
+				for _, m := range c.VolumeMounts {
+					mounted = mounted || (hostDirs[m.Name] == filepath.Dir(socket) && m.MountPath == filepath.Dir(socket))
+				}
+				if !mounted {
+					t.Errorf("%s: does not mount %s from the host at the same path", pod.Name, filepath.Dir(socket))
+				}
+				if sc := c.SecurityContext; sc == nil || sc.Privileged != nil && *sc.Privileged {
+					t.Errorf("%s: a workload pod needs no privileges", pod.Name)
+				}
+			}
+			if pod.Spec.HostNetwork || pod.Spec.HostPID || pod.Spec.HostIPC {
+				t.Errorf("%s: a workload pod needs no host namespaces", pod.Name)
+			}
+			if group != "" {
+				ok := false
+				if sc := pod.Spec.SecurityContext; sc != nil {
+					for _, g := range sc.SupplementalGroups {
+						ok = ok || fmt.Sprint(g) == group
+					}
+				}
+				if !ok {
+					t.Errorf("%s: not in the socket's group %s (supplementalGroups)", pod.Name, group)
+				}
+			}
+		}
+	}
+	if pods == 0 {
+		t.Error("no example pods")
+	}
+}
+
+func TestMetricsPortMatchesProbesAndMonitors(t *testing.T) {
+	for _, values := range profiles {
+		r := renderProfile(t, values, "serviceMonitor.enabled=true")
+		_, port, err := net.SplitHostPort(r.flags(t)["metrics_address"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := r.agent(t)
+		named := ""
+		for _, p := range c.Ports {
+			if fmt.Sprint(p.ContainerPort) == port {
+				named = p.Name
+			}
+		}
+		if named == "" {
+			t.Fatalf("%q: no container port %s (--metrics_address)", values, port)
+		}
+		for what, probe := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe, "startup": c.StartupProbe} {
+			if probe == nil || probe.HTTPGet == nil {
+				t.Errorf("%q: no HTTP %s probe", values, what)
+				continue
+			}
+			if p := probe.HTTPGet.Port.String(); p != named && p != port {
+				t.Errorf("%q: %s probe on port %s, metrics on %s (%s)", values, what, p, port, named)
+			}
+		}
+		if c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+			t.Errorf("%q: probes should be /healthz (liveness) and /readyz (readiness)", values)
+		}
+		if r.podMonitor == nil || len(r.podMonitor.Spec.PodMetricsEndpoints) != 1 ||
+			r.podMonitor.Spec.PodMetricsEndpoints[0].Port != named {
+			t.Errorf("%q: the PodMonitor does not scrape port %q", values, named)
+		}
+		for _, o := range r.objects {
+			if svc, ok := o.(*corev1.Service); ok {
+				if svc.Spec.Ports[0].TargetPort.String() != named || fmt.Sprint(svc.Spec.Ports[0].Port) != port {
+					t.Errorf("%q: metrics Service ports %+v", values, svc.Spec.Ports[0])
+				}
+			}
+			if sm, ok := o.(*monitoringv1.ServiceMonitor); ok && sm.Spec.Endpoints[0].Port != named {
+				t.Errorf("%q: the ServiceMonitor scrapes port %q", values, sm.Spec.Endpoints[0].Port)
+			}
+		}
+	}
+}
+
+func TestEfaOnlyInTheEksProfile(t *testing.T) {
+	for _, values := range profiles {
+		r := renderProfile(t, values)
+		c := r.agent(t)
+		_, limit := c.Resources.Limits["vpc.amazonaws.com/efa"]
+		_, request := c.Resources.Requests["vpc.amazonaws.com/efa"]
+		want := values == "values-eks-p5.yaml"
+		if limit != want || request {
+			t.Errorf("%q: EFA limit %v (want %v), request %v", values, limit, want, request)
+		}
+		if q := c.Resources.Limits["vpc.amazonaws.com/efa"]; want && q.Value() != 32 {
+			t.Errorf("EKS p5: %s EFA devices, want 32", q.String())
+		}
+	}
+}
+
+func TestFlagsAreFlagsFerrydKnows(t *testing.T) {
+	ferryd := os.Getenv("FERRYD")
+	if ferryd == "" {
+		t.Fatal("FERRYD is not set (run tools/deploy_check.sh)")
+	}
+	help, _ := exec.Command(ferryd, "--helpfull").CombinedOutput()
+	known := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^\s+--([a-z_0-9]+) \(`).FindAllStringSubmatch(string(help), -1) {
+		known[m[1]] = true
+	}
+	if !known["socket"] || !known["flagfile"] {
+		t.Fatalf("%s --helpfull lists no --socket or --flagfile:\n%s", ferryd, help)
+	}
+	for _, values := range profiles {
+		r := renderProfile(t, values, "peerTls.enabled=true", "allowedUids={1000}")
+		for name := range r.flags(t) {
+			if !known[name] {
+				t.Errorf("%q: the ConfigMap sets --%s, which ferryd does not know", values, name)
+			}
+		}
+		for _, a := range r.agent(t).Args {
+			m := regexp.MustCompile(`^--([a-z_0-9]+)=`).FindStringSubmatch(a)
+			if m == nil || !known[m[1]] {
+				t.Errorf("%q: container argument %q is not a ferryd flag", values, a)
+			}
+		}
+		for _, c := range r.daemonSet.Spec.Template.Spec.InitContainers {
+			for _, m := range regexp.MustCompile(`--([a-z_0-9]+)=`).FindAllStringSubmatch(strings.Join(c.Command, " "), -1) {
+				if !known[m[1]] {
+					t.Errorf("%q: init container %s writes --%s, which ferryd does not know", values, c.Name, m[1])
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The deployment checks (issue: Kubernetes deployment), offline: helm lint of the chart
+# with each profile, then tests/deploy/k8s (go test): every object the chart renders, and
+# every example, decoded strictly into the Kubernetes API types (an unknown or misspelled
+# field fails), deploy/manifests equal to the chart's rendering, and the invariants
+# between the agent, the chart and the example pods. Needs a built ferryd (its --helpfull
+# lists the flags the ConfigMap may use): FERRYD=path, default bazel-bin/agent/main/ferryd.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup.sh
+helm=$PWD/tools/go/bin/helm
+ferryd=$(realpath "${FERRYD:-bazel-bin/agent/main/ferryd}")
+for values in "" values-gke-a3-ultra.yaml values-eks-p5.yaml; do
+  echo "== helm lint deploy/helm/ferry ${values}"
+  "$helm" lint --strict deploy/helm/ferry ${values:+-f deploy/helm/ferry/$values}
+done
+echo "== go test ./tests/deploy/k8s"
+cd tests/deploy/k8s
+HELM=$helm FERRYD=$ferryd GOTOOLCHAIN=local GOFLAGS=-mod=mod GOPROXY=off go test -count=1 -v ./... 2>&1 |
+  grep -vE '^=== (RUN|PAUSE|CONT)'
+exit "${PIPESTATUS[0]}"
