@@ -395,7 +395,8 @@ void FabricEngine::FailTransfersTo(const PeerConnection& peer) {
 
 void FabricEngine::FillStatus(v1::GetStatusResponse* resp) const {
   resp->set_fabric_provider(provider());
-  for (const auto& w : workers_) {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const RailWorker* w = workers_[i].get();
     v1::NicStatus* n = resp->add_nics();
     n->set_name(w->nic()->name());
     n->set_provider(w->nic()->provider());
@@ -404,7 +405,7 @@ void FabricEngine::FillStatus(v1::GetStatusResponse* resp) const {
     n->set_rx_bytes(static_cast<uint64_t>(metrics_->transfer_bytes("rx", "fabric", w->nic()->name()).Value()));
     n->set_ops_inflight(w->inflight());
     for (int c : w->cpus()) n->add_cpus(c);
-    const NicDevice* dev = nic_devices_[&w - &workers_[0]];
+    const NicDevice* dev = nic_devices_[i];
     n->set_numa_node(dev != nullptr ? dev->pci.numa_node : -1);
     if (dev != nullptr) n->set_device(dev->name);
   }

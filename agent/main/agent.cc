@@ -7,8 +7,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"

@@ -34,14 +34,26 @@ def _check(lib, rc: int, what: str) -> None:
         raise errors.InvalidArgument(f"{what} failed: {(name.value or b'?').decode()}")
 
 
-def ipc_handle(ptr: int, device: int) -> Tuple[bytes, int, str]:
-    """(64-byte IPC handle of the allocation holding ``ptr``, offset of ``ptr`` in it, PCI bus id)."""
-    lib = _driver()
+def _use_device(lib, device: int) -> ctypes.c_int:
+    """Makes ``device``'s primary context current on this thread; returns the CUdevice."""
     dev = ctypes.c_int()
     _check(lib, lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
     ctx = ctypes.c_void_p()
     _check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
     _check(lib, lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return dev
+
+
+def _pci_bus_id(lib, dev: ctypes.c_int) -> str:
+    bus = ctypes.create_string_buffer(32)
+    _check(lib, lib.cuDeviceGetPCIBusId(bus, 32, dev), "cuDeviceGetPCIBusId")
+    return bus.value.decode().lower()
+
+
+def ipc_handle(ptr: int, device: int) -> Tuple[bytes, int, str]:
+    """(64-byte IPC handle of the allocation holding ``ptr``, offset of ``ptr`` in it, PCI bus id)."""
+    lib = _driver()
+    dev = _use_device(lib, device)
     base = ctypes.c_uint64()
     size = ctypes.c_size_t()
     _check(lib, lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr)),
@@ -49,9 +61,7 @@ def ipc_handle(ptr: int, device: int) -> Tuple[bytes, int, str]:
     handle = (ctypes.c_char * 64)()
     _check(lib, lib.cuIpcGetMemHandle(handle, base),
            "cuIpcGetMemHandle (memory from cudaMalloc is needed; not VMM / expandable segments)")
-    bus = ctypes.create_string_buffer(32)
-    _check(lib, lib.cuDeviceGetPCIBusId(bus, 32, dev), "cuDeviceGetPCIBusId")
-    return bytes(handle), ptr - base.value, bus.value.decode().lower()
+    return bytes(handle), ptr - base.value, _pci_bus_id(lib, dev)
 
 
 # ---------------------------------------------------------------- exportable allocations
@@ -86,11 +96,7 @@ class DeviceBuffer:
 
     def __init__(self, size: int, device: int):
         lib = _driver()
-        dev = ctypes.c_int()
-        _check(lib, lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
-        ctx = ctypes.c_void_p()
-        _check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-        _check(lib, lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        dev = _use_device(lib, device)
         prop = _AllocationProp(type=_PINNED, requestedHandleTypes=_POSIX_FD, location=_Location(_LOCATION_DEVICE, device))
         gran = ctypes.c_size_t()
         _check(lib, lib.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(prop), 0),
@@ -111,9 +117,7 @@ class DeviceBuffer:
         access = _AccessDesc(_Location(_LOCATION_DEVICE, device), _READWRITE)
         _check(lib, lib.cuMemSetAccess(ctypes.c_uint64(self.ptr), ctypes.c_size_t(self.size), ctypes.byref(access),
                                        ctypes.c_size_t(1)), "cuMemSetAccess")
-        bus = ctypes.create_string_buffer(32)
-        _check(lib, lib.cuDeviceGetPCIBusId(bus, 32, dev), "cuDeviceGetPCIBusId")
-        self.pci_bus_id = bus.value.decode().lower()
+        self.pci_bus_id = _pci_bus_id(lib, dev)
         _buffers[self.ptr] = self
 
     @property
