@@ -9,4 +9,10 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install -q --upgrade ./client/python pytest
-FERRYD="$PWD/bazel-bin/agent/main/ferryd" .venv/bin/python -m pytest -q -p no:cacheprovider client/python/tests
+# --test_env=NAME=VALUE arguments (tools/test.sh --config=tsan) reach ferryd as they
+# reach Bazel's tests.
+test_env=()
+for arg in "$@"; do
+  case $arg in --test_env=*=*) test_env+=("${arg#--test_env=}") ;; esac
+done
+env "${test_env[@]}" FERRYD="$PWD/bazel-bin/agent/main/ferryd" .venv/bin/python -m pytest -q -p no:cacheprovider client/python/tests

@@ -8,6 +8,16 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
 
+# --config=tsan: the tests (not Bazel itself) load an Abseil built with TSan in place of
+# Debian's (tools/tsan/build_abseil.sh); TSan reads tools/tsan/suppressions.txt.
+for arg in "$@"; do
+  if [ "$arg" = "--config=tsan" ]; then
+    bash tools/tsan/build_abseil.sh || { echo "0 passed, 1 failed"; exit 1; }
+    set -- "$@" "--test_env=LD_LIBRARY_PATH=$PWD/tools/tsan/abseil/lib" \
+      "--test_env=TSAN_OPTIONS=suppressions=$PWD/tools/tsan/suppressions.txt:second_deadlock_stack=1"
+  fi
+done
+
 log=$(mktemp /tmp/ferry-test.XXXXXX)
 trap 'rm -f "$log"' EXIT
 bazel test //... --test_summary=short "$@" 2>&1 | tee "$log"

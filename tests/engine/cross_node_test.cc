@@ -179,11 +179,15 @@ TEST_CASE("three agents, many sessions, concurrent transfers: no corruption") {
   std::vector<Pod> receivers;
   for (int i = 0; i < 3; ++i) receivers.push_back(MakePod(agents[i]->socket(), kSlice * kWriters, 0));
 
+  // Sessions are made here: Catch's assertions (inside MakePod) are not thread-safe.
+  std::vector<Pod> writers;
+  for (int w = 0; w < kWriters; ++w) writers.push_back(MakePod(agents[w % 3]->socket(), kSlice, 0));
+
   std::vector<std::thread> threads;
   std::atomic<int> failures{0};
   for (int w = 0; w < kWriters; ++w) {
     threads.emplace_back([&, w] {
-      Pod me = MakePod(agents[w % 3]->socket(), kSlice, 0);
+      Pod& me = writers[w];
       for (int round = 0; round < 5; ++round) {
         FillRandom(me.buf->data(), kSlice, w * 100 + round);
         // Write the slice to the next agent's receiver, in 64 scattered chunks.
