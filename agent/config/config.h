@@ -26,6 +26,7 @@ struct AgentConfig {
   std::string fabric_provider = "auto";
   std::vector<std::string> fabric_ifaces;  // one per NIC: IPv4 address or interface name
   size_t fabric_tx_size = 0;               // > 0 overrides the provider's queue depth
+  bool fabric_hmem = true;                 // FI_HMEM for GPU memory where offered
   uint64_t fabric_max_op_bytes = 4 << 20;  // larger chunks are split (and striped)
   uint32_t fabric_spin_us = 100;           // NIC worker polling after activity
   std::string sysfs_root = "/sys";         // topology discovery (a fake tree in tests)
@@ -47,6 +48,7 @@ struct AgentConfig {
   bool gpu_kernel_pull = false;
   // Staged path (agent/staged).
   uint64_t staging_buffer_bytes = 32 << 20;
+  uint64_t stage_bytes = 1 << 20;
   uint32_t max_staging_buffers = 64;
   bool stage_host_regions = false;
   uint32_t shutdown_grace_ms = 5000;

@@ -30,6 +30,7 @@ absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricE
     o.iface = options.ifaces[i];
     o.index = static_cast<int>(i);
     o.tx_size = options.tx_size;
+    o.hmem = options.hmem;
     absl::StatusOr<std::unique_ptr<FabricNic>> nic = FabricNic::Open(o);
     if (!nic.ok()) return nic.status();
     if (!e->nics_.empty() && (*nic)->provider() != e->nics_[0]->provider()) {
@@ -37,6 +38,7 @@ absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricE
     }
     e->nics_.push_back(std::move(*nic));
   }
+  e->gpu_direct_.store(e->hmem());
   e->topology_ = options.topology != nullptr ? options.topology : std::make_shared<const Topology>();
   for (auto& nic : e->nics_) {
     const NicDevice* dev = e->topology_->FindNic(nic->netdev());
@@ -109,15 +111,32 @@ void FabricEngine::Shutdown() {
   peers_.reset();
 }
 
+bool FabricEngine::hmem() const {
+  for (const auto& nic : nics_) {
+    if (!nic->hmem()) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<RegionRegistration> FabricEngine::Register(const MemoryBacking& backing) {
-  // GPU memory stays node-local until the agent drives FI_HMEM or the staged path:
-  // no NIC registration, and Prepare / OpenRegion refuse cross-node use with a reason.
-  if (backing.kind() != MemoryKind::kHost) return RegionRegistration{};
+  // GPU memory is registered only where every NIC has FI_HMEM and the first attempt
+  // worked (FI_HMEM may cover host memory only: Debian's shm); otherwise it stays
+  // unregistered and crosses nodes through the staged path.
+  const bool gpu = backing.kind() == MemoryKind::kCuda;
+  if (gpu && !gpu_direct_.load()) return RegionRegistration{};
   RegionRegistration reg;
   auto owner = std::make_unique<FabricRegistrations>();
   for (const auto& nic : nics_) {
     fid_mr* mr = nullptr;
-    absl::StatusOr<NicRegistration> r = nic->Register(backing.data(), backing.size(), &mr);
+    absl::StatusOr<NicRegistration> r =
+        nic->Register(backing.data(), backing.size(), &mr, gpu ? backing.device() : -1);
+    if (!r.ok() && gpu) {
+      if (gpu_direct_.exchange(false)) {
+        FERRY_LOG(WARNING) << "GPU memory cannot be registered with the NICs (" << r.status()
+                           << "); GPU memory will cross nodes through host staging buffers";
+      }
+      return RegionRegistration{};
+    }
     if (!r.ok()) return r.status();  // `owner` closes the MRs registered so far
     owner->Add(mr);
     reg.nics.push_back(*r);
@@ -135,9 +154,9 @@ absl::Status FabricEngine::Prepare(Transfer& t) {
         " memory its agent's NICs cannot reach, but the descriptor says host memory; use the descriptor its owner "
         "was given"));
   }
-  if (t.src != nullptr && t.src->kind() == MemoryKind::kCuda) {
+  if (t.src != nullptr && t.src->kind() == MemoryKind::kCuda && t.src->nics().empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "src_region_id ", t.src->id(), " is GPU memory, which this agent's NICs cannot reach directly"));
+        "src_region_id ", t.src->id(), " is GPU memory, which this agent's NICs cannot reach directly (no FI_HMEM)"));
   }
   if (t.src != nullptr && t.src->nics().size() != nics_.size()) {
     return absl::FailedPreconditionError(absl::StrCat("src_region_id ", t.src->id(), " is not registered with the fabric"));

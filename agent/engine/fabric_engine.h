@@ -19,6 +19,7 @@
 #ifndef FERRY_AGENT_ENGINE_FABRIC_ENGINE_H_
 #define FERRY_AGENT_ENGINE_FABRIC_ENGINE_H_
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -49,6 +50,7 @@ struct FabricEngineOptions {
   // Largest single write; larger chunks are split so they can stripe over NICs.
   uint64_t max_op_bytes = 4 << 20;
   size_t tx_size = 0;  // > 0 overrides the provider's queue depth
+  bool hmem = true;    // use FI_HMEM for GPU memory where the provider has it
   absl::Duration worker_spin = absl::Microseconds(100);  // see RailWorker
   int notify_threads = 2;
   // The node's topology (agent/topology): rails and worker pinning. Null: every region
@@ -70,7 +72,10 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
 
   absl::Status Prepare(Transfer& t) override;
   void Submit(std::shared_ptr<Transfer> t, Done done) override;
+  // GPU memory is registered with the NICs only when hmem().
   absl::StatusOr<RegionRegistration> Register(const MemoryBacking& backing) override;
+  // Whether every NIC has FI_HMEM: GPU regions are then written directly, not staged.
+  bool hmem() const;
 
   // For the staged path (agent/staged), which drives the engine stage by stage:
   // Resolves t.dst_descriptor's peer and region and checks bounds (Prepare without
@@ -124,6 +129,9 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   std::vector<const NicDevice*> nic_devices_;
   RailPlan rails_;
   std::unique_ptr<PeerTable> peers_;
+  // Whether GPU memory is registered with the NICs: hmem() at start, false after the
+  // first registration the provider refused.
+  std::atomic<bool> gpu_direct_{false};
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

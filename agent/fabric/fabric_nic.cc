@@ -57,16 +57,17 @@ bool DomainMatches(const char* domain, const std::string& want) {
   return domain != nullptr && (want == domain || absl::StrCat(want, "-rdm") == domain);
 }
 
-// Asks libfabric for an RDM endpoint with RMA writes from `provider` bound to the
-// address, or on the domain, `where` names.
-absl::StatusOr<fi_info*> GetInfo(const std::string& provider, const Iface& where, size_t tx_size) {
+// Asks libfabric for an RDM endpoint with RMA writes (and device memory, with `hmem`)
+// from `provider` bound to the address, or on the domain, `where` names.
+absl::StatusOr<fi_info*> GetInfo(const std::string& provider, const Iface& where, size_t tx_size, bool hmem) {
   fi_info* hints = fi_allocinfo();
   absl::Cleanup free_hints = [hints] { fi_freeinfo(hints); };
   hints->ep_attr->type = FI_EP_RDM;
-  hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
+  hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | (hmem ? FI_HMEM : 0);
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   // The modes ferry can honour; the provider keeps the ones it needs.
-  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT |
+                                (hmem ? FI_MR_HMEM : 0);
   hints->domain_attr->threading = FI_THREAD_SAFE;
   hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
   if (tx_size > 0) hints->tx_attr->size = tx_size;
@@ -109,7 +110,9 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
   fi_info* info = nullptr;
   std::string tried;
   for (const std::string& p : candidates) {
-    absl::StatusOr<fi_info*> i = GetInfo(p, iface, options.tx_size);
+    // With FI_HMEM where the provider has it, else without (GPU memory is then staged).
+    absl::StatusOr<fi_info*> i = options.hmem ? GetInfo(p, iface, options.tx_size, true) : absl::NotFoundError("");
+    if (!i.ok()) i = GetInfo(p, iface, options.tx_size, false);
     if (i.ok()) {
       info = *i;
       break;
@@ -126,6 +129,7 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
   nic->netdev_ = iface.name;
   if (info->domain_attr->name != nullptr) nic->domain_name_ = info->domain_attr->name;
   nic->mr_mode_ = info->domain_attr->mr_mode;
+  nic->hmem_ = (info->caps & FI_HMEM) != 0;
   nic->max_msg_size_ = info->ep_attr->max_msg_size;
   nic->tx_size_ = info->tx_attr->size;
 
@@ -166,7 +170,8 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
   nic->address_.assign(name, len);
   FERRY_LOG(INFO) << nic->name_ << ": " << nic->provider_ << " on " << nic->iface_ << " address "
                   << nic->address_string() << " (netdev " << nic->netdev_ << ", domain " << nic->domain_name_ << ") mr_mode 0x" << std::hex << nic->mr_mode_ << std::dec
-                  << " tx_size " << nic->tx_size_ << (nic->wait_fd_ >= 0 ? " (wait fd)" : " (polling)");
+                  << " tx_size " << nic->tx_size_ << (nic->wait_fd_ >= 0 ? " (wait fd)" : " (polling)")
+                  << (nic->hmem_ ? ", FI_HMEM" : ", no FI_HMEM (GPU memory will be staged)");
   return nic;
 }
 
@@ -186,11 +191,23 @@ std::string FabricNic::address_string() const {
   return std::string(buf);
 }
 
-absl::StatusOr<NicRegistration> FabricNic::Register(void* buf, uint64_t len, fid_mr** mr_out) {
-  uint64_t requested_key = (mr_mode_ & FI_MR_PROV_KEY) ? 0 : next_key_.fetch_add(1);
+absl::StatusOr<NicRegistration> FabricNic::Register(void* buf, uint64_t len, fid_mr** mr_out, int cuda_device) {
+  if (cuda_device >= 0 && !hmem_) {
+    return absl::FailedPreconditionError(absl::StrCat(name_, ": ", provider_, " has no FI_HMEM for GPU memory"));
+  }
+  iovec iov{buf, len};
+  fi_mr_attr attr{};
+  attr.mr_iov = &iov;
+  attr.iov_count = 1;
+  attr.access = FI_WRITE | FI_REMOTE_WRITE;
+  attr.requested_key = (mr_mode_ & FI_MR_PROV_KEY) ? 0 : next_key_.fetch_add(1);
+  attr.iface = cuda_device >= 0 ? FI_HMEM_CUDA : FI_HMEM_SYSTEM;
+  attr.device.cuda = cuda_device >= 0 ? cuda_device : 0;
   fid_mr* mr = nullptr;
-  int rc = fi_mr_reg(domain_, buf, len, FI_WRITE | FI_REMOTE_WRITE, 0, requested_key, 0, &mr, nullptr);
-  if (rc) return FiError(absl::StrCat(name_, ": fi_mr_reg of ", len, " bytes"), rc);
+  int rc = fi_mr_regattr(domain_, &attr, 0, &mr);
+  if (rc) {
+    return FiError(absl::StrCat(name_, ": fi_mr_regattr of ", len, " bytes", cuda_device >= 0 ? " of GPU memory" : ""), rc);
+  }
   if (mr_mode_ & FI_MR_ENDPOINT) {
     rc = fi_mr_bind(mr, &ep_->fid, 0);
     if (rc == 0) rc = fi_mr_enable(mr);

@@ -10,6 +10,11 @@
 // provider-chosen keys, FI_MR_LOCAL descriptors, FI_MR_ENDPOINT binding) instead of
 // assuming one. Writes request FI_DELIVERY_COMPLETE: a completion means the bytes are in
 // the target's memory, not merely sent.
+//
+// GPU memory: when the provider offers FI_HMEM (GPUDirect RDMA on efa and verbs, CUDA
+// IPC on shm), the NIC asks for it and registers CUDA memory with FI_HMEM_CUDA and its
+// device, so writes go to and from GPU memory directly; otherwise hmem() is false and
+// GPU memory takes the staged path (agent/staged).
 #ifndef FERRY_AGENT_FABRIC_FABRIC_NIC_H_
 #define FERRY_AGENT_FABRIC_FABRIC_NIC_H_
 
@@ -38,6 +43,8 @@ struct FabricNicOptions {
   int index = 0;
   // Overrides the provider's transmit queue depth when > 0 (tests force -FI_EAGAIN).
   size_t tx_size = 0;
+  // Ask for FI_HMEM (device memory registration) where the provider has it.
+  bool hmem = true;
 };
 
 class FabricNic {
@@ -60,8 +67,12 @@ class FabricNic {
   // Readable when the CQ may have work (FI_WAIT_FD); -1 when the provider has no wait fd.
   int wait_fd() const { return wait_fd_; }
 
+  // Whether GPU memory can be registered (the provider granted FI_HMEM).
+  bool hmem() const { return hmem_; }
+
   // Registers [buf, buf + len) for local and remote writes on this NIC. Thread-safe.
-  absl::StatusOr<NicRegistration> Register(void* buf, uint64_t len, fid_mr** mr_out);
+  // `cuda_device` >= 0: buf is CUDA memory of that device (needs hmem()).
+  absl::StatusOr<NicRegistration> Register(void* buf, uint64_t len, fid_mr** mr_out, int cuda_device = -1);
 
   absl::StatusOr<fi_addr_t> InsertPeer(const std::string& raw_address);
   void RemovePeer(fi_addr_t addr);
@@ -85,6 +96,7 @@ class FabricNic {
   fid_cq* cq_ = nullptr;
   fid_ep* ep_ = nullptr;
   int wait_fd_ = -1;
+  bool hmem_ = false;
   uint64_t mr_mode_ = 0;
   uint64_t max_msg_size_ = 0;
   size_t tx_size_ = 0;

@@ -193,6 +193,7 @@ absl::Status Agent::StartFabric() {
   options.ifaces = config_.fabric_ifaces;
   options.incarnation = incarnation_;
   options.tx_size = config_.fabric_tx_size;
+  options.hmem = config_.fabric_hmem;
   options.max_op_bytes = config_.fabric_max_op_bytes;
   options.worker_spin = absl::Microseconds(config_.fabric_spin_us);
   options.topology = topology_;
@@ -225,6 +226,7 @@ absl::Status Agent::StartFabric() {
   peer_service_->set_staging(staging_table_.get());
   StagedExecutorOptions staged;
   staged.buffer_bytes = config_.staging_buffer_bytes;
+  staged.stage_bytes = config_.stage_bytes;
   staged.stage_host_regions = config_.stage_host_regions;
   staged_ = std::make_unique<StagedExecutor>(staged, engine_.get(), cu, stage_copier_.get());
   int port = 0;
@@ -268,6 +270,9 @@ void Agent::Shutdown(absl::Duration grace) {
   }
   if (local_server_) local_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (peer_server_) peer_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  // Before the parts /readyz and scrapes look at go away (found by TSan: a readiness
+  // check reading the GPU copier while it was destroyed).
+  metrics_server_.reset();
   if (session_server_) session_server_->Stop();
   if (queue_poller_) queue_poller_->Stop();
   if (sessions_) sessions_->CloseAll();
@@ -278,7 +283,6 @@ void Agent::Shutdown(absl::Duration grace) {
   local_copier_.reset();  // finishes queued copies
   gpu_copier_.reset();
   if (local_server_) unlink(config_.socket.c_str());
-  metrics_server_.reset();
   FERRY_LOG(INFO) << "ferryd stopped";
 }
 

@@ -35,6 +35,9 @@ ABSL_FLAG(std::string, fabric_provider, "auto",
 ABSL_FLAG(std::string, fabric_iface, "",
           "Comma-separated NIC addresses or interface names, one fabric endpoint each. Required with "
           "--peer_address: the agent never guesses an interface.");
+ABSL_FLAG(bool, fabric_hmem, true,
+          "Register GPU memory with the NICs (FI_HMEM: GPUDirect RDMA) where the provider offers it; false, or a "
+          "provider without it, sends GPU memory through host staging buffers.");
 ABSL_FLAG(uint64_t, fabric_tx_size, 0,
           "Transmit queue depth per NIC; 0 keeps the provider's. Small values force -FI_EAGAIN (tests).");
 ABSL_FLAG(std::string, peer_tls_cert, "",
@@ -65,6 +68,9 @@ ABSL_FLAG(uint32_t, max_wait_ms, 60000, "Longest a single Wait call blocks.");
 ABSL_FLAG(int32_t, local_copy_threads, 2, "Threads for node-local host copies.");
 ABSL_FLAG(uint64_t, staging_buffer_bytes, 32 << 20,
           "Size of each staging buffer of the staged path (GPU memory across nodes without FI_HMEM).");
+ABSL_FLAG(uint64_t, stage_bytes, 1 << 20,
+          "Largest stage of the staged path: a transfer is pipelined (copy out, write, commit) in stages of "
+          "this size, each in its own slot of the staging buffers.");
 ABSL_FLAG(uint32_t, max_staging_buffers, 64, "Most staging buffers this agent keeps for peers writing into it.");
 ABSL_FLAG(bool, stage_host_regions, false,
           "Carry host regions through the staged path too (exercises it where there is no GPU; slower).");
@@ -132,6 +138,7 @@ int main(int argc, char** argv) {
   config.fabric_provider = absl::GetFlag(FLAGS_fabric_provider);
   config.fabric_ifaces = absl::StrSplit(absl::GetFlag(FLAGS_fabric_iface), ',', absl::SkipEmpty());
   config.fabric_tx_size = absl::GetFlag(FLAGS_fabric_tx_size);
+  config.fabric_hmem = absl::GetFlag(FLAGS_fabric_hmem);
   config.fabric_max_op_bytes = absl::GetFlag(FLAGS_fabric_max_op_bytes);
   config.fabric_spin_us = absl::GetFlag(FLAGS_fabric_spin_us);
   config.sysfs_root = absl::GetFlag(FLAGS_sysfs_root);
@@ -151,10 +158,14 @@ int main(int argc, char** argv) {
   config.local_copy_threads = absl::GetFlag(FLAGS_local_copy_threads);
   config.gpu_kernel_pull = absl::GetFlag(FLAGS_gpu_kernel_pull);
   config.staging_buffer_bytes = absl::GetFlag(FLAGS_staging_buffer_bytes);
+  config.stage_bytes = absl::GetFlag(FLAGS_stage_bytes);
   config.max_staging_buffers = absl::GetFlag(FLAGS_max_staging_buffers);
   config.stage_host_regions = absl::GetFlag(FLAGS_stage_host_regions);
   if (config.staging_buffer_bytes < 4096 || config.staging_buffer_bytes > (1ull << 32)) {
     return Fail("--staging_buffer_bytes must be 4096..4294967296");
+  }
+  if (config.stage_bytes < 4096 || config.stage_bytes > (1ull << 32)) {
+    return Fail("--stage_bytes must be 4096..4294967296");
   }
   config.shutdown_grace_ms = absl::GetFlag(FLAGS_shutdown_grace_ms);
   if (config.local_copy_threads < 1 || config.local_copy_threads > 64) {

@@ -67,7 +67,7 @@ grpc::Status PeerService::OpenRegion(grpc::ServerContext*, const v1::OpenRegionR
     *resp->mutable_staging() = std::move(*buffer);
     return grpc::Status::OK;
   }
-  if ((*region)->kind() == MemoryKind::kCuda) {
+  if ((*region)->kind() == MemoryKind::kCuda && regs.size() != nics_.size()) {
     return Reply("peer.OpenRegion", absl::FailedPreconditionError(
         "the destination is GPU memory, which the target's NICs cannot reach and which it cannot stage"));
   }

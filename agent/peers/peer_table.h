@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/common/slot_pool.h"
 #include "agent/common/token.h"
 #include "agent/fabric/fabric_nic.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
@@ -43,9 +44,12 @@ struct RemoteRegion {
   v1::MemoryKind kind = v1::MEMORY_KIND_HOST;
   std::vector<v1::RemoteKey> keys;  // one per remote NIC; empty when staged
   // Set when the target's NICs cannot reach the region (GPU memory without FI_HMEM):
-  // the target's staging buffer reserved for this agent, used one transfer at a time.
+  // the target's staging buffer reserved for this agent.
   std::optional<v1::StagingBuffer> staging;
+  // Its slots, shared by every staged transfer from this agent into the region; made by
+  // the first one (the staged path picks the slot size).
   absl::Mutex staging_mu;
+  std::shared_ptr<SlotPool> staging_slots ABSL_GUARDED_BY(staging_mu);
 };
 
 class PeerConnection {

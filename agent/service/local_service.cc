@@ -177,7 +177,8 @@ absl::StatusOr<uint64_t> LocalService::ResolveDestination(const v1::RegionDescri
         "dst lives on agent ", dst.agent_address(), " but this agent runs without a fabric (--peer_address unset)"));
   }
   t.dst_descriptor = dst;
-  // GPU memory on either side goes through host staging (the NICs here cannot reach it).
+  // GPU memory on either side goes to the staged path, which hands the transfer to the
+  // direct one in Prepare when both sides' NICs turn out to reach it (FI_HMEM).
   const bool staged = deps_.stage_host_regions || dst.kind() == v1::MEMORY_KIND_CUDA ||
                       (t.src != nullptr && t.src->kind() == MemoryKind::kCuda);
   t.path = staged ? v1::TRANSFER_PATH_STAGED : v1::TRANSFER_PATH_FABRIC;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -34,7 +35,47 @@ class Completion {
   absl::Status status_;
 };
 
+// One CommitStaged call in flight; lives until its callback ran.
+struct CommitCall {
+  grpc::ClientContext ctx;
+  v1::CommitStagedRequest req;
+  v1::CommitStagedResponse resp;
+};
+
 }  // namespace
+
+// The stages of one transfer in flight: how many, and the first error.
+class StagedExecutor::StageTracker {
+ public:
+  void Start() {
+    absl::MutexLock lock(&mu_);
+    ++outstanding_;
+  }
+  void Finish(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    if (!s.ok() && status_.ok()) status_ = std::move(s);
+    --outstanding_;
+  }
+  absl::Status status() {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+  // Waits until every started stage finished; each ends by the transfer's deadline (the
+  // engine's watchdog, the commit's RPC deadline), the slack only guards against a bug.
+  absl::Status WaitAll(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return outstanding_ == 0; };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline + absl::Seconds(10))) {
+      return absl::InternalError("a staged write's stage never completed");
+    }
+    return status_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
 
 StagedExecutor::StagedExecutor(StagedExecutorOptions options, FabricEngine* engine, const CudaDriver* cu,
                                StageCopier* copier)
@@ -54,7 +95,8 @@ StagedExecutor::~StagedExecutor() {
 }
 
 bool StagedExecutor::SourceStaged(const Region& src) const {
-  return src.kind() == MemoryKind::kCuda || options_.stage_host_regions;
+  // GPU memory the NICs could not register (no FI_HMEM).
+  return src.nics().empty() || options_.stage_host_regions;
 }
 
 absl::Status StagedExecutor::Prepare(Transfer& t) {
@@ -65,6 +107,12 @@ absl::Status StagedExecutor::Prepare(Transfer& t) {
   if (!src_staged && t.src->nics().size() != engine_->nics().size()) {
     return absl::FailedPreconditionError(absl::StrCat("src_region_id ", t.src->id(), " is not registered with the fabric"));
   }
+  if (!src_staged && !FabricEngine::TargetRegion(t)->staging.has_value()) {
+    // The NICs reach both sides (GPU memory with FI_HMEM): the direct path.
+    t.path = v1::TRANSFER_PATH_FABRIC;
+    t.executor = engine_;
+    return engine_->Prepare(t);
+  }
   return absl::OkStatus();
 }
 
@@ -74,7 +122,7 @@ void StagedExecutor::Submit(std::shared_ptr<Transfer> t, Done done) {
 }
 
 void StagedExecutor::Work() {
-  std::shared_ptr<Region> staging;  // this worker's local staging, made on first need
+  LocalStaging local;
   for (;;) {
     std::pair<std::shared_ptr<Transfer>, Done> job;
     {
@@ -85,63 +133,101 @@ void StagedExecutor::Work() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    job.second(Run(job.first, staging));
+    job.second(Run(job.first, local));
   }
 }
 
-absl::Status StagedExecutor::Run(const std::shared_ptr<Transfer>& t, std::shared_ptr<Region>& staging) {
+std::shared_ptr<SlotPool> StagedExecutor::RemoteSlots(RemoteRegion& region) const {
+  absl::MutexLock lock(&region.staging_mu);
+  if (region.staging_slots == nullptr) {
+    region.staging_slots = std::make_shared<SlotPool>(region.staging->size(), options_.stage_bytes);
+  }
+  return region.staging_slots;
+}
+
+absl::Status StagedExecutor::Run(const std::shared_ptr<Transfer>& t, LocalStaging& local) {
   const std::shared_ptr<RemoteRegion> region = FabricEngine::TargetRegion(*t);
   const bool src_staged = SourceStaged(*t->src);
   const bool dst_staged = region->staging.has_value();
-  if (src_staged && staging == nullptr) {
+  if (src_staged && local.memory == nullptr) {
     absl::StatusOr<std::shared_ptr<Region>> s = AllocateStagingRegion(options_.buffer_bytes, cu_, engine_);
     if (!s.ok()) return s.status();
-    staging = std::move(*s);
+    local.memory = std::move(*s);
+    local.slots = std::make_shared<SlotPool>(local.memory->size(), options_.stage_bytes);
   }
+  const std::shared_ptr<SlotPool> remote_slots = dst_staged ? RemoteSlots(*region) : nullptr;
   uint64_t limit = UINT64_MAX;
-  if (src_staged) limit = std::min(limit, staging->size());
-  if (dst_staged) limit = std::min(limit, region->staging->size());
-  // One transfer at a time uses the target's staging buffer.
-  std::optional<absl::MutexLock> turn;
-  if (dst_staged) turn.emplace(&region->staging_mu);
+  if (src_staged) limit = std::min(limit, local.slots->slot_bytes());
+  if (dst_staged) limit = std::min(limit, remote_slots->slot_bytes());
 
+  // Cut the chunks into stages of at most `limit` bytes and start each; a stage that
+  // cannot start (no slot by the deadline, a failed copy) or an earlier stage's error
+  // stops the loop. Stages already started always finish before Run returns: they
+  // hold slots and write from this worker's buffer.
+  const LocalStaging none;
+  auto tracker = std::make_shared<StageTracker>();
+  absl::Status started;
   std::vector<CopyChunk> stage;
   uint64_t stage_bytes = 0;
-  for (const CopyChunk& c : t->plan.chunks) {
+  auto start = [&] {
+    started = StartStage(t, stage, src_staged ? local : none, remote_slots, tracker);
+    stage.clear();
+    stage_bytes = 0;
+    return started.ok();
+  };
+  for (size_t i = 0; i < t->plan.chunks.size() && started.ok(); ++i) {
+    const CopyChunk& c = t->plan.chunks[i];
     for (uint64_t off = 0; off < c.length;) {
       const uint64_t n = std::min(c.length - off, limit - stage_bytes);
       stage.push_back({c.src_offset + off, c.dst_offset + off, n});
       stage_bytes += n;
       off += n;
-      if (stage_bytes == limit) {
-        absl::Status s = RunStage(t, stage, staging);
-        if (!s.ok()) return s;
-        stage.clear();
-        stage_bytes = 0;
-      }
+      if (stage_bytes == limit && !start()) break;
     }
   }
-  if (!stage.empty()) {
-    absl::Status s = RunStage(t, stage, staging);
-    if (!s.ok()) return s;
-  }
+  if (started.ok() && !stage.empty()) start();
+  absl::Status finished = tracker->WaitAll(t->deadline);
+  if (!started.ok()) return started;
+  if (!finished.ok()) return finished;
   if (!t->notify) return absl::OkStatus();
   Completion notified;
   engine_->NotifyDelivered(t, notified.callback());
   return notified.Wait(t->deadline);
 }
 
-absl::Status StagedExecutor::RunStage(const std::shared_ptr<Transfer>& t, const std::vector<CopyChunk>& stage,
-                                      std::shared_ptr<Region>& staging) {
+absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, const std::vector<CopyChunk>& stage,
+                                        const LocalStaging& local, const std::shared_ptr<SlotPool>& remote_slots,
+                                        const std::shared_ptr<StageTracker>& tracker) {
   const std::shared_ptr<PeerConnection> peer = FabricEngine::TargetPeer(*t);
   const std::shared_ptr<RemoteRegion> region = FabricEngine::TargetRegion(*t);
-  const bool src_staged = SourceStaged(*t->src);
-  const bool dst_staged = region->staging.has_value();
+  if (absl::Status s = tracker->status(); !s.ok()) return s;  // an earlier stage failed
   if (absl::Now() > t->deadline) {
     return absl::DeadlineExceededError(absl::StrCat("transfer ", t->id, " passed its deadline"));
   }
 
-  // Staged sides are packed: the stage's chunks back to back from offset 0.
+  // Slots: the target's first, then this worker's. A worker's own slots free as its
+  // writes complete, which waits on nothing a worker holds, so there is no cycle.
+  int remote_slot = -1, local_slot = -1;
+  if (remote_slots != nullptr) {
+    absl::StatusOr<int> slot = remote_slots->Acquire(t->deadline);
+    if (!slot.ok()) return slot.status();
+    remote_slot = *slot;
+  }
+  auto release_remote = absl::MakeCleanup([&] {
+    if (remote_slot >= 0) remote_slots->Release(remote_slot);
+  });
+  if (local.slots != nullptr) {
+    absl::StatusOr<int> slot = local.slots->Acquire(t->deadline);
+    if (!slot.ok()) return slot.status();
+    local_slot = *slot;
+  }
+  auto release_local = absl::MakeCleanup([&] {
+    if (local_slot >= 0) local.slots->Release(local_slot);
+  });
+
+  // Staged sides are packed: the stage's chunks back to back from the slot's start.
+  const uint64_t local_base = local_slot >= 0 ? local.slots->offset(local_slot) : 0;
+  const uint64_t remote_base = remote_slot >= 0 ? remote_slots->offset(remote_slot) : 0;
   auto sub = std::make_shared<Transfer>();
   sub->id = t->id;
   sub->session = t->session;
@@ -150,52 +236,72 @@ absl::Status StagedExecutor::RunStage(const std::shared_ptr<Transfer>& t, const 
   sub->deadline = t->deadline;
   sub->dst_descriptor = t->dst_descriptor;
   sub->rail = engine_->RailFor(*t->src);  // the GPU's rail, not the staging buffer's
-  std::vector<CopyChunk> gather, commit;
+  std::vector<CopyChunk> gather;
+  std::shared_ptr<CommitCall> commit;
+  if (remote_slot >= 0) {
+    commit = std::make_shared<CommitCall>();
+    const v1::RegionDescriptor& d = t->dst_descriptor;
+    commit->req.set_target_incarnation(d.agent_incarnation());
+    commit->req.set_region_id(d.region_id());
+    commit->req.set_token(d.token());
+    commit->req.set_staging_id(region->staging->id());
+    commit->ctx.set_deadline(absl::ToChronoTime(std::max(t->deadline, absl::Now() + absl::Milliseconds(100))));
+  }
   uint64_t packed = 0;
   for (const CopyChunk& c : stage) {
-    sub->plan.chunks.push_back({src_staged ? packed : c.src_offset, dst_staged ? packed : c.dst_offset, c.length});
-    if (src_staged) gather.push_back({c.src_offset, packed, c.length});
-    if (dst_staged) commit.push_back({packed, c.dst_offset, c.length});
+    sub->plan.chunks.push_back({local_slot >= 0 ? local_base + packed : c.src_offset,
+                                remote_slot >= 0 ? remote_base + packed : c.dst_offset, c.length});
+    if (local_slot >= 0) gather.push_back({c.src_offset, packed, c.length});
+    if (commit != nullptr) {
+      v1::Chunk* out = commit->req.add_chunks();
+      out->set_src_offset(remote_base + packed);
+      out->set_dst_offset(c.dst_offset);
+      out->set_length(c.length);
+    }
     packed += c.length;
   }
   sub->plan.total_bytes = packed;
-  if (src_staged) {
-    absl::Status s = copier_->FromRegion(*t->src, staging->data(), gather);
+  if (local_slot >= 0) {
+    absl::Status s = copier_->FromRegion(*t->src, local.memory->data() + local_base, gather);
     if (!s.ok()) return s;
-    sub->src = staging;
+    sub->src = local.memory;
   }
 
+  // From here the stage's callbacks own its slots.
+  std::move(release_remote).Cancel();
+  std::move(release_local).Cancel();
+  tracker->Start();
   std::vector<v1::RemoteKey> keys = region->keys;
-  if (dst_staged) keys.assign(region->staging->keys().begin(), region->staging->keys().end());
-  Completion written;
-  engine_->SubmitTo(sub, peer, keys, region->region_id, written.callback());
-  absl::Status s = written.Wait(t->deadline);
-  if (!s.ok() || !dst_staged) return s;
+  if (commit != nullptr) keys.assign(region->staging->keys().begin(), region->staging->keys().end());
+  std::shared_ptr<SlotPool> local_slots = local.slots;
+  engine_->SubmitTo(sub, peer, keys, region->region_id,
+                    [=](absl::Status s) {
+                      if (local_slot >= 0) local_slots->Release(local_slot);
+                      if (!s.ok() || commit == nullptr) {
+                        if (remote_slot >= 0) remote_slots->Release(remote_slot);
+                        tracker->Finish(std::move(s));
+                        return;
+                      }
+                      // The call owns `commit` (context, request, response) until it ends.
+                      peer->stub()->async()->CommitStaged(
+                          &commit->ctx, &commit->req, &commit->resp,
+                          [commit, remote_slots, remote_slot, tracker, peer, region](grpc::Status rpc) {
+                            remote_slots->Release(remote_slot);
+                            tracker->Finish(CommitStatus(rpc, *peer, region->region_id));
+                          });
+                    });
+  return absl::OkStatus();
+}
 
-  const v1::RegionDescriptor& d = t->dst_descriptor;
-  v1::CommitStagedRequest req;
-  req.set_target_incarnation(d.agent_incarnation());
-  req.set_region_id(d.region_id());
-  req.set_token(d.token());
-  req.set_staging_id(region->staging->id());
-  for (const CopyChunk& c : commit) {
-    v1::Chunk* out = req.add_chunks();
-    out->set_src_offset(c.src_offset);
-    out->set_dst_offset(c.dst_offset);
-    out->set_length(c.length);
-  }
-  v1::CommitStagedResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(std::max(t->deadline, absl::Now() + absl::Milliseconds(100))));
-  grpc::Status rpc = peer->stub()->CommitStaged(&ctx, req, &resp);
+absl::Status StagedExecutor::CommitStatus(const grpc::Status& rpc, PeerConnection& peer, uint64_t region_id) {
   if (rpc.ok()) return absl::OkStatus();
   auto code = static_cast<absl::StatusCode>(rpc.error_code());
   if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kNotFound) {
     // The target restarted or dropped the buffer: the next transfer opens the region anew.
-    peer->ForgetRegion(region->region_id);
+    peer.ForgetRegion(region_id);
     code = absl::StatusCode::kUnavailable;
   }
-  return absl::Status(code, absl::StrCat("committing a stage on agent ", d.agent_address(), " failed: ",
+  return absl::Status(code, absl::StrCat("committing a stage on agent ", peer.address(), " failed: ",
                                          rpc.error_message()));
 }
 

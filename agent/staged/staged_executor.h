@@ -6,11 +6,13 @@
 //   source GPU --cuMemcpy--> local staging --fi_write--> target staging --cuMemcpy--> GPU
 //   (only when the source is GPU memory)                  (only when the target is)
 //
-// A stage into a staged target is committed (peer CommitStaged, which returns once the
-// bytes are in the target's GPU) before the next stage reuses the target's buffer, so a
-// transfer completes only after its last byte is in the destination. Transfers into one
-// target region from this agent take turns on its staging buffer; other transfers run
-// on other workers. Deadlines hold throughout (the engine's watchdog, and every RPC).
+// Stages are pipelined: each holds one slot of this worker's staging buffer and one of
+// the target's (SlotPool, `stage_bytes` each) while it is copied out, written and then
+// committed (peer CommitStaged, asynchronous, returning once the bytes are in the
+// target's GPU), so stage k+1 is copied and written while stage k is committed. Every
+// staged transfer from this agent into one region shares that region's target slots.
+// A transfer completes only after its last stage is committed, then notifies. Deadlines
+// hold throughout (the engine's watchdog, every RPC, every wait for a slot).
 #ifndef FERRY_AGENT_STAGED_STAGED_EXECUTOR_H_
 #define FERRY_AGENT_STAGED_STAGED_EXECUTOR_H_
 
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "agent/common/slot_pool.h"
 #include "agent/cuda/cuda_driver.h"
 #include "agent/engine/fabric_engine.h"
 #include "agent/staged/stage_copier.h"
@@ -30,6 +33,7 @@ namespace ferry {
 struct StagedExecutorOptions {
   int workers = 2;
   uint64_t buffer_bytes = 32 << 20;  // local staging per worker
+  uint64_t stage_bytes = 1 << 20;    // the largest stage: the pipeline's unit
   bool stage_host_regions = false;   // also carry host sources through staging
 };
 
@@ -44,13 +48,27 @@ class StagedExecutor : public TransferExecutor {
   void Submit(std::shared_ptr<Transfer> t, Done done) override;
 
  private:
+  class StageTracker;
+  // A worker's staging buffer and its slots, made on first need.
+  struct LocalStaging {
+    std::shared_ptr<Region> memory;
+    std::shared_ptr<SlotPool> slots;
+  };
+
   void Work();
   // Whether bytes leave `src` through local staging (the NICs cannot reach it).
   bool SourceStaged(const Region& src) const;
-  absl::Status Run(const std::shared_ptr<Transfer>& t, std::shared_ptr<Region>& staging);
-  // One stage: [first, last) of `stage`'s chunks, already split to fit.
-  absl::Status RunStage(const std::shared_ptr<Transfer>& t, const std::vector<CopyChunk>& stage,
-                        std::shared_ptr<Region>& staging);
+  absl::Status Run(const std::shared_ptr<Transfer>& t, LocalStaging& local);
+  // Starts one stage (chunks already cut to fit a slot): takes its slots, copies it out,
+  // submits the write, whose completion commits it. Errors after the start reach
+  // `tracker`; an error returned here means the stage never started.
+  absl::Status StartStage(const std::shared_ptr<Transfer>& t, const std::vector<CopyChunk>& stage,
+                          const LocalStaging& local, const std::shared_ptr<SlotPool>& remote_slots,
+                          const std::shared_ptr<StageTracker>& tracker);
+  // The target region's slots, shared by every transfer into it.
+  std::shared_ptr<SlotPool> RemoteSlots(RemoteRegion& region) const;
+  // A CommitStaged result as a status (UNAVAILABLE when the target lost the buffer).
+  static absl::Status CommitStatus(const grpc::Status& rpc, PeerConnection& peer, uint64_t region_id);
 
   const StagedExecutorOptions options_;
   FabricEngine* engine_;

@@ -8,7 +8,8 @@
 namespace ferry {
 
 bool StagingTable::NeedsStaging(const Region& region) const {
-  return region.kind() == MemoryKind::kCuda || options_.stage_host_regions;
+  // GPU memory the NICs could not register (no FI_HMEM).
+  return region.nics().empty() || options_.stage_host_regions;
 }
 
 size_t StagingTable::buffers() const {

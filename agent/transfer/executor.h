@@ -20,7 +20,9 @@ class TransferExecutor {
   virtual ~TransferExecutor() = default;
   // Synchronous checks before the transfer is accepted (e.g. resolving a remote region
   // and checking bounds against it). An error here is the Write call's own error, so
-  // nothing has moved. May fill t.executor_context for Submit.
+  // nothing has moved. May fill t.executor_context for Submit, and may hand the
+  // transfer to another executor (t.executor, t.path) that suits it better once the
+  // target is known (the staged path does, for GPU memory the NICs reach directly).
   virtual absl::Status Prepare(Transfer& t) { return absl::OkStatus(); }
   // Starts moving `t`'s bytes; calls `done` exactly once, from any thread, never from
   // inside Submit. Must respect t->deadline (DEADLINE_EXCEEDED, never a hang).

@@ -262,18 +262,19 @@ TEST_CASE("host <-> GPU node-local writes; 10,000 blocks in one request") {
   REQUIRE(agent->Stop() == 0);
 }
 
-// Two agents on loopback addresses (tcp;ofi_rxm): GPU memory crosses "nodes" through
-// host staging buffers on both sides (agent/staged).
-std::unique_ptr<AgentProcess> FabricAgent(const std::string& addr) {
-  return StartAgent({"--peer_address=" + addr + ":0", "--fabric_iface=" + addr, "--fabric_provider=tcp;ofi_rxm",
-                     "--staging_buffer_bytes=4194304"});
+// Two agents on loopback addresses. Over tcp;ofi_rxm (no FI_HMEM) GPU memory crosses
+// "nodes" through host staging buffers on both sides (agent/staged), in 1 MiB stages
+// through 4 MiB buffers; over a provider with FI_HMEM for CUDA the NICs register GPU
+// memory and write it directly.
+std::unique_ptr<AgentProcess> FabricAgent(const std::string& addr, const std::string& provider = "tcp;ofi_rxm") {
+  return StartAgent({"--peer_address=" + addr + ":0", "--fabric_iface=" + addr, "--fabric_provider=" + provider,
+                     "--staging_buffer_bytes=4194304", "--stage_bytes=1048576"});
 }
 
-TEST_CASE("staged cross-agent writes: GPU to GPU, GPU to host, host to GPU") {
-  const CudaDriver* cu = GpuOrSkip();
-  if (cu == nullptr) return;
-  auto a = FabricAgent("127.0.0.1");
-  auto b = FabricAgent("127.0.0.2");
+// GPU to GPU, GPU to host and host to GPU between two agents; every write must take `path`.
+void CrossAgentWrites(const CudaDriver* cu, const std::string& provider, v1::TransferPath path) {
+  auto a = FabricAgent("127.0.0.1", provider);
+  auto b = FabricAgent("127.0.0.2", provider);
   auto writer = Connect(*a);
   auto reader = Connect(*b);
   constexpr uint64_t kBytes = 16 << 20;
@@ -289,15 +290,15 @@ TEST_CASE("staged cross-agent writes: GPU to GPU, GPU to host, host to GPU") {
   auto ctx = reader->NewContext(absl::Seconds(60));
   auto stream = reader->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
 
-  // GPU -> GPU: 13 MiB in one chunk (4 stages of 4 MiB), an odd chunk, then 2,000
-  // scattered 4 KiB blocks; notified once, after the data.
+  // GPU -> GPU: 13 MiB in one chunk (staged: 13 stages, up to 4 in flight), an odd
+  // chunk, then 2,000 scattered 4 KiB blocks; notified once, after the data.
   v1::WriteRequest big = Contiguous(s.region_id(), d.region(), {{0, 0, 13 << 20}, {(14 << 20) + 3, (15 << 20) + 1, 999}});
   big.set_notify(true);
   big.set_tag(5);
   absl::StatusOr<v1::TransferResult> r = writer->WriteAndWait(big, absl::Seconds(60));
   INFO(r.status().ToString() << "\n" << a->Log() << "\n" << b->Log());
   REQUIRE(r.ok());
-  CHECK(r->path() == v1::TRANSFER_PATH_STAGED);
+  CHECK(r->path() == path);
   ApplyChunks(data, expect, big);
   REQUIRE(Diff(Download(cu, dst), expect) == "");
   v1::Notification n;
@@ -324,6 +325,26 @@ TEST_CASE("staged cross-agent writes: GPU to GPU, GPU to host, host to GPU") {
   ctx->TryCancel();
   REQUIRE(a->Stop() == 0);
   REQUIRE(b->Stop() == 0);
+}
+
+TEST_CASE("staged cross-agent writes: GPU to GPU, GPU to host, host to GPU") {
+  const CudaDriver* cu = GpuOrSkip();
+  if (cu == nullptr) return;
+  CrossAgentWrites(cu, "tcp;ofi_rxm", v1::TRANSFER_PATH_STAGED);
+}
+
+// FERRY_TEST_HMEM_PROVIDER names a libfabric provider with FI_HMEM for CUDA in the
+// libfabric on LD_LIBRARY_PATH (tests/gpu/run_hmem.sh builds one and sets it to shm).
+TEST_CASE("FI_HMEM cross-agent writes: GPU memory registered with the NICs and written directly") {
+  const CudaDriver* cu = GpuOrSkip();
+  if (cu == nullptr) return;
+  const char* provider = getenv("FERRY_TEST_HMEM_PROVIDER");
+  if (provider == nullptr || *provider == 0) {
+    printf("SKIPPED %s: set FERRY_TEST_HMEM_PROVIDER to a provider with CUDA FI_HMEM (tests/gpu/run_hmem.sh)\n",
+           Catch::getResultCapture().getCurrentTestName().c_str());
+    return;
+  }
+  CrossAgentWrites(cu, provider, v1::TRANSFER_PATH_FABRIC);
 }
 
 // Rails on a real GPU host: two agents in network namespaces, each with one stand-in

@@ -23,8 +23,10 @@ using testing::MakePod;
 using testing::StartFabricAgent;
 using testing::TestNetwork;
 
-// 256 KiB staging buffers: the writes below take many stages.
-const std::vector<std::string> kStaged = {"--stage_host_regions", "--staging_buffer_bytes=262144"};
+// 256 KiB staging buffers in 64 KiB stages: the writes below take many stages, up to
+// four in flight at once (copied, written and committed out of order).
+const std::vector<std::string> kStaged = {"--stage_host_regions", "--staging_buffer_bytes=262144",
+                                          "--stage_bytes=65536"};
 
 TEST_CASE("staged writes across agents land byte for byte, in many stages, notified once after the data") {
   TestNetwork net = TestNetwork::Create(2, 2);  // two NICs per agent
@@ -37,7 +39,7 @@ TEST_CASE("staged writes across agents land byte for byte, in many stages, notif
   auto ctx = receiver.client->NewContext(absl::Seconds(60));
   auto stream = receiver.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
 
-  // A chunk of 3 MiB + 5 bytes (split over 13 stages) and a 7-byte one at odd offsets.
+  // A chunk of 3 MiB + 5 bytes (split over 49 stages) and a 7-byte one at odd offsets.
   v1::WriteRequest req = ChunkWrite(sender, receiver.reg.region(), 1, 100, (3 << 20) + 5);
   v1::Chunk* c = req.mutable_chunks()->add_chunks();
   c->set_src_offset(kSize - 7);
@@ -80,7 +82,7 @@ TEST_CASE("staged writes across agents land byte for byte, in many stages, notif
   CHECK(extra == 0);
 }
 
-TEST_CASE("staged writes from several sessions into one region take turns and all land") {
+TEST_CASE("staged writes from several sessions into one region share its staging slots and all land") {
   TestNetwork net = TestNetwork::Create(2, 1);
   auto a = StartFabricAgent(net.host(0), kStaged);
   auto b = StartFabricAgent(net.host(1), kStaged);

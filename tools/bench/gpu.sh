@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
-# `tools/bench.sh gpu [--bundle=DIR]`: node-local GPU benchmarks on a GPU host (needs 2
-# GPUs for the GPU0 -> GPU1 rows). Without --bundle it builds one (tests/gpu/bundle.sh);
-# on a host without Bazel, make the bundle elsewhere and pass it.
+# `tools/bench.sh gpu [--bundle=DIR] [--cross_agent_only] [--hmem_libfabric=DIR]`: GPU
+# benchmarks on a GPU host (needs 2 GPUs for the GPU0 -> GPU1 rows). Without --bundle it
+# builds one (tests/gpu/bundle.sh); on a host without Bazel, make the bundle elsewhere and
+# pass it.
 #
 # Prints, in one run: ferry contiguous writes vs raw cuMemcpyAsync; ferry paged KV
 # blocks vs the raw contiguous copy of the same bytes; NCCL (PyTorch) moving the same
-# blocks three ways (tools/bench/nccl_blocks.py).
+# blocks three ways (tools/bench/nccl_blocks.py); then the cross-agent path: GPU memory
+# through host staging over tcp;ofi_rxm, against the PCIe hop and the raw transport
+# (tools/bench/fi_write_bench). --cross_agent_only skips the node-local part.
+# --hmem_libfabric=DIR (a libfabric with CUDA, e.g. built by tests/gpu/hmem.sh) adds the
+# same cross-agent rows with FI_HMEM over shm, staged and direct, from that library.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bundle=""
-for a in "$@"; do case $a in --bundle=*) bundle=${a#--bundle=} ;; esac; done
+bundle="" cross_only=0 hmem_lf=""
+for a in "$@"; do
+  case $a in
+    --bundle=*) bundle=${a#--bundle=} ;;
+    --cross_agent_only) cross_only=1 ;;
+    --hmem_libfabric=*) hmem_lf=$(realpath "${a#--hmem_libfabric=}") ;;
+  esac
+done
 if [ -z "$bundle" ]; then
   bundle=.gpu-bundle
   bash tests/gpu/bundle.sh "$bundle"
@@ -18,18 +29,20 @@ bundle=$(realpath "$bundle")
 source tools/lib.sh
 
 echo "# ferry GPU benchmark  $(date -u +%Y-%m-%dT%H:%MZ)  $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sort | uniq -c | xargs)"
-LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/a.sock" --metrics_address=127.0.0.1:0 \
-  --ready_file="$work/a.ready" --log_level=warning 2>"$work/a.log"
-wait_for "$work/a.ready" 30
-LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/a.sock" || { cat "$work/a.log" >&2; exit 1; }
-# The same paged writes with the kernel on the destination GPU (remote reads).
-LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/b.sock" --metrics_address=127.0.0.1:0 \
-  --ready_file="$work/b.ready" --log_level=warning --gpu_kernel_pull 2>"$work/b.log"
-wait_for "$work/b.ready" 30
-echo "# with --gpu_kernel_pull"
-LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/b.sock" --paged_only | grep -v '^# ferry\|^# paged' ||
-  { cat "$work/b.log" >&2; exit 1; }
-python3 tools/bench/nccl_blocks.py
+if [ $cross_only = 0 ]; then
+  LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/a.sock" --metrics_address=127.0.0.1:0 \
+    --ready_file="$work/a.ready" --log_level=warning 2>"$work/a.log"
+  wait_for "$work/a.ready" 30
+  LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/a.sock" || { cat "$work/a.log" >&2; exit 1; }
+  # The same paged writes with the kernel on the destination GPU (remote reads).
+  LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/b.sock" --metrics_address=127.0.0.1:0 \
+    --ready_file="$work/b.ready" --log_level=warning --gpu_kernel_pull 2>"$work/b.log"
+  wait_for "$work/b.ready" 30
+  echo "# with --gpu_kernel_pull"
+  LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/b.sock" --paged_only | grep -v '^# ferry\|^# paged' ||
+    { cat "$work/b.log" >&2; exit 1; }
+  python3 tools/bench/nccl_blocks.py
+fi
 
 # Staged cross-agent path: two agents with the fabric on loopback addresses, and the
 # transport's own ceiling: raw fi_write between the same addresses (tools/bench/fi_write_bench).
@@ -47,3 +60,23 @@ LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/fi_write_bench" target --ifa
 echo "# transport: raw fi_write 127.0.0.1 -> 127.0.0.2, tcp;ofi_rxm, window 16 (size count time_us algbw_GBps)"
 LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/fi_write_bench" initiator --iface=127.0.0.1 --dir="$work/raw" \
   --sizes=4194304,16777216,67108864,268435456 --count=32 --window=16 --lat_iters=10 | grep -v '^lat8' 
+
+# FI_HMEM: the same cross-agent rows over shm from a libfabric with CUDA, once with GPU
+# memory staged (--fabric_hmem=false) and once registered with the provider and written
+# directly, on the same transport.
+if [ -n "$hmem_lf" ]; then
+  for mode in staged direct; do
+    hmem=false; [ $mode = direct ] && hmem=true
+    for node in e f; do
+      addr=127.0.0.3; [ $node = f ] && addr=127.0.0.4
+      LD_LIBRARY_PATH="$hmem_lf/lib:$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/$mode$node.sock" \
+        --metrics_address=127.0.0.1:0 --peer_address=$addr:0 --fabric_iface=$addr --fabric_provider=shm \
+        --fabric_hmem=$hmem --ready_file="$work/$mode$node.ready" --log_level=warning 2>"$work/$mode$node.log"
+    done
+    wait_for "$work/${mode}e.ready" 30; wait_for "$work/${mode}f.ready" 30
+    LD_LIBRARY_PATH="$hmem_lf/lib:$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/${mode}e.sock" \
+      --dst_socket="$work/${mode}f.sock" --transport="shm (the CUDA libfabric in $hmem_lf), GPU memory $mode" |
+      grep -v '^# pcie' || { cat "$work/${mode}e.log" "$work/${mode}f.log" >&2; exit 1; }
+    for p in "${pids[@]: -2}"; do kill "$p" 2>/dev/null || true; done
+  done
+fi

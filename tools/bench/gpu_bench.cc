@@ -26,6 +26,8 @@ ABSL_FLAG(std::string, socket, "/run/ferry/ferry.sock", "agent socket");
 ABSL_FLAG(int, src_device, 0, "source GPU");
 ABSL_FLAG(int, dst_device, 1, "destination GPU");
 ABSL_FLAG(bool, paged_only, false, "only the paged table");
+ABSL_FLAG(std::string, transport, "staged over tcp;ofi_rxm (127.0.0.1 -> 127.0.0.2)",
+          "cross-agent mode: how the agents were started, for the table's header");
 ABSL_FLAG(std::string, dst_socket, "",
           "staged mode: the destination agent's socket (another agent with the fabric); the source agent is --socket");
 
@@ -100,10 +102,11 @@ int Staged(const CudaDriver* cu, int sd, int dd) {
   absl::Status use = UseDevice(*cu, sd);
   if (!use.ok()) return Fail(use);
   if (cu->cuMemHostAlloc(&pinned, kMax, 0) != CUDA_SUCCESS) return Fail(absl::ResourceExhaustedError("pinned"));
-  printf("# staged: GPU%d on agent A -> GPU%d on agent B over tcp;ofi_rxm (127.0.0.1 -> 127.0.0.2), one Write at a time\n",
-         sd, dd);
+  printf("# cross-agent: GPU%d on agent A -> GPU%d on agent B, %s; one Write at a time (time, algbw) and 4 in "
+         "flight (algbw_4)\n", sd, dd, absl::GetFlag(FLAGS_transport).c_str());
   printf("# pcie: raw cuMemcpyDtoH GPU%d -> pinned host of the same size (the staged path's first hop)\n", sd);
-  printf("%12s %6s %12s %12s %12s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "pcie(GB/s)");
+  printf("%12s %6s %12s %12s %12s %12s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "algbw_4(GB/s)",
+         "pcie(GB/s)");
   for (uint64_t size = 4 << 20; size <= kMax; size *= 4) {
     const int count = static_cast<int>(std::clamp<uint64_t>((1ull << 30) / size, 4, 64));
     v1::WriteRequest req;
@@ -113,10 +116,12 @@ int Staged(const CudaDriver* cu, int sd, int dd) {
     req.set_timeout_ms(120000);
     absl::StatusOr<double> f = FerryWrites(**a, req, count, 1);
     if (!f.ok()) return Fail(f.status());
+    absl::StatusOr<double> f4 = FerryWrites(**a, req, count, 4);
+    if (!f4.ok()) return Fail(f4.status());
     absl::Time t0 = absl::Now();
     for (int i = 0; i < count; ++i) cu->cuMemcpyDtoH(pinned, src->ptr(), size);
     double pcie = size * count / absl::ToDoubleSeconds(absl::Now() - t0) / 1e9;
-    printf("%12lu %6d %12.1f %12.2f %12.1f\n", size, count, *f * 1e6, size / *f / 1e9, pcie);
+    printf("%12lu %6d %12.1f %12.2f %12.2f %12.1f\n", size, count, *f * 1e6, size / *f / 1e9, size / *f4 / 1e9, pcie);
   }
   cu->cuMemFreeHost(pinned);
   return 0;
