@@ -327,10 +327,13 @@ void CrossAgentWrites(const CudaDriver* cu, const std::string& provider, v1::Tra
   REQUIRE(b->Stop() == 0);
 }
 
+// FERRY_TEST_STAGED_PROVIDER: another provider without CUDA FI_HMEM, e.g. Debian's shm,
+// whose FI_HMEM covers host memory only (the agent must fall back to staging).
 TEST_CASE("staged cross-agent writes: GPU to GPU, GPU to host, host to GPU") {
   const CudaDriver* cu = GpuOrSkip();
   if (cu == nullptr) return;
-  CrossAgentWrites(cu, "tcp;ofi_rxm", v1::TRANSFER_PATH_STAGED);
+  const char* provider = getenv("FERRY_TEST_STAGED_PROVIDER");
+  CrossAgentWrites(cu, provider != nullptr && *provider != 0 ? provider : "tcp;ofi_rxm", v1::TRANSFER_PATH_STAGED);
 }
 
 // FERRY_TEST_HMEM_PROVIDER names a libfabric provider with FI_HMEM for CUDA in the

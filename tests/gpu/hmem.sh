@@ -6,7 +6,8 @@
 #   tests/gpu/hmem.sh fetch [bundle]   here: Debian's libfabric 2.1.0 source (pinned by
 #                                      hash), autotools run, packed into <bundle>/src
 #   tests/gpu/hmem.sh run [bundle]     on the GPU host: build it (nvcc's CUDA, providers
-#                                      shm, tcp, rxm) into /tmp, then the FI_HMEM test case
+#                                      shm, tcp, rxm) into /tmp, then the FI_HMEM test case;
+#                                      then the staged case over the bundle's own shm
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:?usage: hmem.sh fetch|run [bundle]}
@@ -40,8 +41,14 @@ case $mode in
         { tail -n 30 "$lf.src/configure.log" "$lf.src/make.log" 2>/dev/null; exit 1; }
     fi
     echo "hmem: libfabric $VERSION with CUDA in $lf"
-    export LD_LIBRARY_PATH="$lf/lib:$b/lib" FERRY_BIN_DIR="$b/bin" FERRY_TEST_HMEM_PROVIDER=shm
-    "$b/bin/gpu_test" --durations yes "FI_HMEM cross-agent writes*"
+    export FERRY_BIN_DIR="$b/bin"
+    LD_LIBRARY_PATH="$lf/lib:$b/lib" FERRY_TEST_HMEM_PROVIDER=shm "$b/bin/gpu_test" --durations yes \
+      "FI_HMEM cross-agent writes*"
+    # The bundle's own libfabric (Debian's): its shm grants FI_HMEM for host memory only,
+    # so registering GPU memory fails and the agents must fall back to staging.
+    echo "hmem: shm from the bundle's libfabric (no CUDA): GPU memory must be staged"
+    LD_LIBRARY_PATH="$b/lib" FERRY_TEST_STAGED_PROVIDER=shm "$b/bin/gpu_test" --durations yes \
+      "staged cross-agent writes*"
     ;;
   *) echo "usage: hmem.sh fetch|run [bundle]" >&2; exit 2 ;;
 esac

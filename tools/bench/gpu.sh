@@ -68,12 +68,15 @@ if [ -n "$hmem_lf" ]; then
   for mode in staged direct; do
     hmem=false; [ $mode = direct ] && hmem=true
     for node in e f; do
+      # Fresh addresses per mode: shm names its endpoints after them.
       addr=127.0.0.3; [ $node = f ] && addr=127.0.0.4
+      [ $mode = direct ] && addr=${addr%.*}.$(( ${addr##*.} + 2 ))
       LD_LIBRARY_PATH="$hmem_lf/lib:$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/$mode$node.sock" \
         --metrics_address=127.0.0.1:0 --peer_address=$addr:0 --fabric_iface=$addr --fabric_provider=shm \
         --fabric_hmem=$hmem --ready_file="$work/$mode$node.ready" --log_level=warning 2>"$work/$mode$node.log"
     done
-    wait_for "$work/${mode}e.ready" 30; wait_for "$work/${mode}f.ready" 30
+    { wait_for "$work/${mode}e.ready" 30 && wait_for "$work/${mode}f.ready" 30; } ||
+      { cat "$work/${mode}e.log" "$work/${mode}f.log" >&2; exit 1; }
     LD_LIBRARY_PATH="$hmem_lf/lib:$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/${mode}e.sock" \
       --dst_socket="$work/${mode}f.sock" --transport="shm (the CUDA libfabric in $hmem_lf), GPU memory $mode" |
       grep -v '^# pcie' || { cat "$work/${mode}e.log" "$work/${mode}f.log" >&2; exit 1; }
