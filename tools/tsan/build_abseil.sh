@@ -26,8 +26,8 @@ if [ "$installed" != "$VERSION" ]; then
 fi
 [ -f abseil/.version ] && [ "$(cat abseil/.version)" = "$VERSION" ] && exit 0
 
-for tool in cmake dpkg-source; do
-  command -v $tool >/dev/null || { echo "tsan: needs $tool (tools/setup.sh --roles=tsan)" >&2; exit 1; }
+for tool in cmake patch curl; do
+  command -v $tool >/dev/null || { echo "tsan: needs $tool (tools/setup.sh installs it)" >&2; exit 1; }
 done
 work=$(mktemp -d /tmp/ferry-abseil.XXXXXX)
 trap 'rm -rf "$work"' EXIT
