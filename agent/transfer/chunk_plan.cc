@@ -62,13 +62,15 @@ absl::Status CheckDisjointDestinations(std::vector<CopyChunk> chunks) {
 // spread too sparsely for a small bitmap fall back to sorting them.
 absl::Status CheckDistinctBlocks(const v1::PagedChunks& p, uint64_t dst_size) {
   const uint64_t n = p.dst_blocks_size();
-  const uint64_t id_limit = (dst_size - std::min(dst_size, p.dst_base())) / p.block_size() + 1;
+  // The highest block id that fits. Not + 1 here: a region of 2^64 - 1 bytes (a size a
+  // descriptor may claim) in 1-byte blocks would wrap it to 0 (found by the fuzzer).
+  const uint64_t max_id = (dst_size - std::min(dst_size, p.dst_base())) / p.block_size();
   auto duplicate = [&](uint64_t id) {
     return absl::InvalidArgumentError(absl::StrCat("paged.dst_blocks: block ", id,
                                                    " appears twice; every destination block may be written once"));
   };
-  if (id_limit <= 64 * n + 4096) {
-    std::vector<uint64_t> seen((id_limit + 63) / 64, 0);
+  if (max_id < 64 * n + 4096) {
+    std::vector<uint64_t> seen(max_id / 64 + 1, 0);
     for (uint64_t id : p.dst_blocks()) {  // in range: AddChunk checked every block
       uint64_t& word = seen[id / 64];
       const uint64_t bit = 1ull << (id % 64);
