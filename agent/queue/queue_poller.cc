@@ -7,14 +7,10 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 
 namespace ferry {
 namespace {
 constexpr size_t kBatch = 64;
-// Keep polling this long after the last submission before sleeping: long enough to
-// catch a client's next post in a burst, short enough not to steal a shared core.
-constexpr absl::Duration kSpin = absl::Microseconds(20);
 }  // namespace
 
 QueuePoller::QueuePoller(Handler handler) : handler_(std::move(handler)) {
@@ -93,7 +89,6 @@ void QueuePoller::Loop() {
   std::vector<std::shared_ptr<TransferQueue>> queues;  // this thread's copy
   uint64_t seen = ~uint64_t{0};
   queue::SubmitEntry batch[kBatch];
-  absl::Time last_activity = absl::Now();
   while (!stopping_.load(std::memory_order_relaxed)) {
     if (generation_.load() != seen) {
       absl::MutexLock lock(&mu_);
@@ -108,13 +103,11 @@ void QueuePoller::Loop() {
         if (n < kBatch) break;
       }
     }
-    if (progressed) {
-      last_activity = absl::Now();
-      continue;
-    }
-    if (absl::Now() - last_activity < kSpin) continue;
-    // Sleep: announce it, then look once more so a submission made before the
-    // announcement is not left waiting for a doorbell that will not ring.
+    if (progressed) continue;
+    // Sleep at once, without spinning: the poller shares its core with the clients and
+    // the NIC workers, and a 20 µs spin here cost the queue path ~15 % of its rate
+    // (tools/bench/RESULTS.md). Announce the sleep, then look once more so a submission
+    // made before the announcement is not left waiting for a doorbell that will not ring.
     bool pending = false;
     for (const auto& q : queues) {
       q->SetSleeping(true);
@@ -135,7 +128,6 @@ void QueuePoller::Loop() {
       q->SetSleeping(false);
       q->DrainDoorbell();
     }
-    last_activity = absl::Now();
   }
 }
 
