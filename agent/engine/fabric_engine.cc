@@ -38,7 +38,7 @@ absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricE
     }
     e->nics_.push_back(std::move(*nic));
   }
-  e->gpu_direct_.store(e->hmem());
+  e->gpu_direct_.store(std::all_of(e->nics_.begin(), e->nics_.end(), [](const auto& nic) { return nic->hmem(); }));
   e->topology_ = options.topology != nullptr ? options.topology : std::make_shared<const Topology>();
   for (auto& nic : e->nics_) {
     const NicDevice* dev = e->topology_->FindNic(nic->netdev());
@@ -109,13 +109,6 @@ void FabricEngine::Shutdown() {
   for (auto& w : workers_) w->Stop();
   metrics_->SetScrapeHook(nullptr);
   peers_.reset();
-}
-
-bool FabricEngine::hmem() const {
-  for (const auto& nic : nics_) {
-    if (!nic->hmem()) return false;
-  }
-  return true;
 }
 
 absl::StatusOr<RegionRegistration> FabricEngine::Register(const MemoryBacking& backing) {

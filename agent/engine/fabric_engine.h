@@ -72,10 +72,8 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
 
   absl::Status Prepare(Transfer& t) override;
   void Submit(std::shared_ptr<Transfer> t, Done done) override;
-  // GPU memory is registered with the NICs only when hmem().
+  // GPU memory is registered with the NICs only when every NIC has FI_HMEM.
   absl::StatusOr<RegionRegistration> Register(const MemoryBacking& backing) override;
-  // Whether every NIC has FI_HMEM: GPU regions are then written directly, not staged.
-  bool hmem() const;
 
   // For the staged path (agent/staged), which drives the engine stage by stage:
   // Resolves t.dst_descriptor's peer and region and checks bounds (Prepare without
@@ -129,8 +127,8 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   std::vector<const NicDevice*> nic_devices_;
   RailPlan rails_;
   std::unique_ptr<PeerTable> peers_;
-  // Whether GPU memory is registered with the NICs: hmem() at start, false after the
-  // first registration the provider refused.
+  // Whether GPU memory is registered with the NICs: true when every NIC has FI_HMEM,
+  // false after the first GPU registration a provider refused.
   std::atomic<bool> gpu_direct_{false};
 
   absl::Mutex mu_;

@@ -111,8 +111,9 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
   std::string tried;
   for (const std::string& p : candidates) {
     // With FI_HMEM where the provider has it, else without (GPU memory is then staged).
-    absl::StatusOr<fi_info*> i = options.hmem ? GetInfo(p, iface, options.tx_size, true) : absl::NotFoundError("");
-    if (!i.ok()) i = GetInfo(p, iface, options.tx_size, false);
+    absl::StatusOr<fi_info*> i = absl::NotFoundError("FI_HMEM not asked for");
+    if (options.hmem) i = GetInfo(p, iface, options.tx_size, /*hmem=*/true);
+    if (!i.ok()) i = GetInfo(p, iface, options.tx_size, /*hmem=*/false);
     if (i.ok()) {
       info = *i;
       break;

@@ -1,39 +1,14 @@
 #include "agent/staged/staged_executor.h"
 
 #include <algorithm>
-#include <optional>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "agent/staged/staging_memory.h"
 
 namespace ferry {
 namespace {
-
-// Engine callbacks arrive on other threads; this waits for one, bounded.
-class Completion {
- public:
-  TransferExecutor::Done callback() {
-    return [this](absl::Status s) {
-      status_ = std::move(s);
-      done_.Notify();
-    };
-  }
-  // The engine's watchdog ends every transfer by its deadline; the slack only guards
-  // against a bug turning into a hang.
-  absl::Status Wait(absl::Time deadline) {
-    if (!done_.WaitForNotificationWithDeadline(deadline + absl::Seconds(10))) {
-      return absl::InternalError("a staged write's stage never completed");
-    }
-    return status_;
-  }
-
- private:
-  absl::Notification done_;
-  absl::Status status_;
-};
 
 // One CommitStaged call in flight; lives until its callback ran.
 struct CommitCall {
@@ -44,7 +19,8 @@ struct CommitCall {
 
 }  // namespace
 
-// The stages of one transfer in flight: how many, and the first error.
+// Engine and RPC callbacks of one transfer in flight, arriving on other threads: how
+// many are outstanding, and the first error.
 class StagedExecutor::StageTracker {
  public:
   void Start() {
@@ -66,7 +42,7 @@ class StagedExecutor::StageTracker {
     absl::MutexLock lock(&mu_);
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return outstanding_ == 0; };
     if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline + absl::Seconds(10))) {
-      return absl::InternalError("a staged write's stage never completed");
+      return absl::InternalError("a staged write's stage or notification never completed");
     }
     return status_;
   }
@@ -190,9 +166,9 @@ absl::Status StagedExecutor::Run(const std::shared_ptr<Transfer>& t, LocalStagin
   if (!started.ok()) return started;
   if (!finished.ok()) return finished;
   if (!t->notify) return absl::OkStatus();
-  Completion notified;
-  engine_->NotifyDelivered(t, notified.callback());
-  return notified.Wait(t->deadline);
+  tracker->Start();
+  engine_->NotifyDelivered(t, [tracker](absl::Status s) { tracker->Finish(std::move(s)); });
+  return tracker->WaitAll(t->deadline);
 }
 
 absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, const std::vector<CopyChunk>& stage,

@@ -44,17 +44,26 @@ if [ $cross_only = 0 ]; then
   python3 tools/bench/nccl_blocks.py
 fi
 
-# Staged cross-agent path: two agents with the fabric on loopback addresses, and the
-# transport's own ceiling: raw fi_write between the same addresses (tools/bench/fi_write_bench).
-for node in c d; do
-  addr=127.0.0.1; [ $node = d ] && addr=127.0.0.2
-  LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/$node.sock" --metrics_address=127.0.0.1:0 \
-    --peer_address=$addr:0 --fabric_iface=$addr --fabric_provider='tcp;ofi_rxm' --fabric_spin_us=1000000 \
-    --ready_file="$work/$node.ready" --log_level=warning 2>"$work/$node.log"
-done
-wait_for "$work/c.ready" 30; wait_for "$work/d.ready" 30
-LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/c.sock" --dst_socket="$work/d.sock" ||
-  { cat "$work/c.log" "$work/d.log" >&2; exit 1; }
+# cross_agent_rows NAME LIBRARY_PATH ADDR_A ADDR_B LABEL [ferryd flags]: two agents with
+# the fabric on ADDR_A and ADDR_B, then gpu_bench's cross-agent rows between them.
+cross_agent_rows() {
+  local name=$1 lib=$2 a=$3 b=$4 label=$5 n addr
+  shift 5
+  for n in a b; do
+    addr=$a; [ $n = b ] && addr=$b
+    LD_LIBRARY_PATH="$lib" start_bg "$bundle/bin/ferryd" --socket="$work/$name$n.sock" --metrics_address=127.0.0.1:0 \
+      --peer_address=$addr:0 --fabric_iface=$addr --ready_file="$work/$name$n.ready" --log_level=warning "$@" \
+      2>"$work/$name$n.log"
+  done
+  { wait_for "$work/${name}a.ready" 30 && wait_for "$work/${name}b.ready" 30 &&
+    LD_LIBRARY_PATH="$lib" "$bundle/bin/gpu_bench" --socket="$work/${name}a.sock" --dst_socket="$work/${name}b.sock" \
+      --transport="$label"; } || { cat "$work/${name}a.log" "$work/${name}b.log" >&2; exit 1; }
+}
+
+# Staged cross-agent path over tcp;ofi_rxm, and the transport's own ceiling: raw fi_write
+# between the same addresses (tools/bench/fi_write_bench).
+cross_agent_rows tcp "$bundle/lib" 127.0.0.1 127.0.0.2 "staged over tcp;ofi_rxm (127.0.0.1 -> 127.0.0.2)" \
+  --fabric_provider='tcp;ofi_rxm' --fabric_spin_us=1000000
 mkdir -p "$work/raw"
 LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/fi_write_bench" target --iface=127.0.0.2 --dir="$work/raw" --size=$((256 << 20))
 echo "# transport: raw fi_write 127.0.0.1 -> 127.0.0.2, tcp;ofi_rxm, window 16 (size count time_us algbw_GBps)"
@@ -65,21 +74,9 @@ LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/fi_write_bench" initiator --iface=127
 # memory staged (--fabric_hmem=false) and once registered with the provider and written
 # directly, on the same transport.
 if [ -n "$hmem_lf" ]; then
-  for mode in staged direct; do
-    hmem=false; [ $mode = direct ] && hmem=true
-    for node in e f; do
-      # Fresh addresses per mode: shm names its endpoints after them.
-      addr=127.0.0.3; [ $node = f ] && addr=127.0.0.4
-      [ $mode = direct ] && addr=${addr%.*}.$(( ${addr##*.} + 2 ))
-      LD_LIBRARY_PATH="$hmem_lf/lib:$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/$mode$node.sock" \
-        --metrics_address=127.0.0.1:0 --peer_address=$addr:0 --fabric_iface=$addr --fabric_provider=shm \
-        --fabric_hmem=$hmem --ready_file="$work/$mode$node.ready" --log_level=warning 2>"$work/$mode$node.log"
-    done
-    { wait_for "$work/${mode}e.ready" 30 && wait_for "$work/${mode}f.ready" 30; } ||
-      { cat "$work/${mode}e.log" "$work/${mode}f.log" >&2; exit 1; }
-    LD_LIBRARY_PATH="$hmem_lf/lib:$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/${mode}e.sock" \
-      --dst_socket="$work/${mode}f.sock" --transport="shm (the CUDA libfabric in $hmem_lf), GPU memory $mode" |
-      grep -v '^# pcie' || { cat "$work/${mode}e.log" "$work/${mode}f.log" >&2; exit 1; }
-    for p in "${pids[@]: -2}"; do kill "$p" 2>/dev/null || true; done
-  done
+  # Fresh addresses per mode: shm names its endpoints after them.
+  cross_agent_rows staged "$hmem_lf/lib:$bundle/lib" 127.0.0.3 127.0.0.4 \
+    "shm (the CUDA libfabric in $hmem_lf), GPU memory staged" --fabric_provider=shm --fabric_hmem=false
+  cross_agent_rows direct "$hmem_lf/lib:$bundle/lib" 127.0.0.5 127.0.0.6 \
+    "shm (the CUDA libfabric in $hmem_lf), GPU memory direct" --fabric_provider=shm --fabric_hmem=true
 fi
