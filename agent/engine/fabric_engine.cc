@@ -190,7 +190,25 @@ absl::Status FabricEngine::ResolveTarget(Transfer& t) {
 
 void FabricEngine::Submit(std::shared_ptr<Transfer> t, Done done) {
   auto target = std::static_pointer_cast<RemoteTarget>(t->executor_context);
-  SubmitTo(t, target->peer, target->region->keys, target->region->region_id, std::move(done));
+  auto retry_once = [this, t, done](absl::Status s) {
+    // Every op of the attempt has completed (only op failures carry the payload), so
+    // nothing of it can land later; writing the same bytes again is safe. The region is
+    // looked up afresh: if its owner deregistered it meanwhile (the usual reason rxm
+    // dropped the connection), the writer gets NOT_FOUND instead of a second write.
+    if (!IsConnectionReset(s) || absl::Now() >= t->deadline) return done(s);
+    metrics_->transfer_retries().Increment();
+    Enqueue([this, t, done] {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return done(absl::UnavailableError("the agent is shutting down"));
+      }
+      absl::Status resolved = ResolveTarget(*t);
+      if (!resolved.ok()) return done(resolved);
+      auto again = std::static_pointer_cast<RemoteTarget>(t->executor_context);
+      SubmitTo(t, again->peer, *again->region, again->region->keys, done);
+    });
+  };
+  SubmitTo(t, target->peer, *target->region, target->region->keys, std::move(retry_once));
 }
 
 void FabricEngine::NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done) {
@@ -198,7 +216,8 @@ void FabricEngine::NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done
 }
 
 void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerConnection> peer,
-                            const std::vector<v1::RemoteKey>& keys, uint64_t region_id, Done done) {
+                            const RemoteRegion& region, const std::vector<v1::RemoteKey>& keys, Done done) {
+  const uint64_t region_id = region.region_id;
   const std::vector<int> rail = t->rail.empty() ? RailFor(*t->src) : t->rail;
   const size_t local_nics = rail.size();
   const size_t remote_nics = peer->remote_nic_count();
@@ -258,6 +277,7 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
     op->peer = peer->fi_addr(l, r);
     op->remote_addr = keys[r].base() + pieces[i].dst_offset;
     op->key = keys[r].key();
+    op->keys_since = region.opened;
     per_nic[l].push_back(op);
   }
   for (size_t l = 0; l < per_nic.size(); ++l) {

@@ -16,7 +16,33 @@
 namespace ferry {
 namespace {
 constexpr int kCqBatch = 64;
+
+// Errors after which the provider's connection to the peer is gone (its queued ops are
+// flushed with FI_ECANCELED).
+bool ConnectionLost(int err) {
+  switch (err < 0 ? -err : err) {
+    case FI_ENOTCONN:
+    case FI_ECONNRESET:
+    case FI_ECONNABORTED:
+    case FI_ESHUTDOWN:
+    case EPIPE:
+    case FI_ECANCELED:
+      return true;
+    default:
+      return false;
+  }
+}
 }  // namespace
+
+absl::Status ConnectionResetError(absl::string_view message) {
+  absl::Status s = absl::UnavailableError(message);
+  s.SetPayload(kConnectionResetPayload, absl::Cord());
+  return s;
+}
+
+bool IsConnectionReset(const absl::Status& status) {
+  return status.GetPayload(kConnectionResetPayload).has_value();
+}
 
 RailWorker::RailWorker(FabricNic* nic, Metrics* metrics, absl::Duration spin, std::vector<int> cpus)
     : nic_(nic),
@@ -26,7 +52,8 @@ RailWorker::RailWorker(FabricNic* nic, Metrics* metrics, absl::Duration spin, st
       op_duration_(metrics->op_duration(nic->name())),
       inflight_gauge_(metrics->ops_inflight(nic->name())),
       eagain_(metrics->fabric_eagain(nic->name())),
-      errors_(metrics->fabric_errors(nic->name())) {
+      errors_(metrics->fabric_errors(nic->name())),
+      reconnects_(metrics->fabric_reconnects(nic->name())) {
   event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 }
 
@@ -88,11 +115,45 @@ bool RailWorker::TakeIncoming() {
   return !batch.empty();
 }
 
+const RailWorker::Drop* RailWorker::LastDrop(fi_addr_t peer) const {
+  for (const Drop& d : drops_) {
+    if (d.peer == peer) return &d;
+  }
+  return nullptr;
+}
+
+void RailWorker::Fail(WriteOp* op, int err, absl::string_view what) {
+  errors_.Increment();
+  const std::string message = absl::StrCat(nic_->name(), ": ", what);
+  if (!ConnectionLost(err)) {
+    Complete(op, absl::UnavailableError(message));
+    return;
+  }
+  // The first error of a drop starts the hold; the rest (ops the provider flushes from
+  // the same connection) fall inside it.
+  const absl::Time now = absl::Now();
+  auto d = std::find_if(drops_.begin(), drops_.end(), [op](const Drop& x) { return x.peer == op->peer; });
+  if (d == drops_.end() || now >= d->at + kReconnectHold) {
+    FERRY_LOG(WARNING) << message << "; the connection to that peer is gone, reconnecting";
+    reconnects_.Increment();
+    if (d == drops_.end()) {
+      drops_.push_back({op->peer, now});
+    } else {
+      d->at = now;
+    }
+  }
+  Complete(op, ConnectionResetError(message));
+}
+
 // Posts from the front of each peer's queue until it is empty or the provider pushes back.
 bool RailWorker::PostPending() {
   bool progressed = false;
   const absl::Time now = absl::Now();
+  // While a peer is held the CQ must be polled even with nothing else to do.
+  holding_ = std::any_of(drops_.begin(), drops_.end(), [now](const Drop& d) { return now < d.at + kReconnectHold; });
   for (PeerQueue& q : queues_) {
+    const Drop* drop = LastDrop(q.peer);
+    if (drop != nullptr && now < drop->at + kReconnectHold) continue;
     while (!q.ops.empty()) {
       WriteOp* op = q.ops.front();
       if (op->state->finished()) {  // deadline passed or failed: don't send the rest
@@ -101,6 +162,16 @@ bool RailWorker::PostPending() {
         op->state->OpDone(absl::CancelledError("transfer already finished"));
         delete op;
         progressed = true;
+        continue;
+      }
+      if (drop != nullptr && op->keys_since < drop->at) {
+        // Its keys predate the drop: they may be what broke the connection (a region
+        // deregistered since). Posting them could break the new one as well.
+        q.ops.pop_front();
+        --pending_;
+        progressed = true;
+        Complete(op, ConnectionResetError(absl::StrCat(nic_->name(), ": the connection to the peer dropped after "
+                                                       "the destination's keys were fetched")));
         continue;
       }
       op->posted = now;
@@ -114,8 +185,12 @@ bool RailWorker::PostPending() {
       --pending_;
       progressed = true;
       if (rc != 0) {
-        errors_.Increment();
-        Complete(op, absl::UnavailableError(absl::StrCat(nic_->name(), ": posting a write failed: ", fi_strerror(-rc))));
+        Fail(op, static_cast<int>(rc), absl::StrCat("posting a write failed: ", fi_strerror(static_cast<int>(-rc))));
+        drop = LastDrop(q.peer);  // Fail may have added it
+        if (drop != nullptr && absl::Now() < drop->at + kReconnectHold) {
+          holding_ = true;
+          break;
+        }
         continue;
       }
       ++inflight_;
@@ -151,14 +226,14 @@ bool RailWorker::ReadCompletions() {
   if (n == -FI_EAVAIL) {
     fi_cq_err_entry err{};
     if (fi_cq_readerr(nic_->cq(), &err, 0) == 1) {
-      errors_.Increment();
       auto* op = static_cast<WriteOp*>(err.op_context);
       char buf[256];
       const char* detail = fi_cq_strerror(nic_->cq(), err.prov_errno, err.err_data, buf, sizeof(buf));
       if (op != nullptr) {
         --inflight_;
-        Complete(op, absl::UnavailableError(absl::StrCat(nic_->name(), ": write to peer failed: ",
-                                                         fi_strerror(err.err), " (", detail ? detail : "", ")")));
+        Fail(op, err.err, absl::StrCat("write to peer failed: ", fi_strerror(err.err), " (", detail ? detail : "", ")"));
+      } else {
+        errors_.Increment();
       }
     }
     return true;
@@ -233,7 +308,9 @@ void RailWorker::Loop() {
     // Announce the sleep, then look once more: a Submit that saw sleeping_ == false
     // before the announcement did not ring the eventfd.
     sleeping_.store(true, std::memory_order_seq_cst);
-    bool woken = has_incoming_.load(std::memory_order_seq_cst) || Sleep(/*busy=*/inflight_ > 0 || pending_ > 0);
+    // A held peer needs the CQ polled (rxm replaces the connection only then).
+    bool woken = has_incoming_.load(std::memory_order_seq_cst) ||
+                 Sleep(/*busy=*/inflight_ > 0 || pending_ > 0 || holding_);
     sleeping_.store(false, std::memory_order_seq_cst);
     // A wake-up by the CQ's fd is activity too: incoming writes progress only while we poll.
     if (woken) last_activity = absl::Now();

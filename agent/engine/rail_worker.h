@@ -11,6 +11,17 @@
 // also progresses the endpoint for writes arriving from peers (rxm/tcp need the target
 // to call fi_cq_read). When there is nothing to do it blocks on the CQ's wait fd and an
 // eventfd, so an idle agent uses no CPU.
+//
+// A connection-oriented provider (rxm over tcp or verbs) drops the connection to a peer
+// on some remote errors, e.g. a write into a region its target just deregistered. Its
+// ops fail, and rxm replaces the connection only after it has read the shutdown from its
+// event queue, which it does while the CQ is polled, at most every
+// FI_OFI_RXM_CM_PROGRESS_INTERVAL (10 ms). Until then every new write to that peer would
+// fail too, so after such an error the worker holds that peer's queue for
+// kReconnectHold, polling the CQ all the while, then posts on a fresh connection. Ops
+// whose remote keys were fetched before the drop are failed instead of posted: a stale
+// key, one the target just closed, is what breaks the connection. All these failures
+// carry kConnectionResetPayload: the engine writes them again with fresh keys.
 #ifndef FERRY_AGENT_ENGINE_RAIL_WORKER_H_
 #define FERRY_AGENT_ENGINE_RAIL_WORKER_H_
 
@@ -19,6 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/engine/write_op.h"
@@ -27,8 +40,16 @@
 
 namespace ferry {
 
+// Status payload on op failures caused by a dropped connection (nothing was written
+// past the failure; the same write may succeed on a new connection).
+inline constexpr char kConnectionResetPayload[] = "ferry.dev/connection-reset";
+absl::Status ConnectionResetError(absl::string_view message);
+bool IsConnectionReset(const absl::Status& status);
+
 class RailWorker {
  public:
+  static constexpr absl::Duration kReconnectHold = absl::Milliseconds(50);
+
   // `spin`: how long the worker keeps polling after the last sign of activity before it
   // blocks on the CQ's fd. Long enough to ride a stream of incoming writes (rxm/tcp move
   // data only while the target polls); short enough that an idle agent sleeps at once.
@@ -52,6 +73,14 @@ class RailWorker {
   void Enqueue(WriteOp* op);
   bool PostPending();
   bool ReadCompletions();
+  // Fails `op` for error `err` (a negative or positive fi_errno), holding its peer's
+  // queue if the error means the connection is gone.
+  void Fail(WriteOp* op, int err, absl::string_view what);
+  struct Drop {
+    fi_addr_t peer;
+    absl::Time at;  // when the worker saw the connection go
+  };
+  const Drop* LastDrop(fi_addr_t peer) const;
   void Complete(WriteOp* op, const absl::Status& status);
   // Blocks until there may be work; true if woken by activity rather than the timeout.
   bool Sleep(bool busy);
@@ -67,6 +96,7 @@ class RailWorker {
   prometheus::Gauge& inflight_gauge_;
   prometheus::Counter& eagain_;
   prometheus::Counter& errors_;
+  prometheus::Counter& reconnects_;
 
   absl::Mutex mu_;
   std::vector<WriteOp*> incoming_ ABSL_GUARDED_BY(mu_);
@@ -81,6 +111,10 @@ class RailWorker {
     std::deque<WriteOp*> ops;
   };
   std::vector<PeerQueue> queues_;
+  // The last connection drop of each peer that had one. Nothing is posted to it for
+  // kReconnectHold after; ops whose keys were fetched before it are never posted.
+  std::vector<Drop> drops_;
+  bool holding_ = false;  // some peer is held now
   size_t pending_ = 0;
   size_t inflight_ = 0;
   absl::Time stop_deadline_ = absl::InfiniteFuture();

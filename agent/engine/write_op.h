@@ -80,6 +80,7 @@ struct WriteOp {
   fi_addr_t peer = FI_ADDR_UNSPEC;
   uint64_t remote_addr = 0;
   uint64_t key = 0;
+  absl::Time keys_since;  // when `key` was fetched from the target (RemoteRegion::opened)
   absl::Time posted;
 };
 

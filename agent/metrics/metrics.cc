@@ -59,6 +59,15 @@ Metrics::Metrics()
                          .Name("ferry_fabric_errors_total")
                          .Help("Fabric operations that completed with an error")
                          .Register(*registry_)),
+      reconnects_(BuildCounter()
+                      .Name("ferry_fabric_reconnects_total")
+                      .Help("Connections to a peer the provider dropped (the next write reconnects)")
+                      .Register(*registry_)),
+      retries_(BuildCounter()
+                   .Name("ferry_transfer_retries_total")
+                   .Help("Transfers written a second time after their connection dropped")
+                   .Register(*registry_)
+                   .Add({})),
       regions_(BuildGauge().Name("ferry_regions").Help("Registered regions, by memory kind").Register(*registry_)),
       registered_bytes_(BuildGauge()
                             .Name("ferry_registered_bytes")

@@ -67,6 +67,8 @@ class Metrics {
   prometheus::Gauge& ops_inflight(const std::string& nic) { return ops_inflight_.Add({{"nic", nic}}); }
   prometheus::Counter& fabric_eagain(const std::string& nic) { return eagain_.Add({{"nic", nic}}); }
   prometheus::Counter& fabric_errors(const std::string& nic) { return fabric_errors_.Add({{"nic", nic}}); }
+  prometheus::Counter& fabric_reconnects(const std::string& nic) { return reconnects_.Add({{"nic", nic}}); }
+  prometheus::Counter& transfer_retries() { return retries_; }
   prometheus::Gauge& regions(const std::string& kind) { return regions_.Add({{"kind", kind}}); }
   prometheus::Gauge& registered_bytes(const std::string& kind) {
     return registered_bytes_.Add({{"kind", kind}});
@@ -91,6 +93,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& ops_inflight_;
   prometheus::Family<prometheus::Counter>& eagain_;
   prometheus::Family<prometheus::Counter>& fabric_errors_;
+  prometheus::Family<prometheus::Counter>& reconnects_;
+  prometheus::Counter& retries_;
   prometheus::Family<prometheus::Gauge>& regions_;
   prometheus::Family<prometheus::Gauge>& registered_bytes_;
   prometheus::Family<prometheus::Histogram>& registration_duration_;

@@ -43,6 +43,7 @@ absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v
   v1::OpenRegionResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(ctx, deadline);
+  const absl::Time asked = absl::Now();
   absl::Status s = FromRpc(stub_->OpenRegion(&ctx, req, &resp), absl::StrCat("agent ", address_));
   if (!s.ok()) return s;
   const bool staged = resp.has_staging();
@@ -59,6 +60,7 @@ absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v
   region->token = *token;
   region->kind = resp.kind();
   region->keys.assign(resp.keys().begin(), resp.keys().end());
+  region->opened = asked;
   if (staged) region->staging = resp.staging();
   absl::MutexLock lock(&mu_);
   regions_[d.region_id()] = region;

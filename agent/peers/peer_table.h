@@ -43,6 +43,7 @@ struct RemoteRegion {
   Token token;
   v1::MemoryKind kind = v1::MEMORY_KIND_HOST;
   std::vector<v1::RemoteKey> keys;  // one per remote NIC; empty when staged
+  absl::Time opened;                // when the keys were asked for (stale after a drop)
   // Set when the target's NICs cannot reach the region (GPU memory without FI_HMEM):
   // the target's staging buffer reserved for this agent.
   std::optional<v1::StagingBuffer> staging;
