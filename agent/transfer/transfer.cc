@@ -17,11 +17,25 @@ const char* PathLabel(v1::TransferPath path) {
   }
 }
 
+TransferManager::TransferManager(uint64_t incarnation, Metrics* metrics, SessionRegistry* sessions,
+                                 RegionTable* regions)
+    : incarnation_(incarnation), metrics_(metrics), sessions_(sessions), regions_(regions) {
+  for (v1::TransferPath p : {v1::TRANSFER_PATH_LOCAL, v1::TRANSFER_PATH_FABRIC, v1::TRANSFER_PATH_STAGED}) {
+    const char* label = PathLabel(p);
+    path_metrics_[p] = {&metrics->transfers_total(label, "OK"), &metrics->transfer_duration(label)};
+  }
+}
+
 void TransferManager::Finish(const Transfer& t, const absl::Status& status) {
   const absl::Duration elapsed = absl::Now() - t.submitted;
   const char* path = PathLabel(t.path);
-  metrics_->transfers_total(path, StatusCodeName(static_cast<int>(status.code()))).Increment();
-  metrics_->transfer_duration(path).Observe(absl::ToDoubleSeconds(elapsed));
+  const PathMetrics* m = t.path > 0 && t.path < kPaths ? &path_metrics_[t.path] : nullptr;
+  if (status.ok() && m != nullptr) {
+    m->ok->Increment();
+  } else {
+    metrics_->transfers_total(path, StatusCodeName(static_cast<int>(status.code()))).Increment();
+  }
+  (m != nullptr ? *m->duration : metrics_->transfer_duration(path)).Observe(absl::ToDoubleSeconds(elapsed));
   (status.ok() ? completed_ : failed_).fetch_add(1);
   if (status.ok() && t.path == v1::TRANSFER_PATH_LOCAL) {
     // Node-local: this agent both sends and receives; no NIC is involved.

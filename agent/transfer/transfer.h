@@ -63,8 +63,7 @@ const char* PathLabel(v1::TransferPath path);  // "local", "fabric", "staged"
 
 class TransferManager {
  public:
-  TransferManager(uint64_t incarnation, Metrics* metrics, SessionRegistry* sessions, RegionTable* regions)
-      : incarnation_(incarnation), metrics_(metrics), sessions_(sessions), regions_(regions) {}
+  TransferManager(uint64_t incarnation, Metrics* metrics, SessionRegistry* sessions, RegionTable* regions);
 
   uint64_t NextId() { return next_id_.fetch_add(1); }
   void Begin(const Transfer& t) { inflight_.fetch_add(1); }
@@ -82,6 +81,14 @@ class TransferManager {
   Metrics* metrics_;
   SessionRegistry* sessions_;
   RegionTable* regions_;
+  // Each path's handles, looked up once: a label lookup per transfer costs more than
+  // the rest of Finish (prometheus-cpp hashes the labels under a lock).
+  struct PathMetrics {
+    prometheus::Counter* ok = nullptr;
+    prometheus::Histogram* duration = nullptr;
+  };
+  static constexpr int kPaths = v1::TRANSFER_PATH_STAGED + 1;
+  PathMetrics path_metrics_[kPaths];  // indexed by v1::TransferPath; [0] unused
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> inflight_{0};
   std::atomic<uint64_t> completed_{0};
