@@ -205,10 +205,11 @@ void FabricEngine::Submit(std::shared_ptr<Transfer> t, Done done) {
       absl::Status resolved = ResolveTarget(*t);
       if (!resolved.ok()) return done(resolved);
       auto again = std::static_pointer_cast<RemoteTarget>(t->executor_context);
-      SubmitTo(t, again->peer, *again->region, again->region->keys, done);
+      SubmitTo(t, again->peer, again->region->keys, again->region->region_id, again->region->opened, done);
     });
   };
-  SubmitTo(t, target->peer, *target->region, target->region->keys, std::move(retry_once));
+  SubmitTo(t, target->peer, target->region->keys, target->region->region_id, target->region->opened,
+           std::move(retry_once));
 }
 
 void FabricEngine::NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done) {
@@ -216,8 +217,8 @@ void FabricEngine::NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done
 }
 
 void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerConnection> peer,
-                            const RemoteRegion& region, const std::vector<v1::RemoteKey>& keys, Done done) {
-  const uint64_t region_id = region.region_id;
+                            const std::vector<v1::RemoteKey>& keys, uint64_t region_id, absl::Time keys_since,
+                            Done done) {
   const std::vector<int> rail = t->rail.empty() ? RailFor(*t->src) : t->rail;
   const size_t local_nics = rail.size();
   const size_t remote_nics = peer->remote_nic_count();
@@ -252,6 +253,7 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
           if (s.code() == absl::StatusCode::kUnavailable) {
             peer->MarkSuspect();
             peer->ForgetRegion(region_id);
+            if (IsConnectionReset(s)) peer->NoteConnectionDrop();
           }
           done(s);
         } else if (t->notify) {
@@ -277,7 +279,7 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
     op->peer = peer->fi_addr(l, r);
     op->remote_addr = keys[r].base() + pieces[i].dst_offset;
     op->key = keys[r].key();
-    op->keys_since = region.opened;
+    op->keys_since = keys_since;
     per_nic[l].push_back(op);
   }
   for (size_t l = 0; l < per_nic.size(); ++l) {

@@ -82,10 +82,12 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   // What ResolveTarget found.
   static std::shared_ptr<PeerConnection> TargetPeer(const Transfer& t);
   static std::shared_ptr<RemoteRegion> TargetRegion(const Transfer& t);
-  // Writes `t` (a registered host source) to `keys` (`region`'s or its staging
-  // buffer's) of `peer` at the chunks' dst offsets. Never notifies; `done` as for Submit.
-  void SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerConnection> peer, const RemoteRegion& region,
-                const std::vector<v1::RemoteKey>& keys, Done done);
+  // Writes `t` (a registered host source) to `keys` of `peer` at the chunks' dst
+  // offsets. Never notifies; `done` as for Submit. `keys_since`: when the keys were
+  // fetched (RemoteRegion::opened); after a connection drop older keys are not posted
+  // (see RailWorker); InfiniteFuture opts out.
+  void SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerConnection> peer,
+                const std::vector<v1::RemoteKey>& keys, uint64_t region_id, absl::Time keys_since, Done done);
   // Notifies the destination's owner that all of `t` landed (t resolved by
   // ResolveTarget). Blocks for the RPC.
   void NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done);

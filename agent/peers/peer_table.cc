@@ -29,6 +29,10 @@ absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v
   {
     absl::MutexLock lock(&mu_);
     auto it = regions_.find(d.region_id());
+    if (it != regions_.end() && !it->second->staging.has_value() && it->second->opened < last_drop_) {
+      regions_.erase(it);
+      it = regions_.end();
+    }
     if (it != regions_.end()) {
       if (!it->second->token.Equals(*token)) {
         return absl::PermissionDeniedError(absl::StrCat("dst.token does not match region ", d.region_id()));

@@ -73,10 +73,16 @@ class PeerConnection {
   const std::vector<fi_addr_t>& fi_addrs() const { return fi_addrs_; }
 
   // Opens (or finds in the cache) the region a descriptor names; the token is checked
-  // against the cached one in constant time.
+  // against the cached one in constant time. A direct region's keys cached from before
+  // the last connection drop are fetched again (one of them may be what broke it).
   absl::StatusOr<std::shared_ptr<RemoteRegion>> OpenRegion(const v1::RegionDescriptor& d, absl::Time deadline);
   void ForgetRegion(uint64_t region_id);
   size_t open_regions() const;
+  // The fabric connection to this peer dropped (a write failed with a connection reset).
+  void NoteConnectionDrop() {
+    absl::MutexLock lock(&mu_);
+    last_drop_ = absl::Now();
+  }
 
   // A fabric error on the way to this peer: the next transfer re-handshakes.
   void MarkSuspect() { suspect_.store(true); }
@@ -102,6 +108,7 @@ class PeerConnection {
   std::atomic<bool> retired_{false};
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<RemoteRegion>> regions_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_drop_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 class PeerTable {

@@ -250,7 +250,10 @@ absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, cons
   std::vector<v1::RemoteKey> keys = region->keys;
   if (commit != nullptr) keys.assign(region->staging->keys().begin(), region->staging->keys().end());
   std::shared_ptr<SlotPool> local_slots = local.slots;
-  engine_->SubmitTo(sub, peer, *region, keys,
+  // Staged writes are left out of the stale-key guard (see RailWorker): re-opening a
+  // staged region costs the target a new staging buffer, and a staging buffer is freed
+  // only after its region is gone.
+  engine_->SubmitTo(sub, peer, keys, region->region_id, absl::InfiniteFuture(),
                     [=](absl::Status s) {
                       if (local_slot >= 0) local_slots->Release(local_slot);
                       if (!s.ok() || commit == nullptr) {
