@@ -168,9 +168,10 @@ std::shared_ptr<RemoteRegion> FabricEngine::TargetRegion(const Transfer& t) {
 absl::Status FabricEngine::ResolveTarget(Transfer& t) {
   if (peers_ == nullptr) return absl::FailedPreconditionError("this agent has no peer service");
   const v1::RegionDescriptor& d = t.dst_descriptor;
-  absl::StatusOr<std::shared_ptr<PeerConnection>> peer = peers_->Resolve(d, t.deadline);
+  const PeerLookup lookup = t.cached_only ? PeerLookup::kCachedOnly : PeerLookup::kMayConnect;
+  absl::StatusOr<std::shared_ptr<PeerConnection>> peer = peers_->Resolve(d, t.deadline, lookup);
   if (!peer.ok()) return peer.status();
-  absl::StatusOr<std::shared_ptr<RemoteRegion>> region = (*peer)->OpenRegion(d, t.deadline);
+  absl::StatusOr<std::shared_ptr<RemoteRegion>> region = (*peer)->OpenRegion(d, t.deadline, lookup);
   if (!region.ok()) return region.status();
   // Bounds against the region as its agent reports it, not the descriptor's claim.
   for (size_t i = 0; i < t.plan.chunks.size(); ++i) {
@@ -202,6 +203,7 @@ void FabricEngine::Submit(std::shared_ptr<Transfer> t, Done done) {
         absl::MutexLock lock(&mu_);
         if (stopping_) return done(absl::UnavailableError("the agent is shutting down"));
       }
+      t->cached_only = false;  // this thread may wait for a handshake
       absl::Status resolved = ResolveTarget(*t);
       if (!resolved.ok()) return done(resolved);
       auto again = std::static_pointer_cast<RemoteTarget>(t->executor_context);

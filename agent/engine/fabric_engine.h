@@ -69,6 +69,9 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
                   grpc::ChannelArguments args = {});
   // Fails every transfer in flight with UNAVAILABLE and stops the workers (bounded).
   void Shutdown();
+  // Runs `source` (the shared-memory queues) on the first NIC's worker thread; nullptr
+  // detaches it (returns once the worker no longer touches it).
+  void AttachPollSource(PollSource* source) { workers_.front()->SetPollSource(source); }
 
   absl::Status Prepare(Transfer& t) override;
   void Submit(std::shared_ptr<Transfer> t, Done done) override;
@@ -77,7 +80,8 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
 
   // For the staged path (agent/staged), which drives the engine stage by stage:
   // Resolves t.dst_descriptor's peer and region and checks bounds (Prepare without
-  // the source and direct-reachability checks).
+  // the source and direct-reachability checks). With t.cached_only, a peer or region
+  // that needs an RPC to another agent fails with WouldBlockError instead.
   absl::Status ResolveTarget(Transfer& t);
   // What ResolveTarget found.
   static std::shared_ptr<PeerConnection> TargetPeer(const Transfer& t);

@@ -87,6 +87,20 @@ void RailWorker::Submit(std::vector<WriteOp*> ops) {
   if (sleeping_.load(std::memory_order_seq_cst)) Wake();
 }
 
+void RailWorker::SetPollSource(PollSource* source) {
+  absl::MutexLock lock(&mu_);
+  if (!thread_.joinable() || loop_done_) {
+    source_ = source;
+    return;
+  }
+  next_source_ = source;
+  source_change_ = true;
+  has_incoming_.store(true, std::memory_order_seq_cst);
+  Wake();
+  // The worker takes it in TakeIncoming, or when its loop ends.
+  mu_.Await(absl::Condition(+[](bool* pending) { return !*pending; }, &source_change_));
+}
+
 void RailWorker::Wake() {
   uint64_t one = 1;
   ssize_t ignored = write(event_fd_, &one, sizeof(one));
@@ -110,6 +124,10 @@ bool RailWorker::TakeIncoming() {
   {
     absl::MutexLock lock(&mu_);
     batch.swap(incoming_);
+    if (source_change_) {
+      source_ = next_source_;
+      source_change_ = false;
+    }
   }
   for (WriteOp* op : batch) Enqueue(op);
   return !batch.empty();
@@ -246,12 +264,13 @@ bool RailWorker::Sleep(bool busy) {
   // completion is already waiting. Busy (ops in flight): short timeout as a safety net.
   const int timeout_ms = busy ? 1 : 100;
   int woken = 0;
+  const int source_fd = source_ != nullptr ? source_->wait_fd() : -1;  // poll() skips fd -1
   if (nic_->wait_fd() >= 0 && nic_->TryWait()) {
-    pollfd fds[2] = {{nic_->wait_fd(), POLLIN, 0}, {event_fd_, POLLIN, 0}};
-    woken = poll(fds, 2, timeout_ms);
+    pollfd fds[3] = {{nic_->wait_fd(), POLLIN, 0}, {event_fd_, POLLIN, 0}, {source_fd, POLLIN, 0}};
+    woken = poll(fds, 3, timeout_ms);
   } else if (nic_->wait_fd() < 0) {
-    pollfd fd{event_fd_, POLLIN, 0};
-    woken = poll(&fd, 1, busy ? 0 : 1);  // no wait object: poll the CQ at least every ms
+    pollfd fds[2] = {{event_fd_, POLLIN, 0}, {source_fd, POLLIN, 0}};
+    woken = poll(fds, 2, busy ? 0 : 1);  // no wait object: poll the CQ at least every ms
   } else {
     woken = 1;  // fi_trywait: something is already there
   }
@@ -291,7 +310,9 @@ void RailWorker::Loop() {
   }
   absl::Time last_activity = absl::Now();
   for (;;) {
-    bool progressed = TakeIncoming();
+    // The source first: the writes it starts on this NIC are posted in the same turn.
+    bool progressed = source_ != nullptr && source_->Poll();
+    progressed |= TakeIncoming();
     progressed |= PostPending();
     progressed |= ReadCompletions();
     if (progressed) {
@@ -308,13 +329,20 @@ void RailWorker::Loop() {
     // Announce the sleep, then look once more: a Submit that saw sleeping_ == false
     // before the announcement did not ring the eventfd.
     sleeping_.store(true, std::memory_order_seq_cst);
+    const bool may_sleep = source_ == nullptr || source_->PrepareToSleep();
     // A held peer needs the CQ polled (rxm replaces the connection only then).
-    bool woken = has_incoming_.load(std::memory_order_seq_cst) ||
+    bool woken = !may_sleep || has_incoming_.load(std::memory_order_seq_cst) ||
                  Sleep(/*busy=*/inflight_ > 0 || pending_ > 0 || holding_);
     sleeping_.store(false, std::memory_order_seq_cst);
+    if (source_ != nullptr) source_->Woke();
     // A wake-up by the CQ's fd is activity too: incoming writes progress only while we poll.
     if (woken) last_activity = absl::Now();
   }
+  // A SetPollSource waiting for this loop must not wait forever.
+  absl::MutexLock lock(&mu_);
+  loop_done_ = true;
+  if (source_change_) source_ = next_source_;
+  source_change_ = false;
 }
 
 }  // namespace ferry

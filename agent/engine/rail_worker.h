@@ -22,6 +22,9 @@
 // whose remote keys were fetched before the drop are failed instead of posted: a stale
 // key, one the target just closed, is what breaks the connection. All these failures
 // carry kConnectionResetPayload: the engine writes them again with fresh keys.
+//
+// A PollSource (the shared-memory queues) may ride on the loop: it is polled every
+// turn, its fd joins the sleep, so a queued write reaches the NIC on this thread.
 #ifndef FERRY_AGENT_ENGINE_RAIL_WORKER_H_
 #define FERRY_AGENT_ENGINE_RAIL_WORKER_H_
 
@@ -34,6 +37,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/common/poll_source.h"
 #include "agent/engine/write_op.h"
 #include "agent/fabric/fabric_nic.h"
 #include "agent/metrics/metrics.h"
@@ -61,6 +65,10 @@ class RailWorker {
   void Stop();
   // Hands ops to the worker (ownership moves). Thread-safe.
   void Submit(std::vector<WriteOp*> ops);
+  // Runs `source` on this worker's thread from now on (nullptr: none). Returns once the
+  // worker has taken the change, so a source detached this way may be destroyed. Not
+  // concurrently with Start() or Stop().
+  void SetPollSource(PollSource* source);
 
   FabricNic* nic() const { return nic_; }
   uint64_t tx_bytes() const { return tx_bytes_.load(std::memory_order_relaxed); }
@@ -101,6 +109,9 @@ class RailWorker {
   absl::Mutex mu_;
   std::vector<WriteOp*> incoming_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  PollSource* next_source_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool source_change_ ABSL_GUARDED_BY(mu_) = false;
+  bool loop_done_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> has_incoming_{false};
   std::atomic<bool> sleeping_{false};  // set around Sleep(); Submit wakes only a sleeper
   int event_fd_ = -1;
@@ -111,6 +122,7 @@ class RailWorker {
     std::deque<WriteOp*> ops;
   };
   std::vector<PeerQueue> queues_;
+  PollSource* source_ = nullptr;
   // The last connection drop of each peer that had one. Nothing is posted to it for
   // kReconnectHold after; ops whose keys were fetched before it are never posted.
   std::vector<Drop> drops_;

@@ -110,7 +110,9 @@ absl::Status Agent::Init() {
                                          metrics_server_->port());
 
   queue_poller_ = std::make_unique<QueuePoller>(
-      [this](const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e) { local_service_->OnQueueEntry(q, e); });
+      [this](const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e, bool may_block) {
+        return local_service_->OnQueueEntry(q, e, may_block);
+      });
 
   LocalServiceDeps deps;
   deps.config = &config_;
@@ -138,7 +140,12 @@ absl::Status Agent::Init() {
     return Place(*t, c, s, b);
   };
   local_service_ = std::make_unique<LocalService>(std::move(deps));
-  queue_poller_->Start();
+  if (engine_ != nullptr && config_.queues_on_nic_worker) {
+    queue_poller_->Start(QueuePoller::Mode::kDriven);
+    engine_->AttachPollSource(queue_poller_.get());
+  } else {
+    queue_poller_->Start(QueuePoller::Mode::kOwnThread);
+  }
 
   absl::Status claimed = ClaimSocketPath(config_.socket);
   if (!claimed.ok()) return claimed;
@@ -274,6 +281,7 @@ void Agent::Shutdown(absl::Duration grace) {
   // check reading the GPU copier while it was destroyed).
   metrics_server_.reset();
   if (session_server_) session_server_->Stop();
+  if (engine_ && queue_poller_) engine_->AttachPollSource(nullptr);
   if (queue_poller_) queue_poller_->Stop();
   if (sessions_) sessions_->CloseAll();
   // After the sessions: their regions' fabric registrations close before the NICs do.

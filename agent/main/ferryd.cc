@@ -63,6 +63,9 @@ ABSL_FLAG(uint64_t, max_pending_fds, 64, "Most fds a session may hold before reg
 ABSL_FLAG(uint64_t, max_regions_per_session, 4096, "Most regions one session may have registered.");
 ABSL_FLAG(uint64_t, max_inflight_transfers, 4096, "Most transfers one session may have in flight.");
 ABSL_FLAG(uint64_t, max_queues, 256, "Most shared-memory transfer queues (CreateQueue), all sessions together.");
+ABSL_FLAG(bool, queues_on_nic_worker, true,
+          "Take shared-memory queue submissions on the first NIC worker's thread (no hand-off between threads); "
+          "false: on a thread of their own. Without a fabric they always have their own thread.");
 ABSL_FLAG(uint32_t, transfer_timeout_ms, 30000, "Default transfer deadline when a Write sets none.");
 ABSL_FLAG(uint32_t, max_wait_ms, 60000, "Longest a single Wait call blocks.");
 ABSL_FLAG(int32_t, local_copy_threads, 2, "Threads for node-local host copies.");
@@ -153,6 +156,7 @@ int main(int argc, char** argv) {
   config.max_regions_per_session = absl::GetFlag(FLAGS_max_regions_per_session);
   config.max_inflight_transfers = absl::GetFlag(FLAGS_max_inflight_transfers);
   config.max_queues = absl::GetFlag(FLAGS_max_queues);
+  config.queues_on_nic_worker = absl::GetFlag(FLAGS_queues_on_nic_worker);
   config.transfer_timeout_ms = absl::GetFlag(FLAGS_transfer_timeout_ms);
   config.max_wait_ms = absl::GetFlag(FLAGS_max_wait_ms);
   config.local_copy_threads = absl::GetFlag(FLAGS_local_copy_threads);

@@ -23,7 +23,7 @@ void SetDeadline(grpc::ClientContext& ctx, absl::Time deadline) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v1::RegionDescriptor& d,
-                                                                           absl::Time deadline) {
+                                                                           absl::Time deadline, PeerLookup lookup) {
   absl::StatusOr<Token> token = Token::FromBytes(d.token(), "dst.token");
   if (!token.ok()) return token.status();
   {
@@ -39,6 +39,9 @@ absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v
       }
       return it->second;
     }
+  }
+  if (lookup == PeerLookup::kCachedOnly) {
+    return WouldBlockError(absl::StrCat("region ", d.region_id(), " of agent ", address_, " is not open yet"));
   }
   v1::OpenRegionRequest req;
   req.set_target_incarnation(incarnation_);
@@ -144,7 +147,8 @@ void PeerTable::RetireLocked(const std::shared_ptr<PeerConnection>& peer) {
   if (on_retire_) on_retire_(*peer);
 }
 
-absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::RegionDescriptor& d, absl::Time deadline) {
+absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::RegionDescriptor& d, absl::Time deadline,
+                                                                   PeerLookup lookup) {
   const std::string& address = d.agent_address();
   auto usable = [&](const std::shared_ptr<PeerConnection>& p) {
     return p->incarnation() == d.agent_incarnation() && !p->NeedsHandshake();
@@ -157,6 +161,9 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::Reg
       if (usable(it->second)) return it->second;
       cached = it->second;
     }
+  }
+  if (lookup == PeerLookup::kCachedOnly) {
+    return WouldBlockError(absl::StrCat("agent ", address, " needs a handshake"));
   }
   absl::MutexLock handshake_lock(&handshake_mu_);
   std::shared_ptr<grpc::Channel> channel = cached ? cached->channel() : grpc::CreateCustomChannel(address, creds_, args_);

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/common/poll_source.h"
 #include "agent/common/slot_pool.h"
 #include "agent/common/token.h"
 #include "agent/fabric/fabric_nic.h"
@@ -35,6 +36,10 @@
 namespace ferry {
 
 inline constexpr uint32_t kPeerProtocolVersion = 1;
+
+// kCachedOnly: what needs an RPC (a handshake, an OpenRegion) fails with
+// WouldBlockError instead, for callers that must not block.
+enum class PeerLookup { kMayConnect, kCachedOnly };
 
 // A region on another agent, opened with its capability token.
 struct RemoteRegion {
@@ -75,7 +80,8 @@ class PeerConnection {
   // Opens (or finds in the cache) the region a descriptor names; the token is checked
   // against the cached one in constant time. A direct region's keys cached from before
   // the last connection drop are fetched again (one of them may be what broke it).
-  absl::StatusOr<std::shared_ptr<RemoteRegion>> OpenRegion(const v1::RegionDescriptor& d, absl::Time deadline);
+  absl::StatusOr<std::shared_ptr<RemoteRegion>> OpenRegion(const v1::RegionDescriptor& d, absl::Time deadline,
+                                                           PeerLookup lookup = PeerLookup::kMayConnect);
   void ForgetRegion(uint64_t region_id);
   size_t open_regions() const;
   // The fabric connection to this peer dropped (a write failed with a connection reset).
@@ -135,7 +141,8 @@ class PeerTable {
   // The connection for the agent a descriptor names, handshaking when needed.
   // NOT_FOUND when the descriptor's incarnation is not the peer's current one (stale),
   // UNAVAILABLE when the peer cannot be reached.
-  absl::StatusOr<std::shared_ptr<PeerConnection>> Resolve(const v1::RegionDescriptor& d, absl::Time deadline);
+  absl::StatusOr<std::shared_ptr<PeerConnection>> Resolve(const v1::RegionDescriptor& d, absl::Time deadline,
+                                                          PeerLookup lookup = PeerLookup::kMayConnect);
 
   struct PeerInfo {
     std::string address;

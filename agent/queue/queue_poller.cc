@@ -28,13 +28,18 @@ QueuePoller::~QueuePoller() {
   close(wake_fd_);
 }
 
-void QueuePoller::Start() {
-  thread_ = std::thread([this] { Loop(); });
+void QueuePoller::Start(Mode mode) {
+  mode_ = mode;
+  thread_ = std::thread([this] { mode_ == Mode::kOwnThread ? OwnLoop() : SlowLane(); });
 }
 
 void QueuePoller::Stop() {
   if (!thread_.joinable()) return;
   stopping_.store(true);
+  {
+    absl::MutexLock lock(&mu_);
+    stop_slow_lane_ = true;
+  }
   Wake();
   thread_.join();
 }
@@ -85,49 +90,77 @@ size_t QueuePoller::size() const {
   return queues_.size();
 }
 
-void QueuePoller::Loop() {
-  std::vector<std::shared_ptr<TransferQueue>> queues;  // this thread's copy
-  uint64_t seen = ~uint64_t{0};
+bool QueuePoller::Poll() {
+  if (generation_.load() != polled_generation_) {
+    absl::MutexLock lock(&mu_);
+    polled_generation_ = generation_.load();
+    polled_ = queues_;
+  }
+  const bool may_block = mode_ == Mode::kOwnThread;
+  bool progressed = false;
   queue::SubmitEntry batch[kBatch];
-  while (!stopping_.load(std::memory_order_relaxed)) {
-    if (generation_.load() != seen) {
-      absl::MutexLock lock(&mu_);
-      seen = generation_.load();
-      queues = queues_;
-    }
-    bool progressed = false;
-    for (const auto& q : queues) {
-      for (size_t n; (n = q->Take(batch, kBatch)) > 0;) {
-        for (size_t i = 0; i < n; ++i) handler_(q, batch[i]);
-        progressed = true;
-        if (n < kBatch) break;
-      }
-    }
-    if (progressed) continue;
-    // Sleep at once, without spinning: the poller shares its core with the clients and
-    // the NIC workers, and a 20 µs spin here cost the queue path ~15 % of its rate
-    // (tools/bench/RESULTS.md). Announce the sleep, then look once more so a submission
-    // made before the announcement is not left waiting for a doorbell that will not ring.
-    bool pending = false;
-    for (const auto& q : queues) {
-      q->SetSleeping(true);
-      pending |= q->HasSubmissions();
-    }
-    if (!pending) {
-      epoll_event events[16];
-      int n = epoll_wait(epoll_fd_, events, 16, /*timeout_ms=*/200);
-      for (int i = 0; i < n; ++i) {
-        if (events[i].data.ptr == nullptr) {
-          uint64_t v;
-          ssize_t ignored = read(wake_fd_, &v, sizeof(v));
-          (void)ignored;
+  for (const auto& q : polled_) {
+    for (size_t n; (n = q->Take(batch, kBatch)) > 0;) {
+      for (size_t i = 0; i < n; ++i) {
+        if (!handler_(q, batch[i], may_block) && !may_block) {
+          absl::MutexLock lock(&mu_);
+          deferred_.emplace_back(q, batch[i]);
         }
       }
+      progressed = true;
+      if (n < kBatch) break;
     }
-    for (const auto& q : queues) {
-      q->SetSleeping(false);
-      q->DrainDoorbell();
+  }
+  return progressed;
+}
+
+bool QueuePoller::PrepareToSleep() {
+  // Announce the sleep, then look once more: a submission made before the announcement
+  // rang no doorbell.
+  bool pending = false;
+  for (const auto& q : polled_) {
+    q->SetSleeping(true);
+    pending |= q->HasSubmissions();
+  }
+  return !pending;
+}
+
+void QueuePoller::Woke() {
+  uint64_t v;
+  ssize_t ignored = read(wake_fd_, &v, sizeof(v));
+  (void)ignored;
+  for (const auto& q : polled_) {
+    q->SetSleeping(false);
+    q->DrainDoorbell();
+  }
+}
+
+void QueuePoller::OwnLoop() {
+  while (!stopping_.load(std::memory_order_relaxed)) {
+    if (Poll()) continue;
+    // Sleep at once, without spinning: the poller shares its core with the clients and
+    // the NIC workers, and a 20 µs spin here cost the queue path ~15 % of its rate
+    // (tools/bench/RESULTS.md).
+    if (PrepareToSleep()) {
+      epoll_event events[16];
+      epoll_wait(epoll_fd_, events, 16, /*timeout_ms=*/200);
     }
+    Woke();
+  }
+}
+
+void QueuePoller::SlowLane() {
+  for (;;) {
+    std::pair<std::shared_ptr<TransferQueue>, queue::SubmitEntry> entry;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_slow_lane_ || !deferred_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (deferred_.empty()) return;
+      entry = std::move(deferred_.front());
+      deferred_.pop_front();
+    }
+    handler_(entry.first, entry.second, /*may_block=*/true);
   }
 }
 

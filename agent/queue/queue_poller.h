@@ -1,48 +1,68 @@
-// QueuePoller: one thread that takes submissions from every session's TransferQueue.
+// QueuePoller: takes submissions from every session's TransferQueue.
 //
-//   QueuePoller poller([](const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e) {
+//   QueuePoller poller([](const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e, bool may_block) {
 //     ... validate and start the transfer; q->Complete(...) exactly once, later ...
+//     return true;   // or false when !may_block and it would have to wait
 //   });
-//   poller.Start();
-//   poller.Add(queue);                 // from CreateQueue
-//   poller.RemoveSession(session_id);  // when the session ends
+//   poller.Start(QueuePoller::Mode::kOwnThread);  // or kDriven: a NIC worker calls Poll()
+//   poller.Add(queue, max_queues);                // from CreateQueue
+//   poller.RemoveSession(session_id);             // when the session ends
 //
-// It polls while submissions keep coming and sleeps on the queues' doorbells (epoll)
-// after a short quiet spell, so an idle agent stays idle. The handler runs on the
-// poller thread and must not block for long.
+// kOwnThread: one thread polls while submissions keep coming and sleeps on the queues'
+// doorbells (epoll) as soon as the rings are empty, so an idle agent stays idle.
+// kDriven: another thread's loop (a RailWorker) drives the PollSource methods, and
+// the handler runs there with may_block == false. An entry the handler cannot take
+// without waiting on the network (a peer to handshake with, a region to look up) is
+// handed to the poller's own thread, which calls the handler again with may_block ==
+// true. Either way the handler must not block for long when may_block is false.
 #ifndef FERRY_AGENT_QUEUE_QUEUE_POLLER_H_
 #define FERRY_AGENT_QUEUE_QUEUE_POLLER_H_
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "agent/common/poll_source.h"
 #include "agent/queue/transfer_queue.h"
 
 namespace ferry {
 
-class QueuePoller {
+class QueuePoller : public PollSource {
  public:
-  using Handler = std::function<void(const std::shared_ptr<TransferQueue>&, const queue::SubmitEntry&)>;
+  // Returns false only when !may_block and the entry needs a thread that may block.
+  using Handler = std::function<bool(const std::shared_ptr<TransferQueue>&, const queue::SubmitEntry&, bool may_block)>;
+  enum class Mode { kOwnThread, kDriven };
 
   explicit QueuePoller(Handler handler);
-  ~QueuePoller();  // Stop()
+  ~QueuePoller() override;  // Stop()
 
-  void Start();
+  void Start(Mode mode);
+  // Handles every entry still deferred, then joins the thread. In kDriven mode the
+  // driver must have stopped calling Poll() before.
   void Stop();
   // RESOURCE_EXHAUSTED past `max_queues` in total.
   absl::Status Add(std::shared_ptr<TransferQueue> queue, size_t max_queues);
   void RemoveSession(uint64_t session_id);
   size_t size() const;
 
+  // PollSource: called by the one polling thread (the driver, or the own thread).
+  bool Poll() override;
+  bool PrepareToSleep() override;
+  void Woke() override;
+  int wait_fd() const override { return epoll_fd_; }
+
  private:
-  void Loop();
+  void OwnLoop();
+  void SlowLane();
   void Wake();
 
   const Handler handler_;
+  Mode mode_ = Mode::kOwnThread;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::thread thread_;
@@ -50,6 +70,13 @@ class QueuePoller {
   std::atomic<uint64_t> generation_{0};
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<TransferQueue>> queues_ ABSL_GUARDED_BY(mu_);
+  // kDriven: entries the driver could not take without blocking, for the own thread.
+  std::deque<std::pair<std::shared_ptr<TransferQueue>, queue::SubmitEntry>> deferred_ ABSL_GUARDED_BY(mu_);
+  bool stop_slow_lane_ ABSL_GUARDED_BY(mu_) = false;
+
+  // The polling thread's copy of queues_, refreshed when generation_ moves.
+  std::vector<std::shared_ptr<TransferQueue>> polled_;
+  uint64_t polled_generation_ = ~uint64_t{0};
 };
 
 }  // namespace ferry

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "agent/common/grpc_status.h"
 #include "agent/common/log.h"
+#include "agent/common/poll_source.h"
 
 namespace ferry {
 namespace {
@@ -187,7 +188,7 @@ absl::StatusOr<uint64_t> LocalService::ResolveDestination(const v1::RegionDescri
 }
 
 absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareWrite(const std::shared_ptr<Session>& session,
-                                                                     const v1::WriteRequest& req) {
+                                                                     const v1::WriteRequest& req, bool cached_only) {
   const AgentConfig& cfg = *deps_.config;
   absl::StatusOr<std::shared_ptr<Region>> src = OwnedRegion(*deps_.regions, *session, req.src_region_id(), "src_region_id");
   if (!src.ok()) return src.status();
@@ -199,6 +200,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareWrite(const std::
   t->notify = req.notify();
   t->tag = req.tag();
   t->submitted = absl::Now();
+  t->cached_only = cached_only;
   uint32_t timeout_ms = req.timeout_ms() != 0 ? req.timeout_ms() : cfg.transfer_timeout_ms;
   t->deadline = t->submitted + absl::Milliseconds(timeout_ms);
   absl::StatusOr<uint64_t> dst_size = ResolveDestination(req.dst(), *t);
@@ -315,13 +317,15 @@ queue::CompletionEntry ToCompletion(uint64_t user_data, const v1::TransferResult
 
 }  // namespace
 
-void LocalService::OnQueueEntry(const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e) {
+bool LocalService::OnQueueEntry(const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e,
+                                bool may_block) {
   auto refuse = [&](const absl::Status& s) {
     deps_.metrics->errors("Queue", StatusCodeName(static_cast<int>(s.code()))).Increment();
     v1::TransferResult r;
     r.set_code(static_cast<int>(s.code()));
     r.set_message(std::string(s.message()));
     q->Complete(ToCompletion(e.user_data, r));
+    return true;
   };
   if (shutting_down_.load()) return refuse(absl::UnavailableError("the agent is shutting down"));
   std::shared_ptr<Session> session = deps_.sessions->FindById(q->session_id());
@@ -343,11 +347,13 @@ void LocalService::OnQueueEntry(const std::shared_ptr<TransferQueue>& q, const q
   req.set_notify((e.flags & queue::kFlagNotify) != 0);
   req.set_tag(e.tag);
   req.set_timeout_ms(q->timeout_ms());
-  absl::StatusOr<std::shared_ptr<Transfer>> t = PrepareWrite(session, req);
+  absl::StatusOr<std::shared_ptr<Transfer>> t = PrepareWrite(session, req, /*cached_only=*/!may_block);
+  if (!t.ok() && IsWouldBlock(t.status())) return false;
   if (!t.ok()) return refuse(t.status());
   (*t)->id = deps_.transfers->NextId();
   (*t)->on_result = [q, user_data = e.user_data](const v1::TransferResult& r) { q->Complete(ToCompletion(user_data, r)); };
   Launch(std::move(*t));
+  return true;
 }
 
 // ---------------------------------------------------------------- streams

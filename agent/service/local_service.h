@@ -82,8 +82,10 @@ class LocalService final : public v1::Agent::Service {
                            v1::GetTopologyResponse* resp) override;
 
   // The QueuePoller's handler: one queue entry, validated and started like a Write; its
-  // result (or refusal) goes to the queue's completion ring.
-  void OnQueueEntry(const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e);
+  // result (or refusal) goes to the queue's completion ring. With !may_block (on a NIC
+  // worker) it returns false, having done nothing, when the destination's peer or
+  // region must first be looked up over the network.
+  bool OnQueueEntry(const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e, bool may_block);
 
  private:
   absl::StatusOr<std::shared_ptr<Session>> SessionOf(grpc::ServerContext* ctx) const;
@@ -92,8 +94,9 @@ class LocalService final : public v1::Agent::Service {
   // destination, path and executor. Returns the destination's size.
   absl::StatusOr<uint64_t> ResolveDestination(const v1::RegionDescriptor& dst, Transfer& t);
   // Validates a write and prepares it with its executor; nothing has moved yet.
+  // `cached_only`: see Transfer::cached_only.
   absl::StatusOr<std::shared_ptr<Transfer>> PrepareWrite(const std::shared_ptr<Session>& session,
-                                                         const v1::WriteRequest& req);
+                                                         const v1::WriteRequest& req, bool cached_only = false);
   // Starts a prepared transfer whose id is set.
   void Launch(std::shared_ptr<Transfer> t);
   absl::StatusOr<uint64_t> DoCreateQueue(const std::shared_ptr<Session>& session, const v1::CreateQueueRequest& req);

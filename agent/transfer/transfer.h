@@ -54,6 +54,9 @@ struct Transfer {
   // The staged path sets the user region's here, as its source is a staging buffer.
   std::vector<int> rail;
   TransferExecutor* executor = nullptr;  // local or remote, chosen by the destination
+  // Prepare must not wait on the network (it runs on a NIC worker): a destination not
+  // in the peer caches fails with WouldBlockError (agent/common/poll_source.h).
+  bool cached_only = false;
   // Where the result goes: when set (a shared-memory queue's completion ring) instead
   // of the session's Wait / WatchCompletions bookkeeping.
   std::function<void(const v1::TransferResult&)> on_result;
