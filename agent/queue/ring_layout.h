@@ -8,7 +8,8 @@
 //   (eventfd only if agent_sleeping)          like a Write RPC, starts the transfers
 //                                             ...
 //   reads cq[head % n]               ◄──────  CompletionEntry at cq[cq_tail % n]
-//   cq_head.store(head + 1)                   (eventfd only if client_waiting)
+//   cq_head.store(head + 1)                   (eventfd only if client_waiting and at
+//                                              least that many are unreaped)
 //
 // The memory is the client's (a memfd passed on the session socket), so the agent
 // treats every byte of it as untrusted: it copies an entry before looking at it, trusts
@@ -46,7 +47,8 @@ struct RingHeader {
   Cursor cq_tail;         // agent: completions written
   Cursor cq_head;         // client: completions consumed
   Cursor agent_sleeping;  // agent: 1 while blocked on the submit doorbell
-  Cursor client_waiting;  // client: 1 while blocked on the completion doorbell
+  Cursor client_waiting;  // client: while blocked on the completion doorbell, how many
+                          // unreaped completions it waits for (>= 1); else 0
 };
 
 // One contiguous write: [src_offset, +length) of a region the session registered to

@@ -123,15 +123,19 @@ void TransferQueue::DrainDoorbell() {
 }
 
 void TransferQueue::Complete(const queue::CompletionEntry& c) {
+  uint32_t written;
   {
     absl::MutexLock lock(&cq_mu_);
     const uint32_t t = cq_written_.load(std::memory_order_relaxed);
     memcpy(&cq_[t & (entries_ - 1)], &c, sizeof(c));
-    header_->cq_tail.value.store(t + 1, std::memory_order_release);
-    cq_written_.store(t + 1, std::memory_order_release);
+    written = t + 1;
+    header_->cq_tail.value.store(written, std::memory_order_release);
+    cq_written_.store(written, std::memory_order_release);
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (header_->client_waiting.value.load(std::memory_order_seq_cst) != 0) {
+  // Client-written values: a wrong one costs that client a wake-up, nothing else.
+  const uint32_t want = header_->client_waiting.value.load(std::memory_order_seq_cst);
+  if (want != 0 && written - header_->cq_head.value.load(std::memory_order_seq_cst) >= want) {
     uint64_t one = 1;
     ssize_t ignored = write(complete_doorbell_.get(), &one, sizeof(one));
     (void)ignored;

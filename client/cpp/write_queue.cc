@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -112,18 +113,19 @@ size_t WriteQueue::Take(std::vector<Completion>* out, size_t max) {
   return n;
 }
 
-size_t WriteQueue::Reap(std::vector<Completion>* out, size_t max, absl::Duration timeout) {
+size_t WriteQueue::Reap(std::vector<Completion>* out, size_t max, absl::Duration timeout, size_t min) {
+  const uint32_t want = static_cast<uint32_t>(std::max<size_t>(1, std::min<size_t>({min, max, inflight()})));
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
-    if (size_t n = Take(out, max); n > 0) return n;
+    if (header_->cq_tail.value.load(std::memory_order_acquire) - reaped_ >= want) return Take(out, max);
     // Announce the wait, then look again: a completion written before the announcement
-    // would otherwise not ring the doorbell.
-    header_->client_waiting.value.store(1, std::memory_order_seq_cst);
-    if (header_->cq_tail.value.load(std::memory_order_seq_cst) == reaped_) {
+    // would otherwise not ring the doorbell. The agent rings once `want` are unreaped.
+    header_->client_waiting.value.store(want, std::memory_order_seq_cst);
+    if (header_->cq_tail.value.load(std::memory_order_seq_cst) - reaped_ < want) {
       const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
       if (left_ms < 0) {
         header_->client_waiting.value.store(0, std::memory_order_relaxed);
-        return 0;
+        return Take(out, max);
       }
       pollfd p{complete_fd_, POLLIN, 0};
       poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms + 1, 1000)));

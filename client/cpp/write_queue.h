@@ -56,9 +56,12 @@ class WriteQueue {
   WriteQueue& operator=(const WriteQueue&) = delete;
 
   absl::Status Post(const Entry& e);
-  // Appends up to `max` completions to `out`; waits up to `timeout` for the first.
-  // Returns how many it appended.
-  size_t Reap(std::vector<Completion>* out, size_t max, absl::Duration timeout);
+  // Appends up to `max` completions to `out`; waits up to `timeout` until at least
+  // `min` are ready (never for more than inflight() or `max`), and after the timeout
+  // takes what there is. Returns how many it appended. A `min` above 1 lets a sender
+  // that keeps many writes in flight sleep once per batch instead of once per write
+  // (its core is shared with the agent's threads more often than not).
+  size_t Reap(std::vector<Completion>* out, size_t max, absl::Duration timeout, size_t min = 1);
   uint32_t inflight() const { return posted_ - reaped_; }
   uint64_t id() const { return id_; }
 

@@ -91,6 +91,36 @@ TEST_CASE("a write queue moves many small writes byte for byte and returns each 
   }
 }
 
+TEST_CASE("Reap waits for `min` completions, never for more than are in flight") {
+  auto agent = StartAgent();
+  const uint64_t kWrite = 4 << 20, kWrites = 8;
+  TestPod sender = MakePod(agent->socket(), kWrite * kWrites, 0x21);
+  TestPod receiver = MakePod(agent->socket(), kWrite * kWrites, 0);
+  auto q = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 16);
+  REQUIRE(q.ok());
+  auto post = [&](uint64_t i) { REQUIRE((*q)->Post({sender.reg.region_id(), 0, i * kWrite, i * kWrite, kWrite, i}).ok()); };
+
+  // 8 copies of 4 MiB finish one after another (the agent copies on 2 threads), so a
+  // Reap that returned at the first completion would come back with fewer.
+  for (uint64_t i = 0; i < kWrites; ++i) post(i);
+  std::vector<WriteQueue::Completion> done;
+  CHECK((*q)->Reap(&done, 64, absl::Seconds(30), /*min=*/kWrites) == kWrites);
+  for (const auto& c : done) CHECK(c.status.ok());
+  CHECK(memcmp(receiver.buf->data(), sender.buf->data(), kWrite * kWrites) == 0);
+
+  // Two in flight: a min of 8 means both, not a wait for the timeout.
+  post(0);
+  post(1);
+  done.clear();
+  const absl::Time start = absl::Now();
+  CHECK((*q)->Reap(&done, 64, absl::Seconds(20), /*min=*/8) == 2);
+  CHECK(absl::Now() - start < absl::Seconds(10));
+
+  // Nothing in flight: the timeout ends the wait with nothing.
+  done.clear();
+  CHECK((*q)->Reap(&done, 64, absl::Milliseconds(50), /*min=*/4) == 0);
+}
+
 TEST_CASE("queue entries are validated like Writes: refusals come back as completions, nothing moves") {
   auto agent = StartAgent();
   TestPod sender = MakePod(agent->socket(), 1 << 20, 0x11);

@@ -35,6 +35,7 @@ ABSL_FLAG(int, window, 16, "send: transfers in flight");
 ABSL_FLAG(std::string, layout, "contiguous", "send: contiguous or paged");
 ABSL_FLAG(std::string, api, "rpc", "send: rpc (Write + WatchCompletions) or queue (WriteQueue, contiguous only)");
 ABSL_FLAG(int, iters, 1000, "latency: iterations");
+ABSL_FLAG(int, reap_min, 0, "send --api=queue: Reap waits for this many completions (0: window / 2)");
 ABSL_FLAG(int, blocks, 10000, "blocks: block count");
 ABSL_FLAG(int, block, 4096, "blocks: block size");
 
@@ -97,6 +98,7 @@ int SendQueue(Sender& s, const std::vector<uint64_t>& sizes, int window) {
   auto q = ferry::WriteQueue::Create(*s.client, {s.dst}, 256);
   if (!q.ok()) return Fail(q.status());
   std::vector<ferry::WriteQueue::Completion> done;
+  const int reap_min = absl::GetFlag(FLAGS_reap_min) > 0 ? absl::GetFlag(FLAGS_reap_min) : std::max(1, window / 2);
   for (uint64_t size : sizes) {
     const int n = std::max<int>(4, std::min<uint64_t>(absl::GetFlag(FLAGS_count), (1ull << 30) / size));
     ferry::WriteQueue::Entry e;
@@ -110,7 +112,7 @@ int SendQueue(Sender& s, const std::vector<uint64_t>& sizes, int window) {
         if (absl::Status st = (*q)->Post(e); !st.ok()) return Fail(st);
       }
       done.clear();
-      if ((*q)->Reap(&done, 64, absl::Seconds(60)) == 0) return Fail(absl::DeadlineExceededError("stuck"));
+      if ((*q)->Reap(&done, 64, absl::Seconds(60), reap_min) == 0) return Fail(absl::DeadlineExceededError("stuck"));
       for (const auto& c : done) {
         if (!c.status.ok()) return Fail(c.status);
       }
