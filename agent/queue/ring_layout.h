@@ -2,7 +2,7 @@
 // map. It is the fast path for many small writes, where a gRPC call per transfer would
 // cost more than moving the bytes (see tools/bench/RESULTS.md).
 //
-//   Client                                    Agent (QueuePoller thread)
+//   Client                                    Agent (QueuePoller: a NIC worker)
 //   write SubmitEntry at sq[tail % n]
 //   sq_tail.store(tail + 1)          ──────►  copies entries out, validates each exactly
 //   (eventfd only if agent_sleeping)          like a Write RPC, starts the transfers

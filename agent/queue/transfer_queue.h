@@ -4,7 +4,7 @@
 //                                                                           std::move(submit_fd),
 //                                                                           std::move(complete_fd), 256, dsts);
 //   queue::SubmitEntry batch[64];
-//   size_t n = (*q)->Take(batch, 64);        // poller thread only
+//   size_t n = (*q)->Take(batch, 64);        // the polling thread only
 //   (*q)->Complete(completion);              // any thread, once per taken entry
 //
 // Take() hands out an entry only when its completion is sure to have a free slot, so a
@@ -45,10 +45,11 @@ class TransferQueue {
   uint32_t timeout_ms() const { return timeout_ms_; }
   void set_timeout_ms(uint32_t ms) { timeout_ms_ = ms; }
 
-  // Poller thread only. Copies up to `max` submitted entries out of shared memory.
-  // Returns 0 once the queue is broken (the client wrote an impossible cursor).
+  // The polling thread only (a NIC worker, or the poller's own). Copies up to `max`
+  // submitted entries out of shared memory. Returns 0 once the queue is broken (the
+  // client wrote an impossible cursor).
   size_t Take(queue::SubmitEntry* out, size_t max);
-  // Poller thread only: the doorbell protocol. While sleeping, the client rings the
+  // The polling thread only: the doorbell protocol. While sleeping, the client rings the
   // submit doorbell after submitting; HasSubmissions() closes the race.
   void SetSleeping(bool sleeping);
   bool HasSubmissions() const;
@@ -73,7 +74,7 @@ class TransferQueue {
   const queue::SubmitEntry* sq_ = nullptr;
   queue::CompletionEntry* cq_ = nullptr;
 
-  // Poller-thread state.
+  // Polling-thread state.
   uint32_t sq_head_ = 0;    // entries taken
   uint32_t accepted_ = 0;   // == sq_head_; completions owed in total
   uint32_t cq_seen_ = 0;    // the client's cq_head, as far as we believe it

@@ -261,7 +261,7 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
   }
   const uint32_t timeout_ms = req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms;
   // Check every destination now and warm the peer and region caches, so that entries
-  // (handled on the poller thread) never wait for a handshake.
+  // (taken on a NIC worker, which never waits on the network) find them cached.
   for (int i = 0; i < req.destinations_size(); ++i) {
     Transfer probe;
     probe.deadline = absl::Now() + absl::Milliseconds(timeout_ms);
