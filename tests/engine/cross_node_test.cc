@@ -28,6 +28,23 @@ using testing::ChunkWrite;
 using testing::MakePod;
 using testing::StartFabricAgent;
 
+// Kills `agent` outright and starts it again on the same host, socket and peer port (as
+// a DaemonSet pod restarts).
+void KillAndRestart(std::unique_ptr<AgentProcess>& agent, const testing::TestHost& host) {
+  const std::string dir = agent->dir();
+  const std::string peer_address = agent->ready("peer_address");
+  const std::string peer_port = peer_address.substr(peer_address.rfind(':') + 1);
+  agent->KeepDir();
+  CHECK(agent->Stop(SIGKILL) == 128 + SIGKILL);
+  agent.reset();
+  auto restarted = AgentProcess::Start({"--peer_address=" + host.nics[0] + ":" + peer_port,
+                                        "--fabric_iface=" + host.nics[0], "--fabric_provider=tcp;ofi_rxm"},
+                                       dir, host.wrapper);
+  INFO(restarted.status().ToString());
+  REQUIRE(restarted.ok());
+  agent = std::move(*restarted);
+}
+
 TEST_CASE("two agents: chunk list and paged writes land byte for byte, notified once, after the data") {
   TestNetwork net = TestNetwork::Create(2, 1);
   auto a = StartFabricAgent(net.host(0));
@@ -233,19 +250,7 @@ TEST_CASE("a restarted peer: old descriptors are stale, new ones work without re
     REQUIRE(sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(30)).ok());
     old_descriptor = receiver.reg.region();
   }
-  // Kill the peer agent outright and start it again on the same host, socket and peer
-  // port (as a DaemonSet pod restarts).
-  const std::string dir = b->dir();
-  const std::string peer_port = b->ready("peer_address").substr(b->ready("peer_address").rfind(':') + 1);
-  b->KeepDir();
-  CHECK(b->Stop(SIGKILL) == 128 + SIGKILL);
-  b.reset();
-  auto restarted = AgentProcess::Start({"--peer_address=" + net.host(1).nics[0] + ":" + peer_port,
-                                        "--fabric_iface=" + net.host(1).nics[0], "--fabric_provider=tcp;ofi_rxm"},
-                                       dir, net.host(1).wrapper);
-  INFO(restarted.status().ToString());
-  REQUIRE(restarted.ok());
-  b = std::move(*restarted);
+  KillAndRestart(b, net.host(1));
 
   auto stale = sender.client->Write(ChunkWrite(sender, old_descriptor, 0, 0, 4096)).status();
   INFO(stale.ToString());
@@ -285,16 +290,7 @@ TEST_CASE("a queue whose destination agent restarted: its entries end NOT_FOUND,
   REQUIRE(run(0, 1).ok());
   CHECK(remote.buf->data()[4096] == 0x47);
 
-  const std::string dir = b->dir();
-  const std::string peer_port = b->ready("peer_address").substr(b->ready("peer_address").rfind(':') + 1);
-  b->KeepDir();
-  CHECK(b->Stop(SIGKILL) == 128 + SIGKILL);
-  b.reset();
-  auto restarted = AgentProcess::Start({"--peer_address=" + net.host(1).nics[0] + ":" + peer_port,
-                                        "--fabric_iface=" + net.host(1).nics[0], "--fabric_provider=tcp;ofi_rxm"},
-                                       dir, net.host(1).wrapper);
-  INFO(restarted.status().ToString());
-  REQUIRE(restarted.ok());
+  KillAndRestart(b, net.host(1));
 
   absl::Status stale = run(0, 2);
   INFO(stale.ToString());
