@@ -10,6 +10,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "agent/common/log.h"
+#include "agent/memory/retired_memory.h"
 
 namespace ferry {
 
@@ -27,18 +29,30 @@ namespace {
 
 class HostFdBacking : public MemoryBacking {
  public:
-  HostFdBacking(void* map, size_t map_len, size_t delta, uint64_t size)
-      : map_(map), map_len_(map_len), delta_(delta), size_(size) {}
-  ~HostFdBacking() override { munmap(map_, map_len_); }
+  HostFdBacking(void* map, size_t len) : map_(map), len_(len) {}
+  ~HostFdBacking() override {
+    if (!retired_) munmap(map_, len_);
+  }
   MemoryKind kind() const override { return MemoryKind::kHost; }
-  void* data() const override { return static_cast<uint8_t*>(map_) + delta_; }
-  uint64_t size() const override { return size_; }
+  void* data() const override { return map_; }
+  uint64_t size() const override { return len_; }
+
+  void Retire() override {
+    absl::Status detached = DetachMapping(map_, len_);
+    if (!detached.ok()) {
+      // Nothing safe is left: unmapping risks a fault on a late write, keeping the
+      // mapping lets it reach the client. Unmap (the old behaviour) and say so.
+      FERRY_LOG(ERROR) << "region memory: " << detached.message() << "; unmapping it now instead";
+      return;
+    }
+    retired_ = true;
+    RetiredMemory::Global().Add([map = map_, len = len_] { munmap(map, len); });
+  }
 
  private:
-  void* map_;
-  size_t map_len_;
-  size_t delta_;
-  uint64_t size_;
+  void* const map_;
+  const size_t len_;
+  bool retired_ = false;
 };
 
 }  // namespace
@@ -70,7 +84,7 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> MapHostFd(int fd, uint64_t offset
         absl::StrCat("host.fd_handle: mmap of ", size, " bytes failed: ", strerror(errno),
                      " (the fd must be opened read-write)"));
   }
-  return std::unique_ptr<MemoryBacking>(new HostFdBacking(map, size, 0, size));
+  return std::unique_ptr<MemoryBacking>(new HostFdBacking(map, size));
 }
 
 }  // namespace ferry

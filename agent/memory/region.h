@@ -4,7 +4,10 @@
 // transports attached to it (e.g. libfabric memory registrations, one per NIC).
 // Operations in flight hold a std::shared_ptr<Region>, so a deregistered region's
 // registrations are closed and its memory unmapped only after the last operation on it
-// has completed: no write ever lands in freed memory.
+// has completed. Incoming RMA writes hold no reference, so a region that goes first
+// detaches its memory (MemoryBacking::Retire, see retired_memory.h), then closes its
+// registrations: a late write from a peer lands in throwaway pages, never in freed
+// memory or in the client's memory after Deregister returned.
 #ifndef FERRY_AGENT_MEMORY_REGION_H_
 #define FERRY_AGENT_MEMORY_REGION_H_
 
@@ -35,6 +38,11 @@ class MemoryBacking {
   virtual int device() const { return -1; }
   // Whether a GPU kernel on `device` may dereference data() (CUDA memory only).
   virtual bool AccessibleFrom(int device) const { return false; }
+  // Called once when the region goes, before its transport registrations are closed:
+  // afterwards a write a provider is still receiving into data() must neither fault nor
+  // reach the client's memory. The backing keeps (or hands to RetiredMemory) whatever
+  // such a write may still touch.
+  virtual void Retire() {}
 };
 
 // Maps `size` bytes of a shared-memory fd (memfd, /dev/shm file) at `offset`.
@@ -73,6 +81,9 @@ class Region {
  public:
   Region(uint64_t id, uint64_t owner_session, Token token, std::unique_ptr<MemoryBacking> backing)
       : id_(id), owner_session_(owner_session), token_(token), backing_(std::move(backing)) {}
+  ~Region() { backing_->Retire(); }
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
 
   uint64_t id() const { return id_; }
   uint64_t owner_session() const { return owner_session_; }
@@ -96,7 +107,7 @@ class Region {
   const uint64_t owner_session_;
   const Token token_;
   // Declaration order matters: members are destroyed bottom-up, so transport
-  // registrations are released before the memory they describe is unmapped.
+  // registrations are released (after ~Region retired the backing) before the backing.
   std::unique_ptr<MemoryBacking> backing_;
   RegionRegistration registration_;
   Placement placement_;

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include "absl/strings/str_cat.h"
+#include "agent/memory/retired_memory.h"
 
 namespace ferry {
 namespace {
@@ -10,12 +11,17 @@ namespace {
 class StagingBacking : public MemoryBacking {
  public:
   StagingBacking(const CudaDriver* cu, void* data, uint64_t size) : cu_(cu), data_(data), size_(size) {}
+  // A peer may still be writing into the buffer (see retired_memory.h): it is the
+  // agent's own memory, so it simply stays allocated until the grace has passed.
   ~StagingBacking() override {
-    if (cu_ != nullptr) {
-      cu_->cuMemFreeHost(data_);
-    } else {
-      munmap(data_, size_);
-    }
+    RetiredMemory::Global().Add([cu = cu_, data = data_, size = size_] {
+      if (cu != nullptr) {
+        (void)UseDevice(*cu, 0);  // the sweep may run on any thread; the buffer is device 0's
+        cu->cuMemFreeHost(data);
+      } else {
+        munmap(data, size);
+      }
+    });
   }
   MemoryKind kind() const override { return MemoryKind::kHost; }
   void* data() const override { return data_; }

@@ -1,0 +1,79 @@
+// RetiredMemory: memory a region no longer owns, kept harmless until no provider can
+// still be writing into it.
+//
+// A software provider (tcp, shm, rxm over them) copies an incoming RMA write into the
+// target buffer piece by piece, across many progress calls. Closing the MR refuses the
+// writes that arrive after it, not one whose header the provider has already accepted:
+// its remaining bytes still go to the old address. So when a region goes, the agent
+//
+//   1. detaches its mapping of the client's pages (DetachMapping: the range becomes
+//      private anonymous memory in one mmap(MAP_FIXED), never unmapped in between), so
+//      that a late write neither faults nor reaches the client's memory, then closes the
+//      region's MRs;
+//   2. hands the range to RetiredMemory, which unmaps it only after `grace`, so that no
+//      region mapped later can be given the same addresses while a late write may still
+//      land there.
+//
+//   RetiredMemory& retired = RetiredMemory::Global();
+//   if (DetachMapping(addr, len).ok()) retired.Add([addr, len] { munmap(addr, len); });
+//
+// Hardware providers (verbs, efa) stop DMA at deregistration; for them this costs only
+// the address range for `grace`. Pages a late write touches are the only memory it
+// costs (MAP_NORESERVE).
+#ifndef FERRY_AGENT_MEMORY_RETIRED_MEMORY_H_
+#define FERRY_AGENT_MEMORY_RETIRED_MEMORY_H_
+
+#include <cstddef>
+#include <deque>
+#include <functional>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace ferry {
+
+// Replaces the pages of [addr, addr + len) (page-aligned, currently mapped) with zeroed
+// private anonymous memory, atomically. INTERNAL with errno text if mmap refuses.
+absl::Status DetachMapping(void* addr, size_t len);
+
+class RetiredMemory {
+ public:
+  // Longer than any one provider message can take to arrive: a message is at most
+  // --fabric_max_op_bytes (4 MiB by default), and a connection that stalls that long
+  // mid-message is dropped by the provider long before.
+  static constexpr absl::Duration kDefaultGrace = absl::Seconds(60);
+
+  // The process's instance (regions are freed from any thread, late writes land in the
+  // process's address space). Never destroyed.
+  static RetiredMemory& Global();
+
+  explicit RetiredMemory(absl::Duration grace = kDefaultGrace, std::function<absl::Time()> now = absl::Now)
+      : grace_(grace), now_(std::move(now)) {}
+  // Releases everything still held, grace or not (tests; process exit needs nothing).
+  ~RetiredMemory();
+
+  // Runs `release` once `grace` has passed, at a later Add or Sweep; first releases
+  // whatever is due.
+  void Add(absl::AnyInvocable<void() &&> release);
+  // Releases what is due; returns how many. Add calls it, so retired memory never
+  // outlives the next retirement after its grace by much.
+  size_t Sweep();
+  size_t pending() const;
+
+ private:
+  struct Entry {
+    absl::Time due;
+    absl::AnyInvocable<void() &&> release;
+  };
+  const absl::Duration grace_;
+  const std::function<absl::Time()> now_;
+  mutable absl::Mutex mu_;
+  std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);  // in `due` order
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_MEMORY_RETIRED_MEMORY_H_
