@@ -1,10 +1,12 @@
 #include "agent/local/gpu_copier.h"
 
+#include <sys/prctl.h>
 #include <time.h>
 
 #include <algorithm>
 #include <deque>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -150,6 +152,7 @@ class GpuCopier::Lane {
     if (!setup.ok()) FERRY_LOG(ERROR) << "gpu copier: device " << device_ << ": " << setup;
     for (;;) {
       Job j;
+      CUevent spare = nullptr;
       {
         absl::MutexLock lock(&mu_);
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -159,6 +162,10 @@ class GpuCopier::Lane {
         if (queue_.empty()) break;  // stopping and drained
         j = std::move(queue_.front());
         queue_.pop_front();
+        if (!spare_events_.empty()) {
+          spare = spare_events_.back();
+          spare_events_.pop_back();
+        }
       }
       if (!setup.ok()) {
         j.status = setup;
@@ -168,7 +175,11 @@ class GpuCopier::Lane {
         j.status = Enqueue(*j.t);
         // Even after a failed enqueue, part of the work may be on the stream: the
         // completer waits for it before the regions can go.
-        absl::Status recorded = cu_->Check(cu_->cuEventCreate(&j.event, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+        j.event = spare;  // events are reused: creating one per copy costs as much as the copy's launch
+        spare = nullptr;
+        absl::Status recorded =
+            j.event != nullptr ? absl::OkStatus()
+                               : cu_->Check(cu_->cuEventCreate(&j.event, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
         if (recorded.ok()) recorded = cu_->Check(cu_->cuEventRecord(j.event, stream_), "cuEventRecord");
         if (!recorded.ok()) {
           if (j.event != nullptr) cu_->cuEventDestroy(j.event);
@@ -178,6 +189,7 @@ class GpuCopier::Lane {
         }
       }
       absl::MutexLock lock(&mu_);
+      if (spare != nullptr) spare_events_.push_back(spare);  // unused (setup failed, or past deadline)
       inflight_.push_back(std::move(j));
     }
     absl::MutexLock lock(&mu_);
@@ -205,6 +217,9 @@ class GpuCopier::Lane {
   }
 
   void Completer() {
+    // Wait() polls with sleeps from 1 us: the default 50 us timer slack would stretch
+    // each into >= 50 us and cap small copies at one answer per 50 us.
+    prctl(PR_SET_TIMERSLACK, 1000UL);
     const bool have_context = UseDevice(*cu_, device_).ok();
     for (;;) {
       Job j;
@@ -216,11 +231,14 @@ class GpuCopier::Lane {
         j = std::move(inflight_.front());
       }
       bool answered = false;
+      CUevent reusable = nullptr;
       absl::Status s = j.status;
       if (j.event != nullptr && have_context) {
         CUresult r = Wait(j, &answered);
-        cu_->cuEventDestroy(j.event);
-        if (r != CUDA_SUCCESS) {
+        if (r == CUDA_SUCCESS) {
+          reusable = j.event;
+        } else {
+          cu_->cuEventDestroy(j.event);
           absl::Status failed = cu_->Check(r, "the GPU copy");
           owner_->Poisoned(device_, failed);
           if (s.ok()) s = failed;
@@ -228,9 +246,13 @@ class GpuCopier::Lane {
       }
       if (!answered) j.done(s);
       absl::MutexLock lock(&mu_);
+      if (reusable != nullptr) spare_events_.push_back(reusable);
       inflight_.pop_front();  // after done(): the submitter may not run far ahead
     }
     if (have_context) {
+      absl::MutexLock lock(&mu_);  // the submitter is done: the spares are all back
+      for (CUevent e : spare_events_) cu_->cuEventDestroy(e);
+      spare_events_.clear();
       if (module_ != nullptr) cu_->cuModuleUnload(module_);
       if (stream_ != nullptr) cu_->cuStreamDestroy(stream_);
     }
@@ -250,6 +272,7 @@ class GpuCopier::Lane {
   bool submitter_done_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   std::deque<Job> inflight_ ABSL_GUARDED_BY(mu_);
+  std::vector<CUevent> spare_events_ ABSL_GUARDED_BY(mu_);  // recorded and completed before
   std::thread submitter_;  // last: they start after every member above is initialized
   std::thread completer_;
 };

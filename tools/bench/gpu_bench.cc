@@ -3,7 +3,8 @@
 //   gpu_bench --socket=S [--src_device=0 --dst_device=1]
 //
 // Prints two tables, each with a baseline measured in the same run:
-//  1. contiguous GPU->GPU writes through ferry (Write + Wait, 8 in flight) vs raw
+//  1. contiguous GPU->GPU writes through ferry (Write + Wait, 8 in flight; and the
+//     shared-memory write queue, 16 in flight) vs raw
 //     cuMemcpyAsync between the same kind of buffers (this process, peer access on);
 //  2. paged KV blocks scattered at random on both sides (one Write of all blocks) vs
 //     the raw contiguous copy of the same number of bytes.
@@ -21,11 +22,13 @@
 #include "agent/cuda/cuda_driver.h"
 #include "client/cpp/cuda_buffer.h"
 #include "client/cpp/ferry_client.h"
+#include "client/cpp/write_queue.h"
 
 ABSL_FLAG(std::string, socket, "/run/ferry/ferry.sock", "agent socket");
 ABSL_FLAG(int, src_device, 0, "source GPU");
 ABSL_FLAG(int, dst_device, 1, "destination GPU");
 ABSL_FLAG(bool, paged_only, false, "only the paged table");
+ABSL_FLAG(int, queue_window, 16, "write-queue entries in flight in the contiguous table");
 ABSL_FLAG(std::string, transport, "staged over tcp;ofi_rxm (127.0.0.1 -> 127.0.0.2)",
           "cross-agent mode: how the agents were started, for the table's header");
 ABSL_FLAG(std::string, dst_socket, "",
@@ -78,6 +81,35 @@ absl::StatusOr<double> FerryWrites(Client& c, const v1::WriteRequest& req, int c
     absl::Status s = ResultStatus(*r);
     if (!s.ok()) return s;
     inflight.pop_front();
+  }
+  return absl::ToDoubleSeconds(absl::Now() - start) / count;
+}
+
+// Seconds per write: `count` single-chunk writes of `bytes` from the start of `src`
+// region to the start of `dst` through a shared-memory WriteQueue, `window` in flight,
+// reaping half a window at a time.
+absl::StatusOr<double> FerryQueueWrites(Client& c, uint64_t src, const v1::RegionDescriptor& dst, uint64_t bytes,
+                                        int count, int window) {
+  absl::StatusOr<std::unique_ptr<WriteQueue>> q = WriteQueue::Create(c, {dst}, 2 * window, /*timeout_ms=*/60000);
+  if (!q.ok()) return q.status();
+  std::vector<WriteQueue::Completion> done;
+  absl::Time start;
+  for (int round = 0; round < 2; ++round) {  // round 0 warms up
+    const int n = round == 0 ? window : count;
+    start = absl::Now();
+    for (int posted = 0, reaped = 0; reaped < n;) {
+      while (posted < n && static_cast<int>((*q)->inflight()) < window) {
+        if (absl::Status st = (*q)->Post({src, 0, 0, 0, bytes, static_cast<uint64_t>(posted)}); !st.ok()) return st;
+        ++posted;
+      }
+      done.clear();
+      const size_t want = std::min<size_t>(std::max(window / 2, 1), n - reaped);
+      if ((*q)->Reap(&done, window, absl::Seconds(60), want) == 0) return absl::DeadlineExceededError("queue stuck");
+      for (const auto& d : done) {
+        if (!d.status.ok()) return d.status;
+      }
+      reaped += static_cast<int>(done.size());
+    }
   }
   return absl::ToDoubleSeconds(absl::Now() - start) / count;
 }
@@ -159,11 +191,15 @@ int Main() {
 
   printf("# ferry GPU benchmark: node-local GPU%d -> GPU%d, %d peers reachable from GPU%d\n", sd, dd, *peers, sd);
   if (!absl::GetFlag(FLAGS_paged_only)) {
-    printf("# contiguous: ferry Write+Wait with 8 in flight vs raw cuMemcpyAsync back to back (CUDA events)\n");
-    printf("%12s %6s %12s %12s %12s %8s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "raw(GB/s)", "ratio");
+    printf("# contiguous: ferry Write+Wait with 8 in flight, and the write queue with %d in flight (queue), vs raw\n"
+           "# cuMemcpyAsync back to back (CUDA events); time and algbw are the Write rows'\n",
+           absl::GetFlag(FLAGS_queue_window));
+    printf("%12s %6s %12s %12s %12s %8s %12s %8s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "raw(GB/s)",
+           "ratio", "queue(GB/s)", "q_ratio");
   }
   for (uint64_t size = 1 << 20; size <= kMax && !absl::GetFlag(FLAGS_paged_only); size *= 4) {
-    int count = static_cast<int>(std::clamp<uint64_t>((8ull << 30) / size, 8, 200));
+    // Enough copies for tens of milliseconds of GPU time at every size.
+    int count = static_cast<int>(std::clamp<uint64_t>((16ull << 30) / size, 16, 5000));
     v1::WriteRequest req;
     req.set_src_region_id(s->region_id());
     *req.mutable_dst() = d->region();
@@ -171,10 +207,13 @@ int Main() {
     ch->set_length(size);
     absl::StatusOr<double> f = FerryWrites(**c, req, count, 8);
     if (!f.ok()) return Fail(f.status());
+    absl::StatusOr<double> fq = FerryQueueWrites(**c, s->region_id(), d->region(), size, count, absl::GetFlag(FLAGS_queue_window));
+    if (!fq.ok()) return Fail(fq.status());
     absl::StatusOr<double> raw = RawCopy(*cu, dst->ptr(), src->ptr(), size, count);
     if (!raw.ok()) return Fail(raw.status());
-    double bw = size / *f / 1e9, rbw = size / *raw / 1e9;
-    printf("%12lu %6d %12.1f %12.1f %12.1f %8.2f\n", size, count, *f * 1e6, bw, rbw, bw / rbw);
+    double bw = size / *f / 1e9, qbw = size / *fq / 1e9, rbw = size / *raw / 1e9;
+    printf("%12lu %6d %12.1f %12.1f %12.1f %8.2f %12.1f %8.2f\n", size, count, *f * 1e6, bw, rbw, bw / rbw, qbw,
+           qbw / rbw);
   }
 
   printf("# paged: one Write of N blocks scattered at random over 1 GiB on both sides vs raw contiguous copy of N*block bytes\n");
