@@ -133,7 +133,10 @@ absl::Status Agent::Init() {
     deps.staged = staged_.get();
     deps.stage_host_regions = config_.stage_host_regions;
     deps.registrar = engine_.get();
-    deps.fill_status = [e = engine_.get()](v1::GetStatusResponse* r) { e->FillStatus(r); };
+    deps.fill_status = [e = engine_.get(), st = staging_table_.get()](v1::GetStatusResponse* r) {
+      e->FillStatus(r);
+      r->set_staging_buffers(static_cast<uint32_t>(st->buffers()));
+    };
   }
   deps.fill_topology = [t = topology_, e = engine_.get()](v1::GetTopologyResponse* r) { FillTopology(*t, e, r); };
   deps.place = [t = topology_, c = cuda_memory_.get()](const Session& s, const MemoryBacking& b) {
@@ -229,6 +232,7 @@ absl::Status Agent::StartFabric() {
   staging.buffer_bytes = config_.staging_buffer_bytes;
   staging.max_buffers = config_.max_staging_buffers;
   staging.stage_host_regions = config_.stage_host_regions;
+  staging.on_count = [m = metrics_.get()](size_t n) { m->staging_buffers().Set(static_cast<double>(n)); };
   staging_table_ = std::make_unique<StagingTable>(staging, cu, engine_.get(), stage_copier_.get());
   peer_service_->set_staging(staging_table_.get());
   StagedExecutorOptions staged;

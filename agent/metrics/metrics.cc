@@ -84,6 +84,11 @@ Metrics::Metrics()
                       .Add({})),
       sessions_(BuildGauge().Name("ferry_sessions").Help("Live client sessions").Register(*registry_).Add({})),
       peers_(BuildGauge().Name("ferry_peers").Help("Known peer agents, by state").Register(*registry_)),
+      staging_buffers_(BuildGauge()
+                           .Name("ferry_staging_buffers")
+                           .Help("Staging buffers this agent holds for initiators writing into its staged regions")
+                           .Register(*registry_)
+                           .Add({})),
       notifications_(BuildCounter()
                          .Name("ferry_notifications_total")
                          .Help("Notifications delivered to local region owners")

@@ -77,6 +77,7 @@ class Metrics {
   prometheus::Counter& registration_cache_hits() { return cache_hits_; }
   prometheus::Gauge& sessions() { return sessions_; }
   prometheus::Gauge& peers(const std::string& state) { return peers_.Add({{"state", state}}); }
+  prometheus::Gauge& staging_buffers() { return staging_buffers_; }
   prometheus::Counter& notifications() { return notifications_; }
   prometheus::Counter& errors(const std::string& api, const std::string& code) {
     return errors_.Add({{"api", api}, {"code", code}});
@@ -101,6 +102,7 @@ class Metrics {
   prometheus::Counter& cache_hits_;
   prometheus::Gauge& sessions_;
   prometheus::Family<prometheus::Gauge>& peers_;
+  prometheus::Gauge& staging_buffers_;
   prometheus::Counter& notifications_;
   prometheus::Family<prometheus::Counter>& errors_;
 };

@@ -62,7 +62,7 @@ grpc::Status PeerService::OpenRegion(grpc::ServerContext*, const v1::OpenRegionR
   resp->set_size((*region)->size());
   resp->set_kind((*region)->kind() == MemoryKind::kHost ? v1::MEMORY_KIND_HOST : v1::MEMORY_KIND_CUDA);
   if (staging_ != nullptr && staging_->NeedsStaging(**region)) {
-    absl::StatusOr<v1::StagingBuffer> buffer = staging_->Open(*region);
+    absl::StatusOr<v1::StagingBuffer> buffer = staging_->Open(*region, {req->initiator_incarnation(), req->initiator_address()});
     if (!buffer.ok()) return Reply("peer.OpenRegion", buffer.status());
     *resp->mutable_staging() = std::move(*buffer);
     return grpc::Status::OK;

@@ -47,6 +47,8 @@ absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v
   req.set_target_incarnation(incarnation_);
   req.set_region_id(d.region_id());
   req.set_token(d.token());
+  req.set_initiator_incarnation(local_incarnation_);
+  req.set_initiator_address(local_address_);
   v1::OpenRegionResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(ctx, deadline);
@@ -70,13 +72,31 @@ absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v
   region->opened = asked;
   if (staged) region->staging = resp.staging();
   absl::MutexLock lock(&mu_);
+  if (staged) {
+    // The same buffer as before (see ForgetRegion): stages still in flight hold its slots.
+    auto it = forgotten_slots_.find(resp.staging().id());
+    if (it != forgotten_slots_.end()) {
+      std::shared_ptr<SlotPool> slots = it->second.lock();
+      absl::MutexLock slots_lock(&region->staging_mu);
+      region->staging_slots = std::move(slots);
+      forgotten_slots_.erase(it);
+    }
+  }
   regions_[d.region_id()] = region;
   return region;
 }
 
 void PeerConnection::ForgetRegion(uint64_t region_id) {
   absl::MutexLock lock(&mu_);
-  regions_.erase(region_id);
+  auto it = regions_.find(region_id);
+  if (it == regions_.end()) return;
+  RemoteRegion& region = *it->second;
+  if (region.staging.has_value()) {
+    absl::erase_if(forgotten_slots_, [](const auto& entry) { return entry.second.expired(); });
+    absl::MutexLock slots_lock(&region.staging_mu);
+    if (region.staging_slots != nullptr) forgotten_slots_[region.staging->id()] = region.staging_slots;
+  }
+  regions_.erase(it);
 }
 
 size_t PeerConnection::open_regions() const {
@@ -136,7 +156,8 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Connect(const std::st
     }
   }
   FERRY_LOG(INFO) << "peer " << address << " incarnation " << resp.incarnation() << ": " << remote << " NICs";
-  return std::make_shared<PeerConnection>(address, resp.incarnation(), std::move(channel), std::move(addrs), remote);
+  return std::make_shared<PeerConnection>(address, resp.incarnation(), std::move(channel), std::move(addrs), remote,
+                                          self_.incarnation, self_.address);
 }
 
 void PeerTable::RetireLocked(const std::shared_ptr<PeerConnection>& peer) {

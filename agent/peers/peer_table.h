@@ -60,14 +60,19 @@ struct RemoteRegion {
 
 class PeerConnection {
  public:
+  // `local_incarnation` and `local_address` name this agent in OpenRegion (the target
+  // keeps one staging buffer per initiator agent).
   PeerConnection(std::string address, uint64_t incarnation, std::shared_ptr<grpc::Channel> channel,
-                 std::vector<fi_addr_t> remote_nics_per_local, size_t remote_nic_count)
+                 std::vector<fi_addr_t> remote_nics_per_local, size_t remote_nic_count, uint64_t local_incarnation,
+                 std::string local_address)
       : address_(std::move(address)),
         incarnation_(incarnation),
         channel_(std::move(channel)),
         stub_(v1::Peer::NewStub(channel_)),
         fi_addrs_(std::move(remote_nics_per_local)),
-        remote_nic_count_(remote_nic_count) {}
+        remote_nic_count_(remote_nic_count),
+        local_incarnation_(local_incarnation),
+        local_address_(std::move(local_address)) {}
 
   const std::string& address() const { return address_; }
   uint64_t incarnation() const { return incarnation_; }
@@ -82,6 +87,9 @@ class PeerConnection {
   // the last connection drop are fetched again (one of them may be what broke it).
   absl::StatusOr<std::shared_ptr<RemoteRegion>> OpenRegion(const v1::RegionDescriptor& d, absl::Time deadline,
                                                            PeerLookup lookup = PeerLookup::kMayConnect);
+  // Drops the cached region: the next transfer opens it again. A staged region's slot
+  // pool is kept while stages still hold it, for the re-opened region: the target
+  // answers this agent with the same staging buffer.
   void ForgetRegion(uint64_t region_id);
   size_t open_regions() const;
   // The fabric connection to this peer dropped (a write failed with a connection reset).
@@ -110,11 +118,15 @@ class PeerConnection {
   std::unique_ptr<v1::Peer::Stub> stub_;
   const std::vector<fi_addr_t> fi_addrs_;
   const size_t remote_nic_count_;
+  const uint64_t local_incarnation_;
+  const std::string local_address_;
   std::atomic<bool> suspect_{false};
   std::atomic<bool> retired_{false};
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<RemoteRegion>> regions_ ABSL_GUARDED_BY(mu_);
   absl::Time last_drop_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Slot pools of forgotten staged regions, by staging buffer id.
+  absl::flat_hash_map<uint64_t, std::weak_ptr<SlotPool>> forgotten_slots_ ABSL_GUARDED_BY(mu_);
 };
 
 class PeerTable {

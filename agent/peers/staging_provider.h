@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "agent/memory/region.h"
@@ -16,14 +17,22 @@
 
 namespace ferry {
 
+// The agent that opens a staged region (from OpenRegionRequest).
+struct StagingInitiator {
+  uint64_t incarnation = 0;  // 0: unknown (an older agent)
+  std::string address;
+};
+
 class StagingProvider {
  public:
   virtual ~StagingProvider() = default;
   // Whether peers must reach `region` through staging.
   virtual bool NeedsStaging(const Region& region) const = 0;
-  // Reserves a staging buffer for one initiator's writes into `region`; it lives while
-  // the region does (or until the provider's limit recycles it).
-  virtual absl::StatusOr<v1::StagingBuffer> Open(const std::shared_ptr<Region>& region) = 0;
+  // Reserves a staging buffer for one initiator's writes into `region`, or answers with
+  // the one that initiator (same incarnation) already has; it lives while the region
+  // does, or until that initiator's address opens the region with a new incarnation.
+  virtual absl::StatusOr<v1::StagingBuffer> Open(const std::shared_ptr<Region>& region,
+                                                 const StagingInitiator& initiator) = 0;
   // Copies `chunks` (src_offset in the buffer, dst_offset in the region) from staging
   // buffer `staging_id` into `region`; returns once the bytes are there. Bounds are
   // checked here: the request comes from a peer.

@@ -26,24 +26,8 @@ using Pod = testing::TestPod;
 using testing::FillRandom;
 using testing::ChunkWrite;
 using testing::MakePod;
+using testing::KillAndRestart;
 using testing::StartFabricAgent;
-
-// Kills `agent` outright and starts it again on the same host, socket and peer port (as
-// a DaemonSet pod restarts).
-void KillAndRestart(std::unique_ptr<AgentProcess>& agent, const testing::TestHost& host) {
-  const std::string dir = agent->dir();
-  const std::string peer_address = agent->ready("peer_address");
-  const std::string peer_port = peer_address.substr(peer_address.rfind(':') + 1);
-  agent->KeepDir();
-  CHECK(agent->Stop(SIGKILL) == 128 + SIGKILL);
-  agent.reset();
-  auto restarted = AgentProcess::Start({"--peer_address=" + host.nics[0] + ":" + peer_port,
-                                        "--fabric_iface=" + host.nics[0], "--fabric_provider=tcp;ofi_rxm"},
-                                       dir, host.wrapper);
-  INFO(restarted.status().ToString());
-  REQUIRE(restarted.ok());
-  agent = std::move(*restarted);
-}
 
 TEST_CASE("two agents: chunk list and paged writes land byte for byte, notified once, after the data") {
   TestNetwork net = TestNetwork::Create(2, 1);

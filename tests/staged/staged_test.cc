@@ -151,5 +151,33 @@ TEST_CASE("staged writes: a wrong token or bounds are refused before any byte mo
   CHECK(receiver2.buf->data()[300000] == (uint8_t)0xEE);
 }
 
+TEST_CASE("a restarted initiator's staging buffer on the target replaces its old one") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartFabricAgent(net.host(0), kStaged);
+  auto b = StartFabricAgent(net.host(1), kStaged);
+  Pod receiver = MakePod(b->socket(), 1 << 20, 0);
+  auto staging_buffers = [&receiver] {
+    auto status = receiver.client->GetStatus();
+    REQUIRE(status.ok());
+    return status->staging_buffers();
+  };
+  for (int round = 0; round < 3; ++round) {
+    {
+      Pod sender = MakePod(a->socket(), 1 << 20, static_cast<uint8_t>(0x40 + round));
+      for (int i = 0; i < 2; ++i) {
+        auto r = sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 1 << 20),
+                                             absl::Seconds(30));
+        INFO(r.status().ToString());
+        REQUIRE(r.ok());
+        REQUIRE(r->code() == 0);
+      }
+      CHECK(receiver.buf->data()[(1 << 20) - 1] == 0x40 + round);
+    }
+    INFO("round " << round);
+    CHECK(staging_buffers() == 1);  // not one per incarnation of the initiator
+    if (round < 2) testing::KillAndRestart(a, net.host(0), kStaged);
+  }
+}
+
 }  // namespace
 }  // namespace ferry

@@ -8,6 +8,7 @@
 #define FERRY_TESTS_TESTING_FABRIC_AGENT_H_
 
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,25 @@ inline std::unique_ptr<AgentProcess> StartFabricAgent(const TestHost& host, std:
   INFO(a.status().ToString());
   REQUIRE(a.ok());
   return std::move(*a);
+}
+
+// Kills `agent` outright and starts it again on the same host, socket and peer port (as
+// a DaemonSet pod restarts), with `flags` as StartFabricAgent's.
+inline void KillAndRestart(std::unique_ptr<AgentProcess>& agent, const TestHost& host,
+                           std::vector<std::string> flags = {}) {
+  const std::string dir = agent->dir();
+  const std::string peer_address = agent->ready("peer_address");
+  const std::string peer_port = peer_address.substr(peer_address.rfind(':') + 1);
+  agent->KeepDir();
+  CHECK(agent->Stop(SIGKILL) == 128 + SIGKILL);
+  agent.reset();
+  flags.push_back("--peer_address=" + host.nics[0] + ":" + peer_port);
+  flags.push_back("--fabric_iface=" + absl::StrJoin(host.nics, ","));
+  flags.push_back("--fabric_provider=tcp;ofi_rxm");
+  auto restarted = AgentProcess::Start(flags, dir, host.wrapper);
+  INFO(restarted.status().ToString());
+  REQUIRE(restarted.ok());
+  agent = std::move(*restarted);
 }
 
 }  // namespace ferry::testing
