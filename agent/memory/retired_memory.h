@@ -41,9 +41,9 @@ absl::Status DetachMapping(void* addr, size_t len);
 
 class RetiredMemory {
  public:
-  // Longer than any one provider message can take to arrive: a message is at most
-  // --fabric_max_op_bytes (4 MiB by default), and a connection that stalls that long
-  // mid-message is dropped by the provider long before.
+  // Far longer than one provider message takes to arrive (at most --fabric_max_op_bytes,
+  // 4 MiB by default). A peer that stalls in the middle of a message for longer than
+  // this is not covered: the provider would still hold the old address.
   static constexpr absl::Duration kDefaultGrace = absl::Seconds(60);
 
   // The process's instance (regions are freed from any thread, late writes land in the
@@ -55,11 +55,11 @@ class RetiredMemory {
   // Releases everything still held, grace or not (tests; process exit needs nothing).
   ~RetiredMemory();
 
-  // Runs `release` once `grace` has passed, at a later Add or Sweep; first releases
-  // whatever is due.
+  // Runs `release` at the first Add or Sweep after `grace` has passed; first releases
+  // whatever is due. There is no timer: until the next region retires, what is due stays
+  // held (address space, and only the pages late writes touched).
   void Add(absl::AnyInvocable<void() &&> release);
-  // Releases what is due; returns how many. Add calls it, so retired memory never
-  // outlives the next retirement after its grace by much.
+  // Releases what is due; returns how many.
   size_t Sweep();
   size_t pending() const;
 
