@@ -1,40 +1,57 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests). Prints nccl-tests-style tables with a baseline from the same run.
 #
-#   tools/bench.sh cross-node [--count=N]   ferry agent-to-agent vs raw libfabric fi_write
+#   tools/bench.sh cross-node [--count=N] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR]
+#                                           ferry agent-to-agent vs raw libfabric fi_write
 #   tools/bench.sh gpu [--bundle=DIR]       node-local GPU paths vs cuMemcpyAsync and NCCL (GPU host)
 #
-# Pinning (2-core machines): initiator side (agent A, the bench client, the raw
-# initiator) on CPU 0, target side (agent B, the raw target) on CPU 1. Both sides use
-# libfabric tcp;ofi_rxm on loopback (127.0.0.1 -> 127.0.0.2) with FI_DELIVERY_COMPLETE.
+# Pinning: initiator side (agent A, the bench client, the raw initiator) on --cpus_a,
+# target side (agent B, the raw target) on --cpus_b (taskset lists; default CPU 0 and
+# CPU 1, for 2-core machines). Both sides use libfabric tcp;ofi_rxm on loopback
+# (127.0.0.1 -> 127.0.0.2) with FI_DELIVERY_COMPLETE. --bundle=DIR takes the binaries
+# from tests/gpu/bundle.sh's folder instead of building them (a host without Bazel).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
 shift || true
-count=2000
-for a in "$@"; do case $a in --count=*) count=${a#--count=} ;; esac; done
+count=2000 cpu_a=0 cpu_b=1 bundle=""
+[ "$(nproc)" -gt 1 ] || cpu_b=0
+for a in "$@"; do
+  case $a in
+    --count=*) count=${a#--count=} ;;
+    --cpus_a=*) cpu_a=${a#--cpus_a=} ;;
+    --cpus_b=*) cpu_b=${a#--cpus_b=} ;;
+    --bundle=*) bundle=$(realpath "${a#--bundle=}") ;;
+  esac
+done
 case $mode in
   cross-node) ;;
   gpu) exec bash tools/bench/gpu.sh "$@" ;;
-  *) echo "usage: tools/bench.sh cross-node [--count=N] | gpu [--bundle=DIR]" >&2; exit 2 ;;
+  *) echo "usage: tools/bench.sh cross-node [--count=N] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR] | gpu [--bundle=DIR]" >&2
+     exit 2 ;;
 esac
 
-bash tools/setup.sh
-bazel build -c opt //agent/main:ferryd //tools/bench:fi_write_bench //tools/bench:ferry_bench 2>&1 | tail -n 1
-bin=bazel-bin
+if [ -n "$bundle" ]; then
+  bin=$bundle/bin
+  export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  ferryd=$bin/ferryd fi_write_bench=$bin/fi_write_bench ferry_bench=$bin/ferry_bench
+else
+  bash tools/setup.sh
+  bazel build -c opt //agent/main:ferryd //tools/bench:fi_write_bench //tools/bench:ferry_bench 2>&1 | tail -n 1
+  ferryd=bazel-bin/agent/main/ferryd fi_write_bench=bazel-bin/tools/bench/fi_write_bench
+  ferry_bench=bazel-bin/tools/bench/ferry_bench
+fi
 source tools/lib.sh
-ncpu=$(nproc)
-cpu_a=0; cpu_b=$(( ncpu > 1 ? 1 : 0 ))
 sizes=4096,65536,1048576,16777216,67108864
 
 echo "# ferry cross-node benchmark  $(date -u +%Y-%m-%dT%H:%MZ)  $(nproc) CPUs, $(uname -r)"
-echo "# provider tcp;ofi_rxm, loopback 127.0.0.1 -> 127.0.0.2, initiator side on CPU $cpu_a, target side on CPU $cpu_b"
+echo "# provider tcp;ofi_rxm, loopback 127.0.0.1 -> 127.0.0.2, initiator side on CPUs $cpu_a, target side on CPUs $cpu_b"
 echo "# window 16 transfers in flight, count $count per size (capped at 1 GiB per size); target agent --fabric_spin_us=1000000"
 
 # Raw libfabric baseline.
 mkdir -p "$work/raw"
-start_bg taskset -c $cpu_b "$bin/tools/bench/fi_write_bench" target --iface=127.0.0.2 --dir="$work/raw" --size=$((64 << 20))
-taskset -c $cpu_a "$bin/tools/bench/fi_write_bench" initiator --iface=127.0.0.1 --dir="$work/raw" \
+start_bg taskset -c $cpu_b "$fi_write_bench" target --iface=127.0.0.2 --dir="$work/raw" --size=$((64 << 20))
+taskset -c $cpu_a "$fi_write_bench" initiator --iface=127.0.0.1 --dir="$work/raw" \
   --sizes=$sizes --count="$count" --window=16 --lat_iters=1000 > "$work/raw.txt"
 
 # ferry: two agents, a receiver pod on B, the bench client on A.
@@ -42,14 +59,14 @@ taskset -c $cpu_a "$bin/tools/bench/fi_write_bench" initiator --iface=127.0.0.1 
 # fi_cq_read; the initiator agent keeps the default (it shares its core with the client).
 for node in a b; do
   if [ $node = a ]; then addr=127.0.0.1; cpu=$cpu_a; spin=100; else addr=127.0.0.2; cpu=$cpu_b; spin=1000000; fi
-  start_bg taskset -c $cpu "$bin/agent/main/ferryd" --socket="$work/$node.sock" --metrics_address=127.0.0.1:0 \
+  start_bg taskset -c $cpu "$ferryd" --socket="$work/$node.sock" --metrics_address=127.0.0.1:0 \
     --peer_address=$addr:0 --fabric_iface=$addr --fabric_provider='tcp;ofi_rxm' --fabric_spin_us=$spin \
     --ready_file="$work/$node.ready" --log_level=warning 2>"$work/$node.log"
 done
 wait_for "$work/a.ready" 20; wait_for "$work/b.ready" 20
-start_bg taskset -c $cpu_b "$bin/tools/bench/ferry_bench" receive --socket="$work/b.sock" --dir="$work" --size=$((64 << 20))
+start_bg taskset -c $cpu_b "$ferry_bench" receive --socket="$work/b.sock" --dir="$work" --size=$((64 << 20))
 wait_for "$work/descriptor" 20
-run() { taskset -c $cpu_a "$bin/tools/bench/ferry_bench" "$@" --socket="$work/a.sock" --dir="$work"; }
+run() { taskset -c $cpu_a "$ferry_bench" "$@" --socket="$work/a.sock" --dir="$work"; }
 run send --sizes=$sizes --count="$count" --window=16 --api=queue > "$work/queue.txt"
 run send --sizes=$sizes --count="$count" --window=16 --layout=contiguous > "$work/contig.txt"
 run send --sizes=$sizes --count="$count" --window=16 --layout=paged > "$work/paged.txt"
@@ -57,7 +74,7 @@ run latency --iters=1000 > "$work/lat.txt"
 run latency --iters=1000 --api=queue > "$work/lat_queue.txt"
 run blocks --blocks=10000 --block=4096 > "$work/blocks.txt"
 
-python3 - "$work" <<'PY'
+env -u LD_LIBRARY_PATH python3 - "$work" <<'PY'
 import sys
 w = sys.argv[1]
 def table(path):
