@@ -32,8 +32,16 @@ RetiredMemory::~RetiredMemory() {
 
 void RetiredMemory::Add(absl::AnyInvocable<void() &&> release) {
   Sweep();
-  absl::MutexLock lock(&mu_);
-  entries_.push_back({now_() + grace_, std::move(release)});
+  std::vector<absl::AnyInvocable<void() &&>> early;
+  {
+    absl::MutexLock lock(&mu_);
+    while (!entries_.empty() && entries_.size() >= max_pending_) {
+      early.push_back(std::move(entries_.front().release));
+      entries_.pop_front();
+    }
+    entries_.push_back({now_() + grace_, std::move(release)});
+  }
+  for (auto& r : early) std::move(r)();
 }
 
 size_t RetiredMemory::Sweep() {

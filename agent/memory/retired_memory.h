@@ -45,19 +45,26 @@ class RetiredMemory {
   // 4 MiB by default). A peer that stalls in the middle of a message for longer than
   // this is not covered: the provider would still hold the old address.
   static constexpr absl::Duration kDefaultGrace = absl::Seconds(60);
+  // Each retired range is a mapping of its own, and the kernel allows a process ~65,000
+  // (vm.max_map_count): past this many, the oldest is released before its grace. A pod
+  // registering and deregistering in a loop shortens the grace (to ~4 s at 1,000
+  // regions a second) instead of exhausting the agent's mappings.
+  static constexpr size_t kDefaultMaxPending = 4096;
 
   // The process's instance (regions are freed from any thread, late writes land in the
   // process's address space). Never destroyed.
   static RetiredMemory& Global();
 
-  explicit RetiredMemory(absl::Duration grace = kDefaultGrace, std::function<absl::Time()> now = absl::Now)
-      : grace_(grace), now_(std::move(now)) {}
+  explicit RetiredMemory(absl::Duration grace = kDefaultGrace, std::function<absl::Time()> now = absl::Now,
+                         size_t max_pending = kDefaultMaxPending)
+      : grace_(grace), now_(std::move(now)), max_pending_(max_pending) {}
   // Releases everything still held, grace or not (tests; process exit needs nothing).
   ~RetiredMemory();
 
-  // Runs `release` at the first Add or Sweep after `grace` has passed; first releases
-  // whatever is due. There is no timer: until the next region retires, what is due stays
-  // held (address space, and only the pages late writes touched).
+  // Runs `release` at the first Add or Sweep after `grace` has passed (or earlier, the
+  // oldest first, when more than `max_pending` are held); first releases whatever is
+  // due. There is no timer: until the next region retires, what is due stays held
+  // (address space, and only the pages late writes touched).
   void Add(absl::AnyInvocable<void() &&> release);
   // Releases what is due; returns how many.
   size_t Sweep();
@@ -70,6 +77,7 @@ class RetiredMemory {
   };
   const absl::Duration grace_;
   const std::function<absl::Time()> now_;
+  const size_t max_pending_;
   mutable absl::Mutex mu_;
   std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);  // in `due` order
 };

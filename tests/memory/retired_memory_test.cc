@@ -71,6 +71,18 @@ TEST_CASE("RetiredMemory releases each entry once, only after its grace") {
   CHECK(released_a == 1);
 }
 
+TEST_CASE("RetiredMemory holds at most max_pending, releasing the oldest early") {
+  absl::Time now = absl::UnixEpoch();
+  RetiredMemory retired(absl::Seconds(60), [&now] { return now; }, /*max_pending=*/2);
+  std::vector<int> released;
+  for (int i = 0; i < 4; ++i) retired.Add([&released, i] { released.push_back(i); });
+  CHECK(released == std::vector<int>{0, 1});
+  CHECK(retired.pending() == 2);
+  now += absl::Seconds(60);
+  CHECK(retired.Sweep() == 2);
+  CHECK(released == std::vector<int>{0, 1, 2, 3});
+}
+
 TEST_CASE("RetiredMemory's destructor releases what it still holds") {
   int released = 0;
   {
