@@ -2,7 +2,9 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -30,32 +32,34 @@ RetiredMemory::~RetiredMemory() {
   for (Entry& e : entries_) std::move(e.release)();
 }
 
+std::vector<absl::AnyInvocable<void() &&>> RetiredMemory::TakeLocked(size_t keep) {
+  std::vector<absl::AnyInvocable<void() &&>> out;
+  const absl::Time now = now_();
+  while (!entries_.empty() && (entries_.front().due <= now || entries_.size() > keep)) {
+    out.push_back(std::move(entries_.front().release));
+    entries_.pop_front();
+  }
+  return out;
+}
+
 void RetiredMemory::Add(absl::AnyInvocable<void() &&> release) {
-  Sweep();
-  std::vector<absl::AnyInvocable<void() &&>> early;
+  std::vector<absl::AnyInvocable<void() &&>> released;
   {
     absl::MutexLock lock(&mu_);
-    while (!entries_.empty() && entries_.size() >= max_pending_) {
-      early.push_back(std::move(entries_.front().release));
-      entries_.pop_front();
-    }
+    released = TakeLocked(std::max<size_t>(max_pending_, 1) - 1);  // room for this one
     entries_.push_back({now_() + grace_, std::move(release)});
   }
-  for (auto& r : early) std::move(r)();
+  for (auto& r : released) std::move(r)();  // munmap outside the lock
 }
 
 size_t RetiredMemory::Sweep() {
-  std::vector<absl::AnyInvocable<void() &&>> due;
+  std::vector<absl::AnyInvocable<void() &&>> released;
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = now_();
-    while (!entries_.empty() && entries_.front().due <= now) {
-      due.push_back(std::move(entries_.front().release));
-      entries_.pop_front();
-    }
+    released = TakeLocked(SIZE_MAX);
   }
-  for (auto& release : due) std::move(release)();  // munmap outside the lock
-  return due.size();
+  for (auto& r : released) std::move(r)();
+  return released.size();
 }
 
 size_t RetiredMemory::pending() const {

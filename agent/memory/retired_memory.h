@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
@@ -75,6 +76,8 @@ class RetiredMemory {
     absl::Time due;
     absl::AnyInvocable<void() &&> release;
   };
+  // Takes out what is due, and the oldest beyond `keep`.
+  std::vector<absl::AnyInvocable<void() &&>> TakeLocked(size_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const absl::Duration grace_;
   const std::function<absl::Time()> now_;
   const size_t max_pending_;

@@ -250,9 +250,9 @@ absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, cons
   std::vector<v1::RemoteKey> keys = region->keys;
   if (commit != nullptr) keys.assign(region->staging->keys().begin(), region->staging->keys().end());
   std::shared_ptr<SlotPool> local_slots = local.slots;
-  // Staged writes are left out of the stale-key guard (see RailWorker): re-opening a
-  // staged region costs the target a new staging buffer, and a staging buffer is freed
-  // only after its region is gone.
+  // Staged writes are left out of the stale-key guard (see RailWorker): their keys are
+  // the target's staging buffer's, which stays registered while the region lives, and a
+  // staged transfer is not written again after a drop (it fails UNAVAILABLE).
   engine_->SubmitTo(sub, peer, keys, region->region_id, absl::InfiniteFuture(),
                     [=](absl::Status s) {
                       if (local_slot >= 0) local_slots->Release(local_slot);

@@ -303,7 +303,7 @@ TEST_CASE("fault 3: a peer agent SIGKILLed mid-transfer; transfers fail within t
     ids.push_back(*id);
   }
   const std::string dir = b->dir();
-  const std::string peer_port = b->ready("peer_address").substr(b->ready("peer_address").rfind(':') + 1);
+  const std::string peer_port = testing::PeerPort(*b);
   b->KeepDir();
   CHECK(b->Stop(SIGKILL) == 128 + SIGKILL);
   b.reset();
@@ -323,12 +323,8 @@ TEST_CASE("fault 3: a peer agent SIGKILLed mid-transfer; transfers fail within t
   CHECK(absl::Now() - killed < absl::Seconds(12));  // within the 10 s deadline (+ slack)
   CHECK(failed > 0);
 
-  auto restarted = AgentProcess::Start({"--peer_address=" + net.host(1).nics[0] + ":" + peer_port,
-                                        "--fabric_iface=" + net.host(1).nics[0], "--fabric_provider=tcp;ofi_rxm"},
-                                       dir, net.host(1).wrapper);
-  INFO(restarted.status().ToString());
-  REQUIRE(restarted.ok());
-  StillServes(sender, **restarted);
+  auto restarted = StartFabricAgent(net.host(1), {}, dir, peer_port);
+  StillServes(sender, *restarted);
 }
 
 TEST_CASE("fault 5: a cut link gives DEADLINE_EXCEEDED or UNAVAILABLE, and transfers work again once it is back") {

@@ -20,9 +20,11 @@
 namespace ferry::testing {
 
 // `dir`: reuse a directory (to restart on the same socket); empty = a new one.
+// `peer_port`: the peer API's port ("0": any free one).
 inline std::unique_ptr<AgentProcess> StartFabricAgent(const TestHost& host, std::vector<std::string> flags = {},
-                                                      const std::string& dir = "") {
-  flags.push_back("--peer_address=" + host.nics[0] + ":0");
+                                                      const std::string& dir = "",
+                                                      const std::string& peer_port = "0") {
+  flags.push_back("--peer_address=" + host.nics[0] + ":" + peer_port);
   flags.push_back("--fabric_iface=" + absl::StrJoin(host.nics, ","));
   flags.push_back("--fabric_provider=tcp;ofi_rxm");
   auto a = AgentProcess::Start(flags, dir, host.wrapper);
@@ -31,23 +33,22 @@ inline std::unique_ptr<AgentProcess> StartFabricAgent(const TestHost& host, std:
   return std::move(*a);
 }
 
+// The port of a running agent's peer API.
+inline std::string PeerPort(const AgentProcess& agent) {
+  const std::string address = agent.ready("peer_address");
+  return address.substr(address.rfind(':') + 1);
+}
+
 // Kills `agent` outright and starts it again on the same host, socket and peer port (as
 // a DaemonSet pod restarts), with `flags` as StartFabricAgent's.
 inline void KillAndRestart(std::unique_ptr<AgentProcess>& agent, const TestHost& host,
                            std::vector<std::string> flags = {}) {
   const std::string dir = agent->dir();
-  const std::string peer_address = agent->ready("peer_address");
-  const std::string peer_port = peer_address.substr(peer_address.rfind(':') + 1);
+  const std::string peer_port = PeerPort(*agent);
   agent->KeepDir();
   CHECK(agent->Stop(SIGKILL) == 128 + SIGKILL);
   agent.reset();
-  flags.push_back("--peer_address=" + host.nics[0] + ":" + peer_port);
-  flags.push_back("--fabric_iface=" + absl::StrJoin(host.nics, ","));
-  flags.push_back("--fabric_provider=tcp;ofi_rxm");
-  auto restarted = AgentProcess::Start(flags, dir, host.wrapper);
-  INFO(restarted.status().ToString());
-  REQUIRE(restarted.ok());
-  agent = std::move(*restarted);
+  agent = StartFabricAgent(host, std::move(flags), dir, peer_port);
 }
 
 }  // namespace ferry::testing
