@@ -4,6 +4,8 @@
 #   source tools/lib.sh
 #   start_bg some-daemon --flag     # remembered in $pids, stopped on exit
 #   wait_for "$work/ready" 20       # seconds; fails loudly on timeout
+#
+# KEEP_WORK=1 keeps the scratch directory (agent logs, per-run rows) after the script.
 
 work=$(mktemp -d /tmp/ferry-run.XXXXXX)
 pids=()
@@ -11,7 +13,7 @@ on_exit_extra() { :; }   # scripts may redefine it (e.g. to delete network names
 stop_all() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
+  [ -n "${KEEP_WORK:-}" ] || rm -rf "$work"
   on_exit_extra
 }
 trap stop_all EXIT

@@ -80,8 +80,7 @@ ferry::v1::WriteRequest Request(const Sender& s, uint64_t size, bool paged, std:
     return req;
   }
   const uint64_t block = 4096, n = std::max<uint64_t>(1, size / block);
-  const uint64_t slots = s.dst.size() / block;
-  std::vector<uint64_t> src(slots), dst(slots);
+  std::vector<uint64_t> src(s.src.buffer.size() / block), dst(s.dst.size() / block);
   std::iota(src.begin(), src.end(), 0);
   std::iota(dst.begin(), dst.end(), 0);
   std::shuffle(src.begin(), src.end(), rng);
@@ -93,31 +92,39 @@ ferry::v1::WriteRequest Request(const Sender& s, uint64_t size, bool paged, std:
   return req;
 }
 
-// The shared-memory queue: `window` writes in flight, each reaped completion replaced.
+// The shared-memory queue: `window` writes in flight, each reaped completion replaced;
+// per size an untimed warm-up of 2 * `window` writes, as fi_write_bench does.
 int SendQueue(Sender& s, const std::vector<uint64_t>& sizes, int window) {
   auto q = ferry::WriteQueue::Create(*s.client, {s.dst}, 256);
   if (!q.ok()) return Fail(q.status());
   std::vector<ferry::WriteQueue::Completion> done;
   const int reap_min = absl::GetFlag(FLAGS_reap_min) > 0 ? absl::GetFlag(FLAGS_reap_min) : std::max(1, window / 2);
-  for (uint64_t size : sizes) {
-    const int n = std::max<int>(4, std::min<uint64_t>(absl::GetFlag(FLAGS_count), (1ull << 30) / size));
+  auto run = [&](uint64_t size, int n) -> absl::Status {
     ferry::WriteQueue::Entry e;
     e.src_region = s.region;
     e.length = size;
-    absl::Time t0 = absl::Now();
     int posted = 0, completed = 0;
     while (completed < n) {
       while (posted < n && posted - completed < window) {
         e.user_data = posted++;
-        if (absl::Status st = (*q)->Post(e); !st.ok()) return Fail(st);
+        if (absl::Status st = (*q)->Post(e); !st.ok()) return st;
       }
       done.clear();
-      if ((*q)->Reap(&done, 64, absl::Seconds(60), reap_min) == 0) return Fail(absl::DeadlineExceededError("stuck"));
+      if ((*q)->Reap(&done, 64, absl::Seconds(60), std::min(reap_min, posted - completed)) == 0) {
+        return absl::DeadlineExceededError("no completion in 60 s");
+      }
       for (const auto& c : done) {
-        if (!c.status.ok()) return Fail(c.status);
+        if (!c.status.ok()) return c.status;
       }
       completed += static_cast<int>(done.size());
     }
+    return absl::OkStatus();
+  };
+  for (uint64_t size : sizes) {
+    const int n = std::max<int>(4, std::min<uint64_t>(absl::GetFlag(FLAGS_count), (1ull << 30) / size));
+    if (absl::Status st = run(size, 2 * window); !st.ok()) return Fail(st);
+    absl::Time t0 = absl::Now();
+    if (absl::Status st = run(size, n); !st.ok()) return Fail(st);
     double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
     printf("%llu %d %.1f %.3f\n", static_cast<unsigned long long>(size), n, us / n, size * n / us / 1e3);
     fflush(stdout);
