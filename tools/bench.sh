@@ -2,7 +2,9 @@
 # Benchmarks (not tests). Prints nccl-tests-style tables with a baseline from the same run.
 #
 #   tools/bench.sh cross-node [--count=N] [--rounds=R] [--sizes=B,B..] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR]
+#                             [--ferryd_flags='...'] [--queue_flags='...']
 #                                           ferry agent-to-agent vs raw libfabric fi_write
+#                                           (extra flags for both agents / the queue runs of ferry_bench)
 #   tools/bench.sh gpu [--bundle=DIR]       node-local GPU paths vs cuMemcpyAsync and NCCL (GPU host)
 #
 # Pinning: initiator side (agent A, the bench client, the raw initiator) on --cpus_a,
@@ -20,13 +22,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
 shift || true
-count=20000 rounds=5 sizes=4096,65536,1048576,16777216,67108864 cpu_a=0 cpu_b=1 bundle=""
+count=20000 rounds=5 sizes=4096,65536,1048576,16777216,67108864 cpu_a=0 cpu_b=1 bundle="" ferryd_flags="" queue_flags=""
 [ "$(nproc)" -gt 1 ] || cpu_b=0
 for a in "$@"; do
   case $a in
     --count=*) count=${a#--count=} ;;
     --rounds=*) rounds=${a#--rounds=} ;;
     --sizes=*) sizes=${a#--sizes=} ;;
+    --ferryd_flags=*) ferryd_flags=${a#--ferryd_flags=} ;;
+    --queue_flags=*) queue_flags=${a#--queue_flags=} ;;
     --cpus_a=*) cpu_a=${a#--cpus_a=} ;;
     --cpus_b=*) cpu_b=${a#--cpus_b=} ;;
     --bundle=*) bundle=$(realpath "${a#--bundle=}") ;;
@@ -64,7 +68,7 @@ for node in a b; do
   if [ $node = a ]; then addr=127.0.0.1; cpu=$cpu_a; spin=100; else addr=127.0.0.2; cpu=$cpu_b; spin=200000; fi
   start_bg taskset -c $cpu "$ferryd" --socket="$work/$node.sock" --metrics_address=127.0.0.1:0 \
     --peer_address=$addr:0 --fabric_iface=$addr --fabric_provider='tcp;ofi_rxm' --fabric_spin_us=$spin \
-    --ready_file="$work/$node.ready" --log_level=warning 2>"$work/$node.log"
+    --ready_file="$work/$node.ready" --log_level=warning $ferryd_flags 2>"$work/$node.log"
 done
 wait_for "$work/a.ready" 20; wait_for "$work/b.ready" 20
 start_bg taskset -c $cpu_b "$ferry_bench" receive --socket="$work/b.sock" --dir="$work" --size=$((64 << 20))
@@ -85,7 +89,7 @@ for r in $(seq 1 "$rounds"); do
     if [ $((r % 2)) = 1 ]; then order="raw queue"; else order="queue raw"; fi
     for side in $order; do
       if [ $side = raw ]; then raw --sizes=$size --count="$count" --lat_iters=0
-      else run send --sizes=$size --count="$count" --window=16 --api=queue; fi | sed "s/^/$r /" >> "$work/$side.txt"
+      else run send --sizes=$size --count="$count" --window=16 --api=queue $queue_flags; fi | sed "s/^/$r /" >> "$work/$side.txt"
     done
   done
 done

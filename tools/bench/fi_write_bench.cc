@@ -16,6 +16,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -93,20 +94,34 @@ std::string ReadFileWait(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// The buffers: anonymous memory, or (--memory=memfd) a shared memfd mapping, the kind
+// of memory pods hand the agent.
+char* Buffer(int argc, char** argv, size_t size) {
+  if (Arg(argc, argv, "memory", "anon") == "memfd") {
+    int fd = memfd_create("fi_write_bench", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) exit(1);
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) exit(1);
+    memset(p, 'x', size);
+    return static_cast<char*>(p);
+  }
+  return static_cast<char*>(memset(new char[size], 'x', size));
+}
+
 double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 int Target(int argc, char** argv) {
   const std::string dir = Arg(argc, argv, "dir", "/tmp");
   const size_t size = std::stoull(Arg(argc, argv, "size", "67108864"));
   Endpoint e = Open(Arg(argc, argv, "iface", "127.0.0.1"));
-  std::vector<char> buf(size);
+  char* buf = Buffer(argc, argv, size);
   fid_mr* mr;
-  CHECK_FI(fi_mr_reg(e.domain, buf.data(), size, FI_REMOTE_WRITE, 0, 7, 0, &mr, nullptr));
+  CHECK_FI(fi_mr_reg(e.domain, buf, size, FI_REMOTE_WRITE, 0, 7, 0, &mr, nullptr));
   char name[256];
   size_t len = sizeof(name);
   CHECK_FI(fi_getname(&e.ep->fid, name, &len));
   uint64_t key = fi_mr_key(mr);
-  uint64_t base = (e.info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(buf.data()) : 0;
+  uint64_t base = (e.info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(buf) : 0;
   std::string info(name, len);
   info.append(reinterpret_cast<char*>(&key), 8);
   info.append(reinterpret_cast<char*>(&base), 8);
@@ -142,9 +157,9 @@ int Initiator(int argc, char** argv) {
   fi_addr_t peer;
   if (fi_av_insert(e.av, info.data(), 1, &peer, 0, nullptr) != 1) return 1;
   const size_t max_size = *std::max_element(sizes.begin(), sizes.end());
-  std::vector<char> buf(max_size, 'x');
+  char* buf = Buffer(argc, argv, max_size);
   fid_mr* mr;
-  CHECK_FI(fi_mr_reg(e.domain, buf.data(), max_size, FI_WRITE, 0, 9, 0, &mr, nullptr));
+  CHECK_FI(fi_mr_reg(e.domain, buf, max_size, FI_WRITE, 0, 9, 0, &mr, nullptr));
   void* desc = fi_mr_desc(mr);
   std::vector<fi_context2> ctx(window);
 
@@ -153,7 +168,7 @@ int Initiator(int argc, char** argv) {
     fi_cq_entry entries[64];
     while (done < n) {
       while (posted < n && posted - done < window) {
-        ssize_t rc = fi_write(e.ep, buf.data(), size, desc, peer, base, key, &ctx[posted % window]);
+        ssize_t rc = fi_write(e.ep, buf, size, desc, peer, base, key, &ctx[posted % window]);
         if (rc == -FI_EAGAIN) break;
         if (rc) {
           fprintf(stderr, "fi_write: %s\n", fi_strerror(-rc));
