@@ -56,7 +56,11 @@ struct Endpoint {
   fid_ep* ep;
 };
 
-Endpoint Open(const std::string& iface) {
+// --threading=safe asks for FI_THREAD_SAFE and --cq_wait=fd for a CQ with a wait fd, as
+// ferry's agent does (it registers memory from other threads and sleeps on the CQ);
+// the defaults leave both to the provider.
+Endpoint Open(int argc, char** argv) {
+  const std::string iface = Arg(argc, argv, "iface", "127.0.0.1");
   Endpoint e{};
   fi_info* hints = fi_allocinfo();
   hints->ep_attr->type = FI_EP_RDM;
@@ -65,6 +69,7 @@ Endpoint Open(const std::string& iface) {
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
   hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
   hints->fabric_attr->prov_name = strdup("tcp;ofi_rxm");
+  if (Arg(argc, argv, "threading", "") == "safe") hints->domain_attr->threading = FI_THREAD_SAFE;
   CHECK_FI(fi_getinfo(FI_VERSION(1, 9), iface.c_str(), nullptr, FI_SOURCE, hints, &e.info));
   fi_freeinfo(hints);
   CHECK_FI(fi_fabric(e.info->fabric_attr, &e.fabric, nullptr));
@@ -75,6 +80,7 @@ Endpoint Open(const std::string& iface) {
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_CONTEXT;
   cq_attr.size = 4096;
+  if (Arg(argc, argv, "cq_wait", "none") == "fd") cq_attr.wait_obj = FI_WAIT_FD;
   CHECK_FI(fi_cq_open(e.domain, &cq_attr, &e.cq, nullptr));
   CHECK_FI(fi_endpoint(e.domain, e.info, &e.ep, nullptr));
   CHECK_FI(fi_ep_bind(e.ep, &e.av->fid, 0));
@@ -113,7 +119,7 @@ double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 int Target(int argc, char** argv) {
   const std::string dir = Arg(argc, argv, "dir", "/tmp");
   const size_t size = std::stoull(Arg(argc, argv, "size", "67108864"));
-  Endpoint e = Open(Arg(argc, argv, "iface", "127.0.0.1"));
+  Endpoint e = Open(argc, argv);
   char* buf = Buffer(argc, argv, size);
   fid_mr* mr;
   CHECK_FI(fi_mr_reg(e.domain, buf, size, FI_REMOTE_WRITE, 0, 7, 0, &mr, nullptr));
@@ -148,7 +154,7 @@ int Initiator(int argc, char** argv) {
     sizes.push_back(std::stoull(s.substr(p, q == std::string::npos ? q : q - p)));
     p = q == std::string::npos ? q : q + 1;
   }
-  Endpoint e = Open(Arg(argc, argv, "iface", "127.0.0.1"));
+  Endpoint e = Open(argc, argv);
   std::string info = ReadFileWait(dir + "/target.addr");
   if (info.size() < 17) return 1;
   uint64_t key, base;
