@@ -39,7 +39,7 @@ done
 case $mode in
   cross-node) ;;
   gpu) exec bash tools/bench/gpu.sh "$@" ;;
-  *) echo "usage: tools/bench.sh cross-node [--count=N] [--rounds=R] [--sizes=B,B..] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR] | gpu [--bundle=DIR]" >&2
+  *) echo "usage: tools/bench.sh cross-node [--count=N] [--rounds=R] [--sizes=B,B..] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR] [--ferryd_flags=..] [--queue_flags=..] | gpu [--bundle=DIR]" >&2
      exit 2 ;;
 esac
 

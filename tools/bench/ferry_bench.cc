@@ -93,7 +93,8 @@ ferry::v1::WriteRequest Request(const Sender& s, uint64_t size, bool paged, std:
 }
 
 // The shared-memory queue: `window` writes in flight, each reaped completion replaced;
-// per size an untimed warm-up of 2 * `window` writes, as fi_write_bench does.
+// per size an untimed warm-up (2 * `window` writes or 64 MiB, whichever is less), as
+// fi_write_bench does.
 int SendQueue(Sender& s, const std::vector<uint64_t>& sizes, int window) {
   auto q = ferry::WriteQueue::Create(*s.client, {s.dst}, 256);
   if (!q.ok()) return Fail(q.status());
@@ -122,7 +123,8 @@ int SendQueue(Sender& s, const std::vector<uint64_t>& sizes, int window) {
   };
   for (uint64_t size : sizes) {
     const int n = std::max<int>(4, std::min<uint64_t>(absl::GetFlag(FLAGS_count), (1ull << 30) / size));
-    if (absl::Status st = run(size, 2 * window); !st.ok()) return Fail(st);
+    const int warm_up = static_cast<int>(std::clamp<uint64_t>((64u << 20) / size, 1, 2 * window));
+    if (absl::Status st = run(size, warm_up); !st.ok()) return Fail(st);
     absl::Time t0 = absl::Now();
     if (absl::Status st = run(size, n); !st.ok()) return Fail(st);
     double us = absl::ToDoubleMicroseconds(absl::Now() - t0);

@@ -7,9 +7,11 @@
 // window as ferry's engine, without the agent: the target registers a buffer and
 // progresses its CQ until D/stop appears (one target serves any number of initiator
 // runs, so tools/bench.sh can alternate them with ferry's); the initiator posts `count`
-// writes of each size with `window` in flight after an untimed warm-up of 2 * `window`,
-// prints "size count time_us algbw_GBps", then 8-byte write latencies when
-// --lat_iters > 0. Addresses and keys are exchanged through files in --dir.
+// writes of each size with `window` in flight after an untimed warm-up (2 * `window`
+// writes or 64 MiB, whichever is less), prints "size count time_us algbw_GBps", then
+// 8-byte write latencies when --lat_iters > 0. Addresses and keys are exchanged through
+// files in --dir. Controls: --memory=memfd (buffers in a shared memfd mapping, as pods
+// hand the agent), --threading=safe and --cq_wait=fd (ferry's endpoint settings).
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -195,7 +197,7 @@ int Initiator(int argc, char** argv) {
   run(8, 10);  // connect
   for (size_t size : sizes) {
     int n = std::max(4, std::min(count, static_cast<int>((1ull << 30) / size)));
-    run(size, 2 * window);  // warm-up: the connection's buffers grown for this size
+    run(size, static_cast<int>(std::clamp<size_t>((64u << 20) / size, 1, 2 * window)));  // warm-up
     double t0 = Now();
     run(size, n);
     double us = (Now() - t0) * 1e6;
