@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/log.h"
@@ -38,6 +39,9 @@ absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricE
     }
     e->nics_.push_back(std::move(*nic));
   }
+  // Split at --fabric_max_op_bytes, and never past what the provider accepts in one op.
+  e->max_op_bytes_ = std::max<uint64_t>(options.max_op_bytes, 4096);
+  for (const auto& nic : e->nics_) e->max_op_bytes_ = std::min(e->max_op_bytes_, nic->max_msg_size());
   e->gpu_direct_.store(std::all_of(e->nics_.begin(), e->nics_.end(), [](const auto& nic) { return nic->hmem(); }));
   e->topology_ = options.topology != nullptr ? options.topology : std::make_shared<const Topology>();
   for (auto& nic : e->nics_) {
@@ -143,7 +147,7 @@ absl::Status FabricEngine::Prepare(Transfer& t) {
   if (!resolved.ok()) return resolved;
   if (TargetRegion(t)->staging.has_value()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "dst region ", t.dst_descriptor.region_id(), " is ", v1::MemoryKind_Name(TargetRegion(t)->kind),
+        "dst region ", t.dst_descriptor->region_id(), " is ", v1::MemoryKind_Name(TargetRegion(t)->kind),
         " memory its agent's NICs cannot reach, but the descriptor says host memory; use the descriptor its owner "
         "was given"));
   }
@@ -167,7 +171,7 @@ std::shared_ptr<RemoteRegion> FabricEngine::TargetRegion(const Transfer& t) {
 
 absl::Status FabricEngine::ResolveTarget(Transfer& t) {
   if (peers_ == nullptr) return absl::FailedPreconditionError("this agent has no peer service");
-  const v1::RegionDescriptor& d = t.dst_descriptor;
+  const v1::RegionDescriptor& d = *t.dst_descriptor;
   const PeerLookup lookup = t.cached_only ? PeerLookup::kCachedOnly : PeerLookup::kMayConnect;
   absl::StatusOr<std::shared_ptr<PeerConnection>> peer = peers_->Resolve(d, t.deadline, lookup);
   if (!peer.ok()) return peer.status();
@@ -221,15 +225,14 @@ void FabricEngine::NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done
 void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerConnection> peer,
                             const std::vector<v1::RemoteKey>& keys, uint64_t region_id, absl::Time keys_since,
                             Done done) {
-  const std::vector<int> rail = t->rail.empty() ? RailFor(*t->src) : t->rail;
+  const std::vector<int>& rail = t->rail.empty() ? RailFor(*t->src) : t->rail;
   const size_t local_nics = rail.size();
   const size_t remote_nics = peer->remote_nic_count();
-  // Split at --fabric_max_op_bytes, and never past what the provider accepts in one op.
-  uint64_t max_op = std::max<uint64_t>(options_.max_op_bytes, 4096);
-  for (const auto& nic : nics_) max_op = std::min(max_op, nic->max_msg_size());
+  const uint64_t max_op = max_op_bytes_;
 
-  // Coalesce chunks that continue each other on both sides, then split to max_op.
-  std::vector<CopyChunk> pieces;
+  // Coalesce chunks that continue each other on both sides, then split to max_op. A
+  // queue entry is one piece: no allocation for it.
+  absl::InlinedVector<CopyChunk, 1> pieces;
   pieces.reserve(t->plan.chunks.size());
   for (const CopyChunk& c : t->plan.chunks) {
     if (!pieces.empty()) {
@@ -270,28 +273,29 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
     active_.push_back(state);
   }
 
-  std::vector<std::vector<WriteOp*>> per_nic(workers_.size());
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const size_t l = rail[i % local_nics], r = l % remote_nics;
-    auto* op = new WriteOp();
-    op->state = state;
-    op->local = t->src->data() + pieces[i].src_offset;
-    op->length = pieces[i].length;
-    op->desc = t->src->nics()[l].local_desc;
-    op->peer = peer->fi_addr(l, r);
-    op->remote_addr = keys[r].base() + pieces[i].dst_offset;
-    op->key = keys[r].key();
-    op->keys_since = keys_since;
-    per_nic[l].push_back(op);
-  }
-  for (size_t l = 0; l < per_nic.size(); ++l) {
-    if (!per_nic[l].empty()) workers_[l]->Submit(std::move(per_nic[l]));
+  // Piece i goes to the rail's NIC i % local_nics; each NIC's ops in one hand-off.
+  for (size_t j = 0; j < local_nics && j < pieces.size(); ++j) {
+    const size_t l = rail[j], r = l % remote_nics;
+    absl::InlinedVector<WriteOp*, 1> ops;
+    for (size_t i = j; i < pieces.size(); i += local_nics) {
+      auto* op = new WriteOp();
+      op->state = state;
+      op->local = t->src->data() + pieces[i].src_offset;
+      op->length = pieces[i].length;
+      op->desc = t->src->nics()[l].local_desc;
+      op->peer = peer->fi_addr(l, r);
+      op->remote_addr = keys[r].base() + pieces[i].dst_offset;
+      op->key = keys[r].key();
+      op->keys_since = keys_since;
+      ops.push_back(op);
+    }
+    workers_[l]->Submit(ops);
   }
 }
 
 void FabricEngine::SendNotify(const std::shared_ptr<Transfer>& t, const std::vector<uint64_t>& nic_bytes, Done done) {
   auto target = std::static_pointer_cast<RemoteTarget>(t->executor_context);
-  const v1::RegionDescriptor& d = t->dst_descriptor;
+  const v1::RegionDescriptor& d = *t->dst_descriptor;
   v1::NotifyRequest req;
   req.set_target_incarnation(d.agent_incarnation());
   req.set_region_id(d.region_id());
@@ -316,7 +320,7 @@ void FabricEngine::SendNotify(const std::shared_ptr<Transfer>& t, const std::vec
 
 void FabricEngine::AddRxReport(const Transfer& t, const std::shared_ptr<PeerConnection>& peer,
                                const std::vector<uint64_t>& nic_bytes) {
-  const v1::RegionDescriptor& d = t.dst_descriptor;
+  const v1::RegionDescriptor& d = *t.dst_descriptor;
   absl::MutexLock lock(&report_mu_);
   RxReport& r = rx_reports_[{peer.get(), d.region_id()}];
   if (r.peer == nullptr) {

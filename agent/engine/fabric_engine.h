@@ -101,7 +101,7 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   // from them, and the NICs a region's bytes go over.
   const std::vector<const NicDevice*>& nic_devices() const { return nic_devices_; }
   const RailPlan& rails() const { return rails_; }
-  std::vector<int> RailFor(const Region& r) const { return rails_.NicsFor(r.placement()); }
+  const std::vector<int>& RailFor(const Region& r) const { return rails_.NicsFor(r.placement()); }
   const std::vector<int>& worker_cpus(size_t nic) const { return workers_[nic]->cpus(); }
   const std::string& provider() const { return nics_.front()->provider(); }
   void FillStatus(v1::GetStatusResponse* resp) const;
@@ -126,6 +126,7 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   void FlushRxReports();
 
   const FabricEngineOptions options_;
+  uint64_t max_op_bytes_ = 0;  // the largest op: the option, capped by every NIC's max_msg_size
   Metrics* metrics_;
   std::vector<std::unique_ptr<FabricNic>> nics_;
   std::vector<std::unique_ptr<RailWorker>> workers_;

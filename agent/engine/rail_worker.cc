@@ -16,6 +16,13 @@
 namespace ferry {
 namespace {
 constexpr int kCqBatch = 64;
+constexpr size_t kLatencyBatch = 256;  // ops between two op_duration updates while busy
+// Empty per-peer queues are kept for the next op to that peer (no deque rebuilt per
+// turn) unless there are more than this many.
+constexpr size_t kIdleQueuesKept = 16;
+
+// The worker whose loop runs on this thread, if any.
+thread_local const RailWorker* current_worker = nullptr;
 
 // Errors after which the provider's connection to the peer is gone (its queued ops are
 // flushed with FI_ECANCELED).
@@ -53,7 +60,9 @@ RailWorker::RailWorker(FabricNic* nic, Metrics* metrics, absl::Duration spin, st
       inflight_gauge_(metrics->ops_inflight(nic->name())),
       eagain_(metrics->fabric_eagain(nic->name())),
       errors_(metrics->fabric_errors(nic->name())),
-      reconnects_(metrics->fabric_reconnects(nic->name())) {
+      reconnects_(metrics->fabric_reconnects(nic->name())),
+      latency_bounds_(LatencyBuckets()),
+      latency_counts_(latency_bounds_.size() + 1, 0) {
   event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 }
 
@@ -76,7 +85,11 @@ void RailWorker::Stop() {
   thread_.join();
 }
 
-void RailWorker::Submit(std::vector<WriteOp*> ops) {
+void RailWorker::Submit(absl::Span<WriteOp* const> ops) {
+  if (current_worker == this && !walking_queues_) {
+    for (WriteOp* op : ops) Enqueue(op);
+    return;
+  }
   {
     absl::MutexLock lock(&mu_);
     incoming_.insert(incoming_.end(), ops.begin(), ops.end());
@@ -144,7 +157,7 @@ void RailWorker::Fail(WriteOp* op, int err, absl::string_view what) {
   errors_.Increment();
   const std::string message = absl::StrCat(nic_->name(), ": ", what);
   if (!ConnectionLost(err)) {
-    Complete(op, absl::UnavailableError(message));
+    Complete(op, absl::UnavailableError(message), absl::Now());
     return;
   }
   // The first error of a drop starts the hold; the rest (ops the provider flushes from
@@ -160,7 +173,7 @@ void RailWorker::Fail(WriteOp* op, int err, absl::string_view what) {
       d->at = now;
     }
   }
-  Complete(op, ConnectionResetError(message));
+  Complete(op, ConnectionResetError(message), now);
 }
 
 // Posts from the front of each peer's queue until it is empty or the provider pushes back.
@@ -169,6 +182,7 @@ bool RailWorker::PostPending() {
   const absl::Time now = absl::Now();
   // While a peer is held the CQ must be polled even with nothing else to do.
   holding_ = std::any_of(drops_.begin(), drops_.end(), [now](const Drop& d) { return now < d.at + kReconnectHold; });
+  walking_queues_ = true;
   for (PeerQueue& q : queues_) {
     const Drop* drop = LastDrop(q.peer);
     if (drop != nullptr && now < drop->at + kReconnectHold) continue;
@@ -188,8 +202,10 @@ bool RailWorker::PostPending() {
         q.ops.pop_front();
         --pending_;
         progressed = true;
-        Complete(op, ConnectionResetError(absl::StrCat(nic_->name(), ": the connection to the peer dropped after "
-                                                       "the destination's keys were fetched")));
+        Complete(op,
+                 ConnectionResetError(absl::StrCat(nic_->name(), ": the connection to the peer dropped after "
+                                                   "the destination's keys were fetched")),
+                 now);
         continue;
       }
       op->posted = now;
@@ -214,30 +230,47 @@ bool RailWorker::PostPending() {
       ++inflight_;
     }
   }
-  queues_.erase(std::remove_if(queues_.begin(), queues_.end(), [](const PeerQueue& q) { return q.ops.empty(); }),
-                queues_.end());
+  walking_queues_ = false;
+  if (queues_.size() > kIdleQueuesKept) {
+    queues_.erase(std::remove_if(queues_.begin(), queues_.end(), [](const PeerQueue& q) { return q.ops.empty(); }),
+                  queues_.end());
+  }
   inflight_pub_.store(inflight_, std::memory_order_relaxed);
   inflight_gauge_.Set(static_cast<double>(inflight_));
   return progressed;
 }
 
-void RailWorker::Complete(WriteOp* op, const absl::Status& status) {
+void RailWorker::Complete(WriteOp* op, const absl::Status& status, absl::Time now) {
   if (status.ok()) {
     tx_bytes_.fetch_add(op->length, std::memory_order_relaxed);
     tx_counter_.Increment(static_cast<double>(op->length));
-    op_duration_.Observe(absl::ToDoubleSeconds(absl::Now() - op->posted));
+    const double seconds = absl::ToDoubleSeconds(now - op->posted);
+    // The bucket prometheus-cpp's Observe would pick: the first bound >= the value.
+    latency_counts_[std::lower_bound(latency_bounds_.begin(), latency_bounds_.end(), seconds) -
+                    latency_bounds_.begin()] += 1;
+    latency_sum_ += seconds;
+    if (++latency_ops_ >= kLatencyBatch) FlushLatencies();
   }
   op->state->OpDone(status);
   delete op;
+}
+
+void RailWorker::FlushLatencies() {
+  if (latency_ops_ == 0) return;
+  op_duration_.ObserveMultiple(latency_counts_, latency_sum_);
+  std::fill(latency_counts_.begin(), latency_counts_.end(), 0);
+  latency_sum_ = 0;
+  latency_ops_ = 0;
 }
 
 bool RailWorker::ReadCompletions() {
   fi_cq_entry entries[kCqBatch];
   ssize_t n = fi_cq_read(nic_->cq(), entries, kCqBatch);
   if (n > 0) {
+    const absl::Time now = absl::Now();
     for (ssize_t i = 0; i < n; ++i) {
       --inflight_;
-      Complete(static_cast<WriteOp*>(entries[i].op_context), absl::OkStatus());
+      Complete(static_cast<WriteOp*>(entries[i].op_context), absl::OkStatus(), now);
     }
     return true;
   }
@@ -292,9 +325,11 @@ bool RailWorker::StopNow() {
   if (absl::Now() < stop_deadline_) return false;
   // Ops still queued after the grace period are failed; ops the provider still holds
   // are abandoned with the endpoint (their transfers were already finished by the engine).
+  walking_queues_ = true;
   for (PeerQueue& q : queues_) {
-    for (WriteOp* op : q.ops) Complete(op, absl::UnavailableError("the agent is shutting down"));
+    for (WriteOp* op : q.ops) Complete(op, absl::UnavailableError("the agent is shutting down"), absl::Now());
   }
+  walking_queues_ = false;
   queues_.clear();
   pending_ = 0;
   FERRY_LOG(WARNING) << nic_->name() << ": stopped with " << inflight_ << " writes still in flight";
@@ -308,6 +343,7 @@ void RailWorker::Loop() {
     for (int c : cpus_) CPU_SET(c, &set);
     pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
   }
+  current_worker = this;
   absl::Time last_activity = absl::Now();
   for (;;) {
     // The source first: the writes it starts on this NIC are posted in the same turn.
@@ -319,6 +355,7 @@ void RailWorker::Loop() {
       last_activity = absl::Now();
       continue;
     }
+    FlushLatencies();
     if (StopNow()) break;
     if (absl::Now() - last_activity < spin_) {
       // Spin, but give the core to any thread that is ready (the clients and the queue

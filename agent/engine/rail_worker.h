@@ -2,7 +2,8 @@
 //
 //   RailWorker w(nic, metrics);
 //   w.Start();
-//   w.Submit(std::move(ops));    // any thread; the only lock is at this hand-off
+//   w.Submit(ops);               // any thread; the only lock is at this hand-off, and
+//                                // none when the worker itself submits (its PollSource)
 //   w.Stop();
 //
 // The loop: take newly submitted ops into per-peer queues, post from the front of each
@@ -35,6 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/common/poll_source.h"
@@ -63,8 +65,9 @@ class RailWorker {
 
   void Start();
   void Stop();
-  // Hands ops to the worker (ownership moves). Thread-safe.
-  void Submit(std::vector<WriteOp*> ops);
+  // Hands ops to the worker (ownership moves). Thread-safe; from the worker's own thread
+  // (a PollSource's writes) the ops join its queues directly.
+  void Submit(absl::Span<WriteOp* const> ops);
   // Runs `source` on this worker's thread from now on (nullptr: none). Returns once the
   // worker has taken the change, so a source detached this way may be destroyed. Not
   // concurrently with Start() or Stop().
@@ -89,7 +92,9 @@ class RailWorker {
     absl::Time at;  // when the worker saw the connection go
   };
   const Drop* LastDrop(fi_addr_t peer) const;
-  void Complete(WriteOp* op, const absl::Status& status);
+  void Complete(WriteOp* op, const absl::Status& status, absl::Time now);
+  // Hands the op latencies gathered since the last call to prometheus.
+  void FlushLatencies();
   // Blocks until there may be work; true if woken by activity rather than the timeout.
   bool Sleep(bool busy);
   // During Stop(): true once everything drained or the 2 s grace period is over.
@@ -122,6 +127,9 @@ class RailWorker {
     std::deque<WriteOp*> ops;
   };
   std::vector<PeerQueue> queues_;
+  // Set while a loop walks queues_: an op submitted from inside it (a completion
+  // callback) takes the locked path instead of changing queues_ under the walk.
+  bool walking_queues_ = false;
   PollSource* source_ = nullptr;
   // The last connection drop of each peer that had one. Nothing is posted to it for
   // kReconnectHold after; ops whose keys were fetched before it are never posted.
@@ -130,6 +138,12 @@ class RailWorker {
   size_t pending_ = 0;
   size_t inflight_ = 0;
   absl::Time stop_deadline_ = absl::InfiniteFuture();
+  // Op latencies not yet in op_duration_, per bucket of LatencyBuckets() (+Inf last):
+  // one prometheus lock per batch, not per op.
+  std::vector<double> latency_bounds_;
+  std::vector<double> latency_counts_;
+  double latency_sum_ = 0;
+  size_t latency_ops_ = 0;
 
   std::atomic<uint64_t> tx_bytes_{0};
   std::atomic<uint64_t> inflight_pub_{0};

@@ -15,7 +15,8 @@ using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
-// 10 µs .. 10 s, three buckets per decade.
+}  // namespace
+
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {
   prometheus::Histogram::BucketBoundaries b;
   for (double decade = 1e-5; decade < 10; decade *= 10) {
@@ -26,8 +27,6 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
   b.push_back(10);
   return b;
 }
-
-}  // namespace
 
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),

@@ -110,6 +110,9 @@ class Metrics {
 // gRPC code name as used in status labels: "OK", "NOT_FOUND", ...
 const char* StatusCodeName(int code);
 
+// The buckets of every latency histogram: 10 µs .. 10 s, three per decade.
+prometheus::Histogram::BucketBoundaries LatencyBuckets();
+
 // Serves, over HTTP on one port:
 //   /metrics  the registry in the Prometheus text format (prometheus-cpp's serializer)
 //   /healthz  200 while the process answers at all (liveness)

@@ -19,6 +19,8 @@ RailPlan PlanRails(const Topology& topology, const std::vector<const NicDevice*>
   RailPlan plan;
   plan.topology = &topology;
   plan.nic_count = static_cast<int>(nics.size());
+  plan.all_nics.resize(nics.size());
+  std::iota(plan.all_nics.begin(), plan.all_nics.end(), 0);
   for (size_t i = 0; i < nics.size(); ++i) {
     const int node = NicLocation(nics[i]).numa_node;
     plan.nic_cpus.push_back(node >= 0 ? NumaCpus(topology, node) : std::vector<int>());
@@ -66,7 +68,7 @@ RailPlan PlanRails(const Topology& topology, const std::vector<const NicDevice*>
   return plan;
 }
 
-std::vector<int> RailPlan::NicsFor(const Placement& where) const {
+const std::vector<int>& RailPlan::NicsFor(const Placement& where) const {
   if (topology != nullptr && !where.gpu_pci_address.empty()) {
     const GpuDevice* gpu = topology->FindGpu(where.gpu_pci_address);
     if (gpu != nullptr && !gpu_rails[gpu->index].nics.empty()) return gpu_rails[gpu->index].nics;
@@ -75,9 +77,7 @@ std::vector<int> RailPlan::NicsFor(const Placement& where) const {
     auto it = numa_nics.find(where.numa_node);
     if (it != numa_nics.end()) return it->second;
   }
-  std::vector<int> all(nic_count);
-  std::iota(all.begin(), all.end(), 0);
-  return all;
+  return all_nics;
 }
 
 }  // namespace ferry

@@ -36,10 +36,12 @@ struct RailPlan {
   std::vector<GpuRail> gpu_rails;                 // one per topology GPU
   std::map<int, std::vector<int>> numa_nics;     // NUMA node -> its NICs (nodes that have some)
   std::vector<std::vector<int>> nic_cpus;         // per NIC; empty: unpinned
+  std::vector<int> all_nics;                      // 0 .. nic_count - 1
   const Topology* topology = nullptr;
 
-  // The NICs a region at `where` is sent over; never empty when nic_count > 0.
-  std::vector<int> NicsFor(const Placement& where) const;
+  // The NICs a region at `where` is sent over; never empty when nic_count > 0. A
+  // reference into the plan: it is asked once per transfer.
+  const std::vector<int>& NicsFor(const Placement& where) const;
 };
 
 // `nics[i]` is fabric NIC i's device in `topology`, or nullptr when it has none.
