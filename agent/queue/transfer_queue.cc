@@ -30,7 +30,7 @@ absl::Status CheckEventFd(int fd, const char* field) {
 absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(uint64_t id, uint64_t session_id, UniqueFd ring,
                                                                    UniqueFd submit_doorbell,
                                                                    UniqueFd complete_doorbell, uint32_t entries,
-                                                                   std::vector<v1::RegionDescriptor> destinations) {
+                                                                   std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations) {
   if (!queue::ValidEntries(entries)) {
     return absl::InvalidArgumentError(absl::StrCat("entries must be a power of two in [", queue::kMinEntries, ", ",
                                                    queue::kMaxEntries, "], got ", entries));

@@ -32,14 +32,15 @@ class TransferQueue {
   static absl::StatusOr<std::shared_ptr<TransferQueue>> Open(uint64_t id, uint64_t session_id, UniqueFd ring,
                                                              UniqueFd submit_doorbell, UniqueFd complete_doorbell,
                                                              uint32_t entries,
-                                                             std::vector<v1::RegionDescriptor> destinations);
+                                                             std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations);
   ~TransferQueue();
   TransferQueue(const TransferQueue&) = delete;
   TransferQueue& operator=(const TransferQueue&) = delete;
 
   uint64_t id() const { return id_; }
   uint64_t session_id() const { return session_id_; }
-  const std::vector<v1::RegionDescriptor>& destinations() const { return destinations_; }
+  // Shared with each entry's transfer, never copied per entry.
+  const std::vector<std::shared_ptr<const v1::RegionDescriptor>>& destinations() const { return destinations_; }
   int submit_doorbell() const { return submit_doorbell_.get(); }
   // Deadline of each transfer (set once, before the queue is served).
   uint32_t timeout_ms() const { return timeout_ms_; }
@@ -65,7 +66,7 @@ class TransferQueue {
   const uint64_t id_;
   const uint64_t session_id_;
   const uint32_t entries_;
-  std::vector<v1::RegionDescriptor> destinations_;
+  std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations_;
   uint32_t timeout_ms_ = 0;
   UniqueFd ring_fd_, submit_doorbell_, complete_doorbell_;
   void* map_ = nullptr;

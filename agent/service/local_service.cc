@@ -145,7 +145,9 @@ grpc::Status LocalService::DeregisterMemory(grpc::ServerContext* ctx, const v1::
 
 // ---------------------------------------------------------------- Write
 
-absl::StatusOr<uint64_t> LocalService::ResolveDestination(const v1::RegionDescriptor& dst, Transfer& t) {
+absl::StatusOr<uint64_t> LocalService::ResolveDestination(const std::shared_ptr<const v1::RegionDescriptor>& dst_ptr,
+                                                          Transfer& t) {
+  const v1::RegionDescriptor& dst = *dst_ptr;
   if (dst.version() != 1) {
     return absl::InvalidArgumentError(absl::StrCat("dst.version ", dst.version(), " is not supported (expected 1)"));
   }
@@ -177,7 +179,7 @@ absl::StatusOr<uint64_t> LocalService::ResolveDestination(const v1::RegionDescri
     return absl::FailedPreconditionError(absl::StrCat(
         "dst lives on agent ", dst.agent_address(), " but this agent runs without a fabric (--peer_address unset)"));
   }
-  t.dst_descriptor = dst;
+  t.dst_descriptor = dst_ptr;
   // GPU memory on either side goes to the staged path, which hands the transfer to the
   // direct one in Prepare when both sides' NICs turn out to reach it (FI_HMEM).
   const bool staged = deps_.stage_host_regions || dst.kind() == v1::MEMORY_KIND_CUDA ||
@@ -188,26 +190,39 @@ absl::StatusOr<uint64_t> LocalService::ResolveDestination(const v1::RegionDescri
 }
 
 absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareWrite(const std::shared_ptr<Session>& session,
-                                                                     const v1::WriteRequest& req, bool cached_only) {
-  const AgentConfig& cfg = *deps_.config;
-  absl::StatusOr<std::shared_ptr<Region>> src = OwnedRegion(*deps_.regions, *session, req.src_region_id(), "src_region_id");
+                                                                     const v1::WriteRequest& req) {
+  WriteSpec spec;
+  spec.src_region_id = req.src_region_id();
+  if (req.has_dst()) spec.dst = std::make_shared<const v1::RegionDescriptor>(req.dst());
+  spec.notify = req.notify();
+  spec.tag = req.tag();
+  spec.timeout_ms = req.timeout_ms();
+  const ChunkLimits limits{deps_.config->max_chunks_per_write};
+  return PrepareWrite(
+      session, spec, [&](uint64_t src_size, uint64_t dst_size) { return BuildChunkPlan(req, src_size, dst_size, limits); },
+      /*cached_only=*/false);
+}
+
+absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareWrite(const std::shared_ptr<Session>& session,
+                                                                     const WriteSpec& spec, PlanChunks plan_chunks,
+                                                                     bool cached_only) {
+  absl::StatusOr<std::shared_ptr<Region>> src = OwnedRegion(*deps_.regions, *session, spec.src_region_id, "src_region_id");
   if (!src.ok()) return src.status();
-  if (!req.has_dst()) return absl::InvalidArgumentError("dst: the destination RegionDescriptor is missing");
+  if (spec.dst == nullptr) return absl::InvalidArgumentError("dst: the destination RegionDescriptor is missing");
 
   auto t = std::make_shared<Transfer>();
   t->session = session;
   t->src = *src;
-  t->notify = req.notify();
-  t->tag = req.tag();
+  t->notify = spec.notify;
+  t->tag = spec.tag;
   t->submitted = absl::Now();
   t->cached_only = cached_only;
-  uint32_t timeout_ms = req.timeout_ms() != 0 ? req.timeout_ms() : cfg.transfer_timeout_ms;
+  const uint32_t timeout_ms = spec.timeout_ms != 0 ? spec.timeout_ms : deps_.config->transfer_timeout_ms;
   t->deadline = t->submitted + absl::Milliseconds(timeout_ms);
-  absl::StatusOr<uint64_t> dst_size = ResolveDestination(req.dst(), *t);
+  absl::StatusOr<uint64_t> dst_size = ResolveDestination(spec.dst, *t);
   if (!dst_size.ok()) return dst_size.status();
 
-  absl::StatusOr<ChunkPlan> plan =
-      BuildChunkPlan(req, (*src)->size(), *dst_size, ChunkLimits{cfg.max_chunks_per_write});
+  absl::StatusOr<ChunkPlan> plan = plan_chunks((*src)->size(), *dst_size);
   if (!plan.ok()) return plan.status();
   t->plan = std::move(*plan);
   absl::Status prepared = t->executor->Prepare(*t);
@@ -262,10 +277,12 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
   const uint32_t timeout_ms = req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms;
   // Check every destination now and warm the peer and region caches, so that entries
   // (taken on a NIC worker, which never waits on the network) find them cached.
+  std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations;
   for (int i = 0; i < req.destinations_size(); ++i) {
+    destinations.push_back(std::make_shared<const v1::RegionDescriptor>(req.destinations(i)));
     Transfer probe;
     probe.deadline = absl::Now() + absl::Milliseconds(timeout_ms);
-    absl::StatusOr<uint64_t> size = ResolveDestination(req.destinations(i), probe);
+    absl::StatusOr<uint64_t> size = ResolveDestination(destinations.back(), probe);
     absl::Status s = size.ok() ? probe.executor->Prepare(probe) : size.status();
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("destinations[", i, "]: ", s.message()));
   }
@@ -283,7 +300,7 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
   const uint64_t id = next_queue_id_.fetch_add(1);
   absl::StatusOr<std::shared_ptr<TransferQueue>> q =
       TransferQueue::Open(id, session->id(), std::move(*ring), std::move(*submit), std::move(*complete), req.entries(),
-                          {req.destinations().begin(), req.destinations().end()});
+                          std::move(destinations));
   if (!q.ok()) return q.status();
   (*q)->set_timeout_ms(timeout_ms);
   absl::Status added = deps_.queues->Add(*q, deps_.config->max_queues);
@@ -337,17 +354,18 @@ bool LocalService::OnQueueEntry(const std::shared_ptr<TransferQueue>& q, const q
   if (e.flags & ~queue::kFlagNotify) {
     return refuse(absl::InvalidArgumentError(absl::StrCat("flags 0x", absl::Hex(e.flags), " has unknown bits")));
   }
-  v1::WriteRequest req;
-  req.set_src_region_id(e.src_region);
-  *req.mutable_dst() = q->destinations()[e.dst_index];
-  v1::Chunk* c = req.mutable_chunks()->add_chunks();
-  c->set_src_offset(e.src_offset);
-  c->set_dst_offset(e.dst_offset);
-  c->set_length(e.length);
-  req.set_notify((e.flags & queue::kFlagNotify) != 0);
-  req.set_tag(e.tag);
-  req.set_timeout_ms(q->timeout_ms());
-  absl::StatusOr<std::shared_ptr<Transfer>> t = PrepareWrite(session, req, /*cached_only=*/!may_block);
+  WriteSpec spec;
+  spec.src_region_id = e.src_region;
+  spec.dst = q->destinations()[e.dst_index];
+  spec.notify = (e.flags & queue::kFlagNotify) != 0;
+  spec.tag = e.tag;
+  spec.timeout_ms = q->timeout_ms();
+  absl::StatusOr<std::shared_ptr<Transfer>> t = PrepareWrite(
+      session, spec,
+      [&e](uint64_t src_size, uint64_t dst_size) {
+        return SingleChunkPlan({e.src_offset, e.dst_offset, e.length}, src_size, dst_size);
+      },
+      /*cached_only=*/!may_block);
   if (!t.ok() && IsWouldBlock(t.status())) return false;
   if (!t.ok()) return refuse(t.status());
   (*t)->id = deps_.transfers->NextId();

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "agent/config/config.h"
@@ -92,11 +93,23 @@ class LocalService final : public v1::Agent::Service {
   absl::StatusOr<v1::RegisterMemoryResponse> DoRegister(Session& session, const v1::RegisterMemoryRequest& req);
   // Picks the path for `dst` (this agent's region, or another agent's) and fills t's
   // destination, path and executor. Returns the destination's size.
-  absl::StatusOr<uint64_t> ResolveDestination(const v1::RegionDescriptor& dst, Transfer& t);
+  absl::StatusOr<uint64_t> ResolveDestination(const std::shared_ptr<const v1::RegionDescriptor>& dst, Transfer& t);
+  // What a write asks for, whichever API it came through.
+  struct WriteSpec {
+    uint64_t src_region_id = 0;
+    std::shared_ptr<const v1::RegionDescriptor> dst;  // null: the request has none
+    bool notify = false;
+    uint64_t tag = 0;
+    uint32_t timeout_ms = 0;  // 0: --transfer_timeout_ms
+  };
+  // Lays out the chunks once both regions' sizes are known.
+  using PlanChunks = absl::FunctionRef<absl::StatusOr<ChunkPlan>(uint64_t src_size, uint64_t dst_size)>;
   // Validates a write and prepares it with its executor; nothing has moved yet.
   // `cached_only`: see Transfer::cached_only.
+  absl::StatusOr<std::shared_ptr<Transfer>> PrepareWrite(const std::shared_ptr<Session>& session, const WriteSpec& spec,
+                                                         PlanChunks plan, bool cached_only);
   absl::StatusOr<std::shared_ptr<Transfer>> PrepareWrite(const std::shared_ptr<Session>& session,
-                                                         const v1::WriteRequest& req, bool cached_only = false);
+                                                         const v1::WriteRequest& req);
   // Starts a prepared transfer whose id is set.
   void Launch(std::shared_ptr<Transfer> t);
   absl::StatusOr<uint64_t> DoCreateQueue(const std::shared_ptr<Session>& session, const v1::CreateQueueRequest& req);

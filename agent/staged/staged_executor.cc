@@ -216,7 +216,7 @@ absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, cons
   std::shared_ptr<CommitCall> commit;
   if (remote_slot >= 0) {
     commit = std::make_shared<CommitCall>();
-    const v1::RegionDescriptor& d = t->dst_descriptor;
+    const v1::RegionDescriptor& d = *t->dst_descriptor;
     commit->req.set_target_incarnation(d.agent_incarnation());
     commit->req.set_region_id(d.region_id());
     commit->req.set_token(d.token());

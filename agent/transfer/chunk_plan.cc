@@ -88,6 +88,13 @@ absl::Status CheckDistinctBlocks(const v1::PagedChunks& p, uint64_t dst_size) {
 
 }  // namespace
 
+absl::StatusOr<ChunkPlan> SingleChunkPlan(const CopyChunk& chunk, uint64_t src_size, uint64_t dst_size) {
+  ChunkPlan plan;
+  absl::Status s = AddChunk(plan, 0, chunk.src_offset, chunk.dst_offset, chunk.length, src_size, dst_size);
+  if (!s.ok()) return s;
+  return plan;
+}
+
 absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64_t src_size,
                                          uint64_t dst_size, const ChunkLimits& limits) {
   ChunkPlan plan;

@@ -36,6 +36,9 @@ struct ChunkLimits {
 absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64_t src_size,
                                          uint64_t dst_size, const ChunkLimits& limits);
 
+// The plan of one chunk (a queue entry), checked as BuildChunkPlan checks chunk 0.
+absl::StatusOr<ChunkPlan> SingleChunkPlan(const CopyChunk& chunk, uint64_t src_size, uint64_t dst_size);
+
 }  // namespace ferry
 
 #endif  // FERRY_AGENT_TRANSFER_CHUNK_PLAN_H_

@@ -47,8 +47,8 @@ struct Transfer {
   absl::Time deadline;
   // Node-local destination (path LOCAL).
   std::shared_ptr<Region> dst;
-  // Remote destination (path FABRIC / STAGED).
-  v1::RegionDescriptor dst_descriptor;
+  // Remote destination (path FABRIC / STAGED); shared by all entries of a queue.
+  std::shared_ptr<const v1::RegionDescriptor> dst_descriptor;
   std::shared_ptr<ExecutorContext> executor_context;
   // Fabric NICs (indices) to stripe over; empty: those of the source region's placement.
   // The staged path sets the user region's here, as its source is a staging buffer.
