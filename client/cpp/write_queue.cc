@@ -113,11 +113,20 @@ size_t WriteQueue::Take(std::vector<Completion>* out, size_t max) {
   return n;
 }
 
-size_t WriteQueue::Reap(std::vector<Completion>* out, size_t max, absl::Duration timeout, size_t min) {
+size_t WriteQueue::Reap(std::vector<Completion>* out, size_t max, absl::Duration timeout, size_t min,
+                        absl::Duration spin) {
   const uint32_t want = static_cast<uint32_t>(std::max<size_t>(1, std::min<size_t>({min, max, inflight()})));
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time now = absl::Now();
+  const absl::Time deadline = now + timeout;
+  const absl::Time spin_until = now + std::min(spin, timeout);
   for (;;) {
     if (header_->cq_tail.value.load(std::memory_order_acquire) - reaped_ >= want) return Take(out, max);
+    if (spin > absl::ZeroDuration() && absl::Now() < spin_until) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+      continue;
+    }
     // Announce the wait, then look again: a completion written before the announcement
     // would otherwise not ring the doorbell. The agent rings once `want` are unreaped.
     header_->client_waiting.value.store(want, std::memory_order_seq_cst);

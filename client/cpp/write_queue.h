@@ -60,8 +60,11 @@ class WriteQueue {
   // `min` are ready (never for more than inflight() or `max`), and after the timeout
   // takes what there is. Returns how many it appended. A `min` above 1 lets a sender
   // that keeps many writes in flight sleep once per batch instead of once per write
-  // (its core is shared with the agent's threads more often than not).
-  size_t Reap(std::vector<Completion>* out, size_t max, absl::Duration timeout, size_t min = 1);
+  // (its core is shared with the agent's threads more often than not). With `spin`,
+  // it polls the ring that long before it sleeps: for a thread with a core of its own,
+  // which the agent then need not wake (a syscall and an interrupt per batch).
+  size_t Reap(std::vector<Completion>* out, size_t max, absl::Duration timeout, size_t min = 1,
+              absl::Duration spin = absl::ZeroDuration());
   uint32_t inflight() const { return posted_ - reaped_; }
   uint64_t id() const { return id_; }
 

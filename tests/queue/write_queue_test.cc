@@ -119,6 +119,17 @@ TEST_CASE("Reap waits for `min` completions, never for more than are in flight")
   // Nothing in flight: the timeout ends the wait with nothing.
   done.clear();
   CHECK((*q)->Reap(&done, 64, absl::Milliseconds(50), /*min=*/4) == 0);
+
+  // Polling first (`spin`) finds the same completions, and a spin longer than the
+  // timeout still ends at the timeout.
+  for (uint64_t i = 0; i < kWrites; ++i) post(i);
+  done.clear();
+  CHECK((*q)->Reap(&done, 64, absl::Seconds(30), /*min=*/kWrites, /*spin=*/absl::Milliseconds(5)) == kWrites);
+  for (const auto& c : done) CHECK(c.status.ok());
+  done.clear();
+  const absl::Time spun = absl::Now();
+  CHECK((*q)->Reap(&done, 64, absl::Milliseconds(50), /*min=*/1, /*spin=*/absl::Seconds(30)) == 0);
+  CHECK(absl::Now() - spun < absl::Seconds(10));
 }
 
 TEST_CASE("queue entries are validated like Writes: refusals come back as completions, nothing moves") {

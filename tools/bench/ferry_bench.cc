@@ -13,6 +13,7 @@
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <sched.h>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -35,7 +36,11 @@ ABSL_FLAG(int, window, 16, "send: transfers in flight");
 ABSL_FLAG(std::string, layout, "contiguous", "send: contiguous or paged");
 ABSL_FLAG(std::string, api, "rpc", "send: rpc (Write + WatchCompletions) or queue (WriteQueue, contiguous only)");
 ABSL_FLAG(int, iters, 1000, "latency: iterations");
-ABSL_FLAG(int, reap_min, 0, "send --api=queue: Reap waits for this many completions (0: window / 2)");
+ABSL_FLAG(int, reap_min, 0,
+          "send --api=queue: Reap waits for this many completions (0: 1 when Reap polls, window / 2 when it sleeps)");
+ABSL_FLAG(int, reap_spin_us, -1,
+          "send --api=queue: Reap polls the ring this long before it sleeps (-1: 1000 when this process may run on "
+          "2+ CPUs, as the raw sender polls its CQ; else 0, so as not to take the agent's core)");
 ABSL_FLAG(int, blocks, 10000, "blocks: block count");
 ABSL_FLAG(int, block, 4096, "blocks: block size");
 
@@ -99,7 +104,15 @@ int SendQueue(Sender& s, const std::vector<uint64_t>& sizes, int window) {
   auto q = ferry::WriteQueue::Create(*s.client, {s.dst}, 256);
   if (!q.ok()) return Fail(q.status());
   std::vector<ferry::WriteQueue::Completion> done;
-  const int reap_min = absl::GetFlag(FLAGS_reap_min) > 0 ? absl::GetFlag(FLAGS_reap_min) : std::max(1, window / 2);
+  int spin_us = absl::GetFlag(FLAGS_reap_spin_us);
+  if (spin_us < 0) {
+    cpu_set_t cpus;
+    spin_us = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) >= 2 ? 1000 : 0;
+  }
+  const absl::Duration spin = absl::Microseconds(spin_us);
+  const int reap_min = absl::GetFlag(FLAGS_reap_min) > 0 ? absl::GetFlag(FLAGS_reap_min)
+                       : spin_us > 0                     ? 1
+                                                         : std::max(1, window / 2);
   auto run = [&](uint64_t size, int n) -> absl::Status {
     ferry::WriteQueue::Entry e;
     e.src_region = s.region;
@@ -111,7 +124,7 @@ int SendQueue(Sender& s, const std::vector<uint64_t>& sizes, int window) {
         if (absl::Status st = (*q)->Post(e); !st.ok()) return st;
       }
       done.clear();
-      if ((*q)->Reap(&done, 64, absl::Seconds(60), std::min(reap_min, posted - completed)) == 0) {
+      if ((*q)->Reap(&done, 64, absl::Seconds(60), std::min(reap_min, posted - completed), spin) == 0) {
         return absl::DeadlineExceededError("no completion in 60 s");
       }
       for (const auto& c : done) {
