@@ -17,7 +17,9 @@
 # through raw fi_write and once through ferry, back to back, the order swapped every
 # round (each run warms up untimed first). A row reports the median time over rounds and
 # the median (and range) of the per-round ratios, so a slow minute of the machine hits
-# both sides of a ratio. The RPC and paged rows run once, after the rounds.
+# both sides of a ratio. The RPC and paged rows run once, after the rounds. The queue's
+# sender polls its completion ring (as the raw initiator polls its CQ) when --cpus_a has
+# 2+ CPUs, and sleeps on the doorbell with one, where polling would take the agent's core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -58,6 +60,7 @@ source tools/lib.sh
 echo "# ferry cross-node benchmark  $(date -u +%Y-%m-%dT%H:%MZ)  $(nproc) CPUs, $(uname -r)"
 echo "# provider tcp;ofi_rxm, loopback 127.0.0.1 -> 127.0.0.2, initiator side on CPUs $cpu_a, target side on CPUs $cpu_b"
 echo "# window 16 transfers in flight, count $count per size (capped at 1 GiB per size), $rounds rounds; target agent --fabric_spin_us=200000"
+echo "# queue sender: $(taskset -c "$cpu_a" nproc) CPU(s), so Reap $([ "$(taskset -c "$cpu_a" nproc)" -ge 2 ] && echo polls || echo sleeps on the doorbell) by default"
 
 # ferry: two agents, a receiver pod on B. The target agent busy-polls its NIC while busy
 # and 200 ms after (--fabric_spin_us), as the raw target spins on fi_cq_read; the
