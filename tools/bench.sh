@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests). Prints nccl-tests-style tables with a baseline from the same run.
 #
-#   tools/bench.sh cross-node [--count=N] [--rounds=R] [--sizes=B,B..] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR]
+#   tools/bench.sh cross-node [--count=N] [--rounds=R] [--row_mib=M] [--sizes=B,B..] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR]
 #                             [--ferryd_flags='...'] [--queue_flags='...']
 #                                           ferry agent-to-agent vs raw libfabric fi_write
 #                                           (extra flags for both agents / the queue runs of ferry_bench)
@@ -24,12 +24,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
 shift || true
-count=20000 rounds=5 sizes=4096,65536,1048576,16777216,67108864 cpu_a=0 cpu_b=1 bundle="" ferryd_flags="" queue_flags=""
+count=20000 rounds=5 row_mib=1024 sizes=4096,65536,1048576,16777216,67108864 cpu_a=0 cpu_b=1 bundle="" ferryd_flags="" queue_flags=""
 [ "$(nproc)" -gt 1 ] || cpu_b=0
 for a in "$@"; do
   case $a in
     --count=*) count=${a#--count=} ;;
     --rounds=*) rounds=${a#--rounds=} ;;
+    --row_mib=*) row_mib=${a#--row_mib=} ;;
     --sizes=*) sizes=${a#--sizes=} ;;
     --ferryd_flags=*) ferryd_flags=${a#--ferryd_flags=} ;;
     --queue_flags=*) queue_flags=${a#--queue_flags=} ;;
@@ -41,7 +42,7 @@ done
 case $mode in
   cross-node) ;;
   gpu) exec bash tools/bench/gpu.sh "$@" ;;
-  *) echo "usage: tools/bench.sh cross-node [--count=N] [--rounds=R] [--sizes=B,B..] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR] [--ferryd_flags=..] [--queue_flags=..] | gpu [--bundle=DIR]" >&2
+  *) echo "usage: tools/bench.sh cross-node [--count=N] [--rounds=R] [--row_mib=M] [--sizes=B,B..] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR] [--ferryd_flags=..] [--queue_flags=..] | gpu [--bundle=DIR]" >&2
      exit 2 ;;
 esac
 
@@ -59,7 +60,7 @@ source tools/lib.sh
 
 echo "# ferry cross-node benchmark  $(date -u +%Y-%m-%dT%H:%MZ)  $(nproc) CPUs, $(uname -r)"
 echo "# provider tcp;ofi_rxm, loopback 127.0.0.1 -> 127.0.0.2, initiator side on CPUs $cpu_a, target side on CPUs $cpu_b"
-echo "# window 16 transfers in flight, count $count per size (capped at 1 GiB per size), $rounds rounds; target agent --fabric_spin_us=200000"
+echo "# window 16 transfers in flight, count $count per size (write-queue rows capped at $row_mib MiB per size, others at 1 GiB), $rounds rounds; target agent --fabric_spin_us=200000"
 echo "# queue sender: $(taskset -c "$cpu_a" nproc) CPU(s), so Reap $([ "$(taskset -c "$cpu_a" nproc)" -ge 2 ] && echo polls || echo sleeps on the doorbell) by default"
 
 # ferry: two agents, a receiver pod on B. The target agent busy-polls its NIC while busy
@@ -91,8 +92,8 @@ for r in $(seq 1 "$rounds"); do
   for size in ${sizes//,/ }; do
     if [ $((r % 2)) = 1 ]; then order="raw queue"; else order="queue raw"; fi
     for side in $order; do
-      if [ $side = raw ]; then raw --sizes=$size --count="$count" --lat_iters=0
-      else run send --sizes=$size --count="$count" --window=16 --api=queue $queue_flags; fi | sed "s/^/$r /" >> "$work/$side.txt"
+      if [ $side = raw ]; then raw --sizes=$size --count="$count" --row_bytes=$((row_mib << 20)) --lat_iters=0
+      else run send --sizes=$size --count="$count" --row_bytes=$((row_mib << 20)) --window=16 --api=queue $queue_flags; fi | sed "s/^/$r /" >> "$work/$side.txt"
     done
   done
 done

@@ -31,7 +31,8 @@ ABSL_FLAG(std::string, socket, "/run/ferry/ferry.sock", "agent socket");
 ABSL_FLAG(std::string, dir, "/tmp", "shared directory");
 ABSL_FLAG(uint64_t, size, 64 << 20, "receive: region size");
 ABSL_FLAG(std::string, sizes, "4096,65536,1048576,16777216,67108864", "send: sizes");
-ABSL_FLAG(int, count, 50, "send: transfers per size (capped at 1 GiB per size)");
+ABSL_FLAG(int, count, 50, "send: transfers per size (capped at --row_bytes per size)");
+ABSL_FLAG(uint64_t, row_bytes, 1ull << 30, "send: most bytes one size's row moves");
 ABSL_FLAG(int, window, 16, "send: transfers in flight");
 ABSL_FLAG(std::string, layout, "contiguous", "send: contiguous or paged");
 ABSL_FLAG(std::string, api, "rpc", "send: rpc (Write + WatchCompletions) or queue (WriteQueue, contiguous only)");
@@ -135,7 +136,7 @@ int SendQueue(Sender& s, const std::vector<uint64_t>& sizes, int window) {
     return absl::OkStatus();
   };
   for (uint64_t size : sizes) {
-    const int n = std::max<int>(4, std::min<uint64_t>(absl::GetFlag(FLAGS_count), (1ull << 30) / size));
+    const int n = std::max<int>(4, std::min<uint64_t>(absl::GetFlag(FLAGS_count), absl::GetFlag(FLAGS_row_bytes) / size));
     const int warm_up = static_cast<int>(std::clamp<uint64_t>((64u << 20) / size, 1, 2 * window));
     if (absl::Status st = run(size, warm_up); !st.ok()) return Fail(st);
     absl::Time t0 = absl::Now();
@@ -185,7 +186,7 @@ int Send() {
   }
   int base = 1;
   for (uint64_t size : sizes) {
-    const int n = std::max<int>(4, std::min<uint64_t>(absl::GetFlag(FLAGS_count), (1ull << 30) / size));
+    const int n = std::max<int>(4, std::min<uint64_t>(absl::GetFlag(FLAGS_count), absl::GetFlag(FLAGS_row_bytes) / size));
     std::vector<ferry::v1::WriteRequest> reqs;
     for (int i = 0; i < std::min(n, 8); ++i) reqs.push_back(Request(*s, size, paged, rng));
     absl::Time t0 = absl::Now();

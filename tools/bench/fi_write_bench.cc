@@ -1,13 +1,13 @@
 // fi_write_bench: the raw libfabric baseline for tools/bench.sh cross-node.
 //
 //   fi_write_bench target    --iface=A --dir=D --size=BYTES
-//   fi_write_bench initiator --iface=B --dir=D --sizes=... --count=N --window=W --lat_iters=K
+//   fi_write_bench initiator --iface=B --dir=D --sizes=... --count=N --window=W --lat_iters=K [--row_bytes=B]
 //
 // The same provider (tcp;ofi_rxm), endpoint type (RDM), flags (FI_DELIVERY_COMPLETE) and
 // window as ferry's engine, without the agent: the target registers a buffer and
 // progresses its CQ until D/stop appears (one target serves any number of initiator
 // runs, so tools/bench.sh can alternate them with ferry's); the initiator posts `count`
-// writes of each size with `window` in flight after an untimed warm-up (2 * `window`
+// writes of each size (at most --row_bytes, default 1 GiB, per size) with `window` in flight after an untimed warm-up (2 * `window`
 // writes or 64 MiB, whichever is less), prints "size count time_us algbw_GBps", then
 // 8-byte write latencies when --lat_iters > 0. Addresses and keys are exchanged through
 // files in --dir. Controls: --memory=memfd (buffers in a shared memfd mapping, as pods
@@ -147,6 +147,7 @@ int Target(int argc, char** argv) {
 int Initiator(int argc, char** argv) {
   const std::string dir = Arg(argc, argv, "dir", "/tmp");
   const int count = std::stoi(Arg(argc, argv, "count", "50"));
+  const uint64_t row_bytes = std::stoull(Arg(argc, argv, "row_bytes", std::to_string(1ull << 30)));
   const int window = std::stoi(Arg(argc, argv, "window", "16"));
   const int lat_iters = std::stoi(Arg(argc, argv, "lat_iters", "1000"));
   std::vector<size_t> sizes;
@@ -196,7 +197,7 @@ int Initiator(int argc, char** argv) {
   };
   run(8, 10);  // connect
   for (size_t size : sizes) {
-    int n = std::max(4, std::min(count, static_cast<int>((1ull << 30) / size)));
+    int n = std::max(4, static_cast<int>(std::min<uint64_t>(count, row_bytes / size)));
     run(size, static_cast<int>(std::clamp<size_t>((64u << 20) / size, 1, 2 * window)));  // warm-up
     double t0 = Now();
     run(size, n);
