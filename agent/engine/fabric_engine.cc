@@ -253,7 +253,7 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
 
   auto state = std::make_shared<TransferState>(
       t, peer, pieces.size(),
-      [this, t, peer, region_id, nic_bytes, done = std::move(done)](absl::Status s) {
+      [this, t, peer, region_id, nic_bytes = std::move(nic_bytes), done = std::move(done)](absl::Status s) {
         if (!s.ok()) {
           if (s.code() == absl::StatusCode::kUnavailable) {
             peer->MarkSuspect();
