@@ -40,8 +40,8 @@ ABSL_FLAG(int, iters, 1000, "latency: iterations");
 ABSL_FLAG(int, reap_min, 0,
           "send --api=queue: Reap waits for this many completions (0: 1 when Reap polls, window / 2 when it sleeps)");
 ABSL_FLAG(int, reap_spin_us, -1,
-          "send --api=queue: Reap polls the ring this long before it sleeps (-1: 1000 when this process may run on "
-          "2+ CPUs, as the raw sender polls its CQ; else 0, so as not to take the agent's core)");
+          "--api=queue (send, latency): Reap polls the ring this long before it sleeps (-1: 1000 when this process "
+          "may run on 2+ CPUs, as the raw sender polls its CQ; else 0, so as not to take the agent's core)");
 ABSL_FLAG(int, blocks, 10000, "blocks: block count");
 ABSL_FLAG(int, block, 4096, "blocks: block size");
 
@@ -98,6 +98,16 @@ ferry::v1::WriteRequest Request(const Sender& s, uint64_t size, bool paged, std:
   return req;
 }
 
+// How long Reap polls before it sleeps (--reap_spin_us; -1 picks by the CPUs we may use).
+absl::Duration ReapSpin() {
+  int spin_us = absl::GetFlag(FLAGS_reap_spin_us);
+  if (spin_us < 0) {
+    cpu_set_t cpus;
+    spin_us = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) >= 2 ? 1000 : 0;
+  }
+  return absl::Microseconds(spin_us);
+}
+
 // The shared-memory queue: `window` writes in flight, each reaped completion replaced;
 // per size an untimed warm-up (2 * `window` writes or 64 MiB, whichever is less), as
 // fi_write_bench does.
@@ -105,15 +115,10 @@ int SendQueue(Sender& s, const std::vector<uint64_t>& sizes, int window) {
   auto q = ferry::WriteQueue::Create(*s.client, {s.dst}, 256);
   if (!q.ok()) return Fail(q.status());
   std::vector<ferry::WriteQueue::Completion> done;
-  int spin_us = absl::GetFlag(FLAGS_reap_spin_us);
-  if (spin_us < 0) {
-    cpu_set_t cpus;
-    spin_us = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) >= 2 ? 1000 : 0;
-  }
-  const absl::Duration spin = absl::Microseconds(spin_us);
-  const int reap_min = absl::GetFlag(FLAGS_reap_min) > 0 ? absl::GetFlag(FLAGS_reap_min)
-                       : spin_us > 0                     ? 1
-                                                         : std::max(1, window / 2);
+  const absl::Duration spin = ReapSpin();
+  const int reap_min = absl::GetFlag(FLAGS_reap_min) > 0  ? absl::GetFlag(FLAGS_reap_min)
+                       : spin > absl::ZeroDuration() ? 1
+                                                      : std::max(1, window / 2);
   auto run = [&](uint64_t size, int n) -> absl::Status {
     ferry::WriteQueue::Entry e;
     e.src_region = s.region;
@@ -227,13 +232,14 @@ int Latency() {
     q = std::move(*created);
   }
   std::vector<ferry::WriteQueue::Completion> done;
+  const absl::Duration spin = ReapSpin();
   std::vector<double> lat;
   for (int i = 0; i < absl::GetFlag(FLAGS_iters) + 10; ++i) {
     absl::Time t0 = absl::Now();
     if (queue) {
       done.clear();
       if (absl::Status st = q->Post({s->region, 0, 0, 0, 8, static_cast<uint64_t>(i)}); !st.ok()) return Fail(st);
-      if (q->Reap(&done, 1, absl::Seconds(10)) != 1 || !done[0].status.ok()) {
+      if (q->Reap(&done, 1, absl::Seconds(10), 1, spin) != 1 || !done[0].status.ok()) {
         return Fail(done.empty() ? absl::DeadlineExceededError("no completion") : done[0].status);
       }
     } else {
