@@ -18,7 +18,6 @@ std::vector<int> NumaCpus(const Topology& t, int node) {
 RailPlan PlanRails(const Topology& topology, const std::vector<const NicDevice*>& nics) {
   RailPlan plan;
   plan.topology = &topology;
-  plan.nic_count = static_cast<int>(nics.size());
   plan.all_nics.resize(nics.size());
   std::iota(plan.all_nics.begin(), plan.all_nics.end(), 0);
   for (size_t i = 0; i < nics.size(); ++i) {

@@ -32,14 +32,13 @@ struct GpuRail {
 };
 
 struct RailPlan {
-  int nic_count = 0;
   std::vector<GpuRail> gpu_rails;                 // one per topology GPU
   std::map<int, std::vector<int>> numa_nics;     // NUMA node -> its NICs (nodes that have some)
   std::vector<std::vector<int>> nic_cpus;         // per NIC; empty: unpinned
-  std::vector<int> all_nics;                      // 0 .. nic_count - 1
+  std::vector<int> all_nics;                      // every fabric NIC: 0 .. n - 1
   const Topology* topology = nullptr;
 
-  // The NICs a region at `where` is sent over; never empty when nic_count > 0. A
+  // The NICs a region at `where` is sent over; never empty when all_nics is not. A
   // reference into the plan: it is asked once per transfer.
   const std::vector<int>& NicsFor(const Placement& where) const;
 };

@@ -98,6 +98,12 @@ ferry::v1::WriteRequest Request(const Sender& s, uint64_t size, bool paged, std:
   return req;
 }
 
+// Transfers in one size's row: --count, capped at --row_bytes (at least 4).
+int RowCount(uint64_t size) {
+  const uint64_t n = std::min<uint64_t>(absl::GetFlag(FLAGS_count), absl::GetFlag(FLAGS_row_bytes) / size);
+  return static_cast<int>(std::max<uint64_t>(4, n));
+}
+
 // How long Reap polls before it sleeps (--reap_spin_us; -1 picks by the CPUs we may use).
 absl::Duration ReapSpin() {
   int spin_us = absl::GetFlag(FLAGS_reap_spin_us);
@@ -141,7 +147,7 @@ int SendQueue(Sender& s, const std::vector<uint64_t>& sizes, int window) {
     return absl::OkStatus();
   };
   for (uint64_t size : sizes) {
-    const int n = std::max<int>(4, std::min<uint64_t>(absl::GetFlag(FLAGS_count), absl::GetFlag(FLAGS_row_bytes) / size));
+    const int n = RowCount(size);
     const int warm_up = static_cast<int>(std::clamp<uint64_t>((64u << 20) / size, 1, 2 * window));
     if (absl::Status st = run(size, warm_up); !st.ok()) return Fail(st);
     absl::Time t0 = absl::Now();
@@ -191,7 +197,7 @@ int Send() {
   }
   int base = 1;
   for (uint64_t size : sizes) {
-    const int n = std::max<int>(4, std::min<uint64_t>(absl::GetFlag(FLAGS_count), absl::GetFlag(FLAGS_row_bytes) / size));
+    const int n = RowCount(size);
     std::vector<ferry::v1::WriteRequest> reqs;
     for (int i = 0; i < std::min(n, 8); ++i) reqs.push_back(Request(*s, size, paged, rng));
     absl::Time t0 = absl::Now();

@@ -7,10 +7,10 @@
 // window as ferry's engine, without the agent: the target registers a buffer and
 // progresses its CQ until D/stop appears (one target serves any number of initiator
 // runs, so tools/bench.sh can alternate them with ferry's); the initiator posts `count`
-// writes of each size (at most --row_bytes, default 1 GiB, per size) with `window` in flight after an untimed warm-up (2 * `window`
-// writes or 64 MiB, whichever is less), prints "size count time_us algbw_GBps", then
-// 8-byte write latencies when --lat_iters > 0. Addresses and keys are exchanged through
-// files in --dir. Controls: --memory=memfd (buffers in a shared memfd mapping, as pods
+// writes of each size (at most --row_bytes, default 1 GiB, per size) with `window` in
+// flight after an untimed warm-up (2 * `window` writes or 64 MiB, whichever is less),
+// prints "size count time_us algbw_GBps", then 8-byte write latencies when --lat_iters
+// > 0. Addresses and keys are exchanged through files in --dir. Controls: --memory=memfd (buffers in a shared memfd mapping, as pods
 // hand the agent), --threading=safe and --cq_wait=fd (ferry's endpoint settings).
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
