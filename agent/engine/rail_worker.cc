@@ -77,10 +77,7 @@ void RailWorker::Start() {
 
 void RailWorker::Stop() {
   if (!thread_.joinable()) return;
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
+  stopping_.store(true, std::memory_order_release);
   Wake();
   thread_.join();
 }
@@ -314,9 +311,9 @@ bool RailWorker::Sleep(bool busy) {
 }
 
 bool RailWorker::StopNow() {
+  if (!stopping_.load(std::memory_order_acquire)) return false;
   {
     absl::MutexLock lock(&mu_);
-    if (!stopping_) return false;
     if (stop_deadline_ == absl::InfiniteFuture()) stop_deadline_ = absl::Now() + absl::Seconds(2);
     for (WriteOp* op : incoming_) Enqueue(op);
     incoming_.clear();

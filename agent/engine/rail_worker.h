@@ -113,11 +113,11 @@ class RailWorker {
 
   absl::Mutex mu_;
   std::vector<WriteOp*> incoming_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   PollSource* next_source_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool source_change_ ABSL_GUARDED_BY(mu_) = false;
   bool loop_done_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> has_incoming_{false};
+  std::atomic<bool> stopping_{false};  // read every idle turn, so not behind mu_
   std::atomic<bool> sleeping_{false};  // set around Sleep(); Submit wakes only a sleeper
   int event_fd_ = -1;
 
