@@ -12,10 +12,12 @@ from .client import (Client, HostRegion, Notification, Region, RegionDescriptor,
 from .errors import (Cancelled, DeadlineExceeded, FailedPrecondition, FerryError, Internal, InvalidArgument,
                      NotFound, OutOfRange, PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable)
 from .kv import KVLayout
+from .write_queue import WriteQueue
 from . import cuda  # noqa: F401  (ferry.cuda.empty, DeviceBuffer)
 
 __all__ = [
     "Client", "HostRegion", "Notification", "Region", "RegionDescriptor", "TransferFuture", "TransferResult",
-    "KVLayout", "FerryError", "Cancelled", "DeadlineExceeded", "FailedPrecondition", "Internal", "InvalidArgument",
-    "NotFound", "OutOfRange", "PermissionDenied", "ResourceExhausted", "Unauthenticated", "Unavailable",
+    "KVLayout", "WriteQueue", "FerryError", "Cancelled", "DeadlineExceeded", "FailedPrecondition", "Internal",
+    "InvalidArgument", "NotFound", "OutOfRange", "PermissionDenied", "ResourceExhausted", "Unauthenticated",
+    "Unavailable",
 ]

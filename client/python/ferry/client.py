@@ -32,6 +32,7 @@ import grpc
 from . import errors
 from ._proto import ferry_pb2, ferry_pb2_grpc
 from ._session import Session
+from .write_queue import WriteQueue
 
 Chunk = Tuple[int, int, int]  # (src_offset, dst_offset, length)
 
@@ -324,13 +325,24 @@ class Client:
         req.paged.dst_blocks.extend(int(i) for i in dst_ids)
         return TransferFuture(self, self._call("Write", req).transfer_id)
 
+    def create_queue(self, destinations: Sequence[Union[RegionDescriptor, bytes]], entries: int = 256,
+                     timeout: Optional[float] = None) -> WriteQueue:
+        """A shared-memory write queue to ``destinations`` (1..64; entries name them by
+        index): many small writes without an RPC each (ferry.write_queue). ``timeout``:
+        deadline of each write in seconds (None: the agent's default)."""
+        return WriteQueue(self, destinations, entries, timeout)
+
     def _write_request(self, src: Region, dst, tag: int, notify: bool, timeout: Optional[float]):
+        return ferry_pb2.WriteRequest(src_region_id=src.id, dst=self._descriptor(dst)._proto, tag=tag, notify=notify,
+                                      timeout_ms=0 if timeout is None else max(1, int(timeout * 1000)))
+
+    @staticmethod
+    def _descriptor(dst) -> RegionDescriptor:
         if isinstance(dst, (bytes, bytearray, memoryview)):
             dst = RegionDescriptor.from_bytes(dst)
         if not isinstance(dst, RegionDescriptor):
             raise TypeError("dst must be a RegionDescriptor or its bytes")
-        return ferry_pb2.WriteRequest(src_region_id=src.id, dst=dst._proto, tag=tag, notify=notify,
-                                      timeout_ms=0 if timeout is None else max(1, int(timeout * 1000)))
+        return dst
 
     # ------------------------------------------------------------------ events
 

@@ -1,0 +1,207 @@
+"""ferry.WriteQueue: many small writes to fixed destinations without an RPC each.
+
+    q = client.create_queue([receiver_descriptor], entries=256)
+    q.post(region, 65536, dst_offset=0, user_data=1)       # no RPC: an entry in shared memory
+    for c in q.reap(timeout=1.0):                           # completions, in any order
+        if c.error is not None:
+            raise c.error
+
+The Python face of the agent's shared-memory ring (agent/queue/ring_layout.h; the C++
+client is client/cpp/write_queue.h): a memfd both sides map, a submission ring the
+agent's NIC worker polls, a completion ring it fills, and two eventfd doorbells rung
+only when the other side sleeps. Each entry is checked by the agent exactly like a
+``Client.write``; a refused one comes back as a completion with ``error`` set.
+
+Not thread-safe: one thread posts and reaps. At most ``entries`` writes are in flight;
+``post`` raises ResourceExhausted until ``reap`` frees room. The queue lives as long as
+the client's session. x86-64 only: the ring relies on x86's store order, which Python
+code cannot request explicitly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import platform
+import select
+import struct
+import threading
+import time
+from typing import List, Optional, Sequence
+
+from . import errors
+
+# agent/queue/ring_layout.h (checked by test_write_queue.py against the agent).
+_MAGIC = 0x31515246  # "FRQ1"
+_MIN_ENTRIES, _MAX_ENTRIES = 8, 4096
+_SQ_TAIL, _SQ_HEAD, _CQ_TAIL, _CQ_HEAD, _AGENT_SLEEPING, _CLIENT_WAITING = 64, 128, 192, 256, 320, 384
+_SUBMIT_OFFSET = 448
+_SUBMIT = struct.Struct("<QQQQQQIIQ")  # user_data src_region src_offset dst_offset length tag dst_index flags reserved
+_COMPLETION = struct.Struct("<QQQQiI216s")  # user_data transfer_id bytes duration_ns code path message
+_FLAG_NOTIFY = 1
+_PATHS = {1: "local", 2: "fabric", 3: "staged"}
+
+
+@dataclasses.dataclass
+class Completion:
+    user_data: int
+    transfer_id: int  # 0 when the agent refused the entry before starting it
+    bytes: int
+    error: Optional[errors.FerryError]  # None when the write succeeded
+    path: str = ""  # local, fabric or staged
+    seconds: float = 0.0  # post -> completion, as the agent measured it
+
+
+class WriteQueue:
+    """See the module docstring. Made by ``Client.create_queue``."""
+
+    def __init__(self, client, destinations: Sequence, entries: int = 256, timeout: Optional[float] = None):
+        if platform.machine() not in ("x86_64", "AMD64"):
+            raise errors.FailedPrecondition(
+                f"ferry.WriteQueue needs x86-64 (this is {platform.machine()}); use Client.write")
+        if not (_MIN_ENTRIES <= entries <= _MAX_ENTRIES and entries & (entries - 1) == 0):
+            raise errors.InvalidArgument(
+                f"entries must be a power of two in [{_MIN_ENTRIES}, {_MAX_ENTRIES}], got {entries}")
+        self._entries = entries
+        self._posted = 0
+        self._reaped = 0
+        self._cq_offset = _SUBMIT_OFFSET + entries * _SUBMIT.size
+        size = self._cq_offset + entries * _COMPLETION.size
+        # Any locked instruction orders earlier stores before later loads on x86; an
+        # uncontended lock round trip is one (see _fence).
+        self._fence_lock = threading.Lock()
+        self._fds: List[int] = []
+        self._map: Optional[mmap.mmap] = None
+        self._words: Optional[memoryview] = None
+        try:
+            ring = os.memfd_create("ferry-write-queue", os.MFD_CLOEXEC)
+            self._fds.append(ring)
+            self._submit_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self._fds.append(self._submit_fd)
+            self._complete_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self._fds.append(self._complete_fd)
+            os.ftruncate(ring, size)
+            self._map = mmap.mmap(ring, size)
+            self._words = memoryview(self._map).cast("I")  # 4-byte aligned stores and loads
+            struct.pack_into("<II", self._map, 0, _MAGIC, entries)
+            from ._proto import ferry_pb2
+
+            req = ferry_pb2.CreateQueueRequest(
+                ring_fd=client._session.send_fd(ring), submit_doorbell_fd=client._session.send_fd(self._submit_fd),
+                complete_doorbell_fd=client._session.send_fd(self._complete_fd), entries=entries,
+                timeout_ms=0 if timeout is None else max(1, int(timeout * 1000)))
+            for d in destinations:
+                req.destinations.append(client._descriptor(d)._proto)
+            self.id = client._call("CreateQueue", req).queue_id
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def inflight(self) -> int:
+        return self._posted - self._reaped
+
+    def post(self, src, length: int, *, dst_index: int = 0, src_offset: int = 0, dst_offset: int = 0,
+             user_data: int = 0, notify: bool = False, tag: int = 0) -> None:
+        """Queues one write of ``length`` bytes: [src_offset, +length) of region ``src``
+        to [dst_offset, +length) of destination ``dst_index``. Bounds, ownership and
+        tokens are the agent's to check; its verdict arrives through ``reap``."""
+        if self._map is None:
+            raise errors.FailedPrecondition("this queue is closed")
+        if not isinstance(getattr(src, "id", None), int):
+            raise TypeError("src must be a Region of this client")
+        for name, v in (("length", length), ("src_offset", src_offset), ("dst_offset", dst_offset),
+                        ("user_data", user_data), ("tag", tag), ("dst_index", dst_index)):
+            if not 0 <= v < (1 << (32 if name == "dst_index" else 64)):
+                raise errors.InvalidArgument(f"{name} out of range: {v}")
+        if self._posted - self._reaped >= self._entries:
+            raise errors.ResourceExhausted(
+                f"the queue already has {self._entries} writes in flight; reap completions first")
+        slot = _SUBMIT_OFFSET + (self._posted & (self._entries - 1)) * _SUBMIT.size
+        _SUBMIT.pack_into(self._map, slot, user_data, src.id, src_offset, dst_offset, length, tag, dst_index,
+                          _FLAG_NOTIFY if notify else 0, 0)
+        self._posted += 1
+        self._words[_SQ_TAIL // 4] = self._posted & 0xFFFFFFFF  # after the entry: x86 keeps store order
+        self._fence()
+        if self._words[_AGENT_SLEEPING // 4]:
+            os.eventfd_write(self._submit_fd, 1)
+
+    def reap(self, max_count: int = 64, timeout: float = 1.0, min_count: int = 1,
+             spin: float = 0.0) -> List[Completion]:
+        """Returns up to ``max_count`` completions, waiting up to ``timeout`` seconds
+        until at least ``min_count`` are ready (never for more than are in flight), then
+        whatever there is. ``spin``: seconds to poll the ring before sleeping on the
+        doorbell (for a thread with a core of its own)."""
+        if self._map is None:
+            raise errors.FailedPrecondition("this queue is closed")
+        want = max(1, min(min_count, max_count, self.inflight))
+        now = time.monotonic()
+        deadline, spin_until = now + timeout, now + min(spin, timeout)
+        while self._ready() < want:
+            now = time.monotonic()
+            if now < spin_until:
+                continue
+            if now >= deadline:
+                break
+            # Announce the wait, then look again: a completion written before the
+            # announcement rang no doorbell.
+            self._words[_CLIENT_WAITING // 4] = want
+            self._fence()
+            if self._ready() < want:
+                select.select([self._complete_fd], [], [], min(deadline - now, 1.0))
+                try:
+                    os.eventfd_read(self._complete_fd)
+                except BlockingIOError:
+                    pass
+            self._words[_CLIENT_WAITING // 4] = 0
+        return self._take(max_count)
+
+    def close(self) -> None:
+        """Unmaps the ring and closes its fds. Writes still in flight complete in the
+        agent; their completions are not read. The agent drops the queue with the session."""
+        if self._words is not None:
+            self._words.release()
+            self._words = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
+    def __enter__(self) -> "WriteQueue":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _fence(self) -> None:
+        self._fence_lock.acquire()
+        self._fence_lock.release()
+
+    def _ready(self) -> int:
+        return (self._words[_CQ_TAIL // 4] - self._reaped) & 0xFFFFFFFF
+
+    def _take(self, max_count: int) -> List[Completion]:
+        out: List[Completion] = []
+        n = min(self._ready(), max_count)
+        for _ in range(n):
+            slot = self._cq_offset + (self._reaped & (self._entries - 1)) * _COMPLETION.size
+            user_data, transfer_id, nbytes, duration_ns, code, path, message = _COMPLETION.unpack_from(self._map, slot)
+            error = None
+            if code != 0:
+                error = errors.from_code(code, message.split(b"\0", 1)[0].decode("utf-8", "replace"))
+            out.append(Completion(user_data, transfer_id, nbytes, error, _PATHS.get(path, ""), duration_ns / 1e9))
+            self._reaped += 1
+        if n:
+            self._words[_CQ_HEAD // 4] = self._reaped & 0xFFFFFFFF
+        return out
+

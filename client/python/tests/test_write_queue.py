@@ -1,0 +1,108 @@
+"""ferry.WriteQueue (the shared-memory ring) against live ferryd processes."""
+import os
+import threading
+import time
+
+import pytest
+
+import ferry
+
+
+def reap_all(q, n, timeout=30.0):
+    """Completions of the next ``n`` writes, or fails after ``timeout`` seconds."""
+    done, deadline = [], time.monotonic() + timeout
+    while len(done) < n and time.monotonic() < deadline:
+        done += q.reap(max_count=64, timeout=1.0)
+    assert len(done) == n, f"{len(done)} of {n} completions in {timeout} s"
+    return done
+
+
+def test_queued_writes_land_complete_and_notify(agent):
+    with ferry.Client(agent.socket) as writer, ferry.Client(agent.socket) as reader:
+        src = writer.register_host(1 << 20)
+        dst = reader.register_host(1 << 20)
+        payload = os.urandom(1 << 20)
+        src.buffer[:] = payload
+        got = []
+        watcher = threading.Thread(target=lambda: got.extend(reader.notifications(timeout=5)))
+        watcher.start()
+        with writer.create_queue([dst.descriptor()], entries=64) as q:
+            # 200 writes of 4 KiB through a 64-entry ring: block i of src to block 255 - i.
+            posted, done, deadline = 0, [], time.monotonic() + 60
+            while (posted < 200 or q.inflight) and time.monotonic() < deadline:
+                while posted < 200 and q.inflight < 64:
+                    q.post(src, 4096, src_offset=posted * 4096, dst_offset=(255 - posted) * 4096, user_data=posted,
+                           notify=posted == 7, tag=99)
+                    posted += 1
+                done += q.reap(timeout=10.0)
+        watcher.join()
+        assert sorted(c.user_data for c in done) == list(range(200))
+        assert all(c.error is None and c.bytes == 4096 and c.path == "local" and c.transfer_id for c in done)
+        for i in range(200):
+            assert bytes(dst.buffer[(255 - i) * 4096:(256 - i) * 4096]) == payload[i * 4096:(i + 1) * 4096]
+        assert bytes(dst.buffer[:56 * 4096]) == bytes(56 * 4096)  # blocks 0..55 untouched
+        assert [(n.tag, n.bytes) for n in got] == [(99, 4096)]
+
+
+def test_refused_entries_come_back_as_errors_and_move_nothing(agent):
+    with ferry.Client(agent.socket) as a, ferry.Client(agent.socket) as b:
+        src = a.register_host(8192)
+        theirs = b.register_host(8192)  # another session's region
+        dst = b.register_host(8192)
+        src.buffer[:] = b"\x5a" * 8192
+        with a.create_queue([dst.descriptor()], entries=8) as q:
+            q.post(src, 4096, dst_offset=6144, user_data=1)  # past the destination's end
+            q.post(src, 4096, dst_index=3, user_data=2)  # no such destination
+            q.post(theirs, 4096, user_data=3)  # not this session's region
+            q.post(src, 0, user_data=4)  # empty
+            q.post(src, 16, src_offset=8190, user_data=5)  # past the source's end
+            q.post(src, 4096, user_data=6)  # fine
+            done = {c.user_data: c for c in reap_all(q, 6)}
+        assert isinstance(done[1].error, ferry.OutOfRange)
+        assert isinstance(done[2].error, ferry.InvalidArgument) and "destination" in done[2].error.message
+        assert isinstance(done[3].error, (ferry.NotFound, ferry.PermissionDenied))
+        assert isinstance(done[4].error, ferry.InvalidArgument)
+        assert isinstance(done[5].error, ferry.OutOfRange)
+        assert all(done[k].transfer_id == 0 for k in range(1, 6))
+        assert done[6].error is None and done[6].bytes == 4096
+        assert bytes(dst.buffer[:4096]) == b"\x5a" * 4096
+        assert bytes(dst.buffer[4096:]) == bytes(4096)  # the refused writes moved nothing
+
+
+def test_a_full_ring_and_bad_arguments_raise_at_once(agent):
+    with ferry.Client(agent.socket) as c:
+        src = c.register_host(4096)
+        dst = c.register_host(4096)
+        with pytest.raises(ferry.InvalidArgument):
+            c.create_queue([dst.descriptor()], entries=12)
+        with pytest.raises(ferry.InvalidArgument):
+            c.create_queue([b"not a descriptor"])
+        q = c.create_queue([dst.descriptor()], entries=8)
+        for i in range(8):
+            q.post(src, 8, user_data=i)
+        with pytest.raises(ferry.ResourceExhausted):
+            q.post(src, 8)
+        with pytest.raises(ferry.InvalidArgument):
+            q.post(src, -1)
+        assert len(reap_all(q, 8)) == 8
+        assert q.reap(timeout=0.05) == []  # nothing in flight: returns at the timeout
+        q.post(src, 8, user_data=9)  # room again
+        assert [x.user_data for x in reap_all(q, 1)] == [9]
+        q.close()
+        with pytest.raises(ferry.FailedPrecondition):
+            q.post(src, 8)
+
+
+def test_queued_writes_cross_agents_through_the_fabric(agent_factory):
+    a = agent_factory("--peer_address=127.0.0.1:0", "--fabric_iface=127.0.0.1", "--fabric_provider=tcp;ofi_rxm")
+    b = agent_factory("--peer_address=127.0.0.2:0", "--fabric_iface=127.0.0.2", "--fabric_provider=tcp;ofi_rxm")
+    with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb:
+        src = ca.register_host(1 << 20)
+        dst = cb.register_host(1 << 20)
+        src.buffer[:] = os.urandom(1 << 20)
+        with ca.create_queue([dst.descriptor()], entries=16) as q:
+            for i in range(16):
+                q.post(src, 65536, src_offset=i * 65536, dst_offset=i * 65536, user_data=i)
+            done = reap_all(q, 16)
+        assert all(c.error is None and c.path == "fabric" for c in done), [c.error for c in done]
+        assert dst.buffer == src.buffer
