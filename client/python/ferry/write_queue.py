@@ -30,6 +30,7 @@ import time
 from typing import List, Optional, Sequence
 
 from . import errors
+from ._proto import ferry_pb2
 
 # agent/queue/ring_layout.h (checked by test_write_queue.py against the agent).
 _MAGIC = 0x31515246  # "FRQ1"
@@ -67,9 +68,7 @@ class WriteQueue:
         self._reaped = 0
         self._cq_offset = _SUBMIT_OFFSET + entries * _SUBMIT.size
         size = self._cq_offset + entries * _COMPLETION.size
-        # Any locked instruction orders earlier stores before later loads on x86; an
-        # uncontended lock round trip is one (see _fence).
-        self._fence_lock = threading.Lock()
+        self._fence_lock = threading.Lock()  # see _fence
         self._fds: List[int] = []
         self._map: Optional[mmap.mmap] = None
         self._words: Optional[memoryview] = None
@@ -84,8 +83,6 @@ class WriteQueue:
             self._map = mmap.mmap(ring, size)
             self._words = memoryview(self._map).cast("I")  # 4-byte aligned stores and loads
             struct.pack_into("<II", self._map, 0, _MAGIC, entries)
-            from ._proto import ferry_pb2
-
             req = ferry_pb2.CreateQueueRequest(
                 ring_fd=client._session.send_fd(ring), submit_doorbell_fd=client._session.send_fd(self._submit_fd),
                 complete_doorbell_fd=client._session.send_fd(self._complete_fd), entries=entries,
@@ -184,6 +181,11 @@ class WriteQueue:
     # ------------------------------------------------------------------ plumbing
 
     def _fence(self) -> None:
+        """Orders our last cursor store before our next load. Each doorbell check is one
+        side of a pair (we store sq_tail then load agent_sleeping; the agent stores
+        agent_sleeping then loads sq_tail): x86 lets a load pass an earlier store, and then
+        both sides could miss each other and sleep. A lock round trip is a locked
+        instruction, which x86 does not let loads pass."""
         self._fence_lock.acquire()
         self._fence_lock.release()
 
