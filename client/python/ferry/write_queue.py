@@ -14,7 +14,7 @@ only when the other side sleeps. Each entry is checked by the agent exactly like
 
 Not thread-safe: one thread posts and reaps. At most ``entries`` writes are in flight;
 ``post`` raises ResourceExhausted until ``reap`` frees room. The queue lives as long as
-the client's session. x86-64 only: the ring relies on x86's store order, which Python
+the client's session: after ``Client.reconnect()`` create a new one. x86-64 only: the ring relies on x86's store order, which Python
 code cannot request explicitly.
 """
 from __future__ import annotations
