@@ -60,6 +60,8 @@ class WriteQueue:
         if platform.machine() not in ("x86_64", "AMD64"):
             raise errors.FailedPrecondition(
                 f"ferry.WriteQueue needs x86-64 (this is {platform.machine()}); use Client.write")
+        if not hasattr(os, "eventfd"):
+            raise errors.FailedPrecondition("ferry.WriteQueue needs Python 3.10 or later (os.eventfd)")
         if not (_MIN_ENTRIES <= entries <= _MAX_ENTRIES and entries & (entries - 1) == 0):
             raise errors.InvalidArgument(
                 f"entries must be a power of two in [{_MIN_ENTRIES}, {_MAX_ENTRIES}], got {entries}")
