@@ -32,12 +32,9 @@ import grpc
 from . import errors
 from ._proto import ferry_pb2, ferry_pb2_grpc
 from ._session import Session
-from .write_queue import WriteQueue
+from .write_queue import PATH_NAMES, WriteQueue
 
 Chunk = Tuple[int, int, int]  # (src_offset, dst_offset, length)
-
-_PATHS = {ferry_pb2.TRANSFER_PATH_LOCAL: "local", ferry_pb2.TRANSFER_PATH_FABRIC: "fabric",
-          ferry_pb2.TRANSFER_PATH_STAGED: "staged"}
 
 
 class RegionDescriptor:
@@ -176,7 +173,7 @@ class TransferFuture:
         r = self._result
         if r.code != 0:
             raise errors.from_code(r.code, r.message)
-        return TransferResult(r.transfer_id, r.bytes, r.duration_ns, _PATHS.get(r.path, "unknown"), r.tag)
+        return TransferResult(r.transfer_id, r.bytes, r.duration_ns, PATH_NAMES.get(r.path, "unknown"), r.tag)
 
     def _poll(self, seconds: float) -> bool:
         if self._result is None:

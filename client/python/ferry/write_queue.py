@@ -14,8 +14,8 @@ only when the other side sleeps. Each entry is checked by the agent exactly like
 
 Not thread-safe: one thread posts and reaps. At most ``entries`` writes are in flight;
 ``post`` raises ResourceExhausted until ``reap`` frees room. The queue lives as long as
-the client's session: after ``Client.reconnect()`` create a new one. x86-64 only: the ring relies on x86's store order, which Python
-code cannot request explicitly.
+the client's session: after ``Client.reconnect()`` create a new one. x86-64 and Python
+3.10+ only: the ring relies on x86's store order, which Python code cannot request.
 """
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ _SUBMIT_OFFSET = 448
 _SUBMIT = struct.Struct("<QQQQQQIIQ")  # user_data src_region src_offset dst_offset length tag dst_index flags reserved
 _COMPLETION = struct.Struct("<QQQQiI216s")  # user_data transfer_id bytes duration_ns code path message
 _FLAG_NOTIFY = 1
-_PATHS = {1: "local", 2: "fabric", 3: "staged"}
+PATH_NAMES = {ferry_pb2.TRANSFER_PATH_LOCAL: "local", ferry_pb2.TRANSFER_PATH_FABRIC: "fabric",
+              ferry_pb2.TRANSFER_PATH_STAGED: "staged"}
 
 
 @dataclasses.dataclass
@@ -203,7 +204,7 @@ class WriteQueue:
             error = None
             if code != 0:
                 error = errors.from_code(code, message.split(b"\0", 1)[0].decode("utf-8", "replace"))
-            out.append(Completion(user_data, transfer_id, nbytes, error, _PATHS.get(path, ""), duration_ns / 1e9))
+            out.append(Completion(user_data, transfer_id, nbytes, error, PATH_NAMES.get(path, ""), duration_ns / 1e9))
             self._reaped += 1
         if n:
             self._words[_CQ_HEAD // 4] = self._reaped & 0xFFFFFFFF

@@ -55,6 +55,13 @@ def agent():
 
 
 @pytest.fixture
+def fabric_agents(agent_factory):
+    """Two agents with a fabric (tcp;ofi_rxm on 127.0.0.1 and 127.0.0.2), as two nodes."""
+    return tuple(agent_factory(f"--peer_address={ip}:0", f"--fabric_iface={ip}", "--fabric_provider=tcp;ofi_rxm")
+                 for ip in ("127.0.0.1", "127.0.0.2"))
+
+
+@pytest.fixture
 def agent_factory():
     started = []
 

@@ -93,9 +93,8 @@ def test_a_full_ring_and_bad_arguments_raise_at_once(agent):
             q.post(src, 8)
 
 
-def test_queued_writes_cross_agents_through_the_fabric(agent_factory):
-    a = agent_factory("--peer_address=127.0.0.1:0", "--fabric_iface=127.0.0.1", "--fabric_provider=tcp;ofi_rxm")
-    b = agent_factory("--peer_address=127.0.0.2:0", "--fabric_iface=127.0.0.2", "--fabric_provider=tcp;ofi_rxm")
+def test_queued_writes_cross_agents_through_the_fabric(fabric_agents):
+    a, b = fabric_agents
     with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb:
         src = ca.register_host(1 << 20)
         dst = cb.register_host(1 << 20)
