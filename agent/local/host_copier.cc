@@ -1,9 +1,8 @@
 #include "agent/local/host_copier.h"
 
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/memory/region_copy.h"
 
 namespace ferry {
 
@@ -31,7 +30,7 @@ absl::Status HostCopier::Copy(const Transfer& t) {
   uint64_t since_check = 0;
   size_t chunks_since_check = 0;
   for (const CopyChunk& c : t.plan.chunks) {
-    memcpy(dst + c.dst_offset, src + c.src_offset, c.length);
+    CopyRegionBytes(dst + c.dst_offset, src + c.src_offset, c.length);
     since_check += c.length;
     if (since_check >= (16u << 20) || ++chunks_since_check >= 1024) {
       since_check = 0;

@@ -1,17 +1,17 @@
 #include "agent/staged/stage_copier.h"
 
-#include <cstring>
+#include "agent/memory/region_copy.h"
 
 namespace ferry {
 
 absl::Status HostStageCopier::ToRegion(const Region& region, const uint8_t* staging,
                                        const std::vector<CopyChunk>& chunks) {
-  for (const CopyChunk& c : chunks) memcpy(region.data() + c.dst_offset, staging + c.src_offset, c.length);
+  for (const CopyChunk& c : chunks) CopyRegionBytes(region.data() + c.dst_offset, staging + c.src_offset, c.length);
   return absl::OkStatus();
 }
 
 absl::Status HostStageCopier::FromRegion(const Region& region, uint8_t* staging, const std::vector<CopyChunk>& chunks) {
-  for (const CopyChunk& c : chunks) memcpy(staging + c.dst_offset, region.data() + c.src_offset, c.length);
+  for (const CopyChunk& c : chunks) CopyRegionBytes(staging + c.dst_offset, region.data() + c.src_offset, c.length);
   return absl::OkStatus();
 }
 
