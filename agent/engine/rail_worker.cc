@@ -180,7 +180,10 @@ bool RailWorker::PostPending() {
   // While a peer is held the CQ must be polled even with nothing else to do.
   holding_ = std::any_of(drops_.begin(), drops_.end(), [now](const Drop& d) { return now < d.at + kReconnectHold; });
   walking_queues_ = true;
-  for (PeerQueue& q : queues_) {
+  const size_t n = queues_.size();
+  first_queue_ = n == 0 ? 0 : (first_queue_ + 1) % n;
+  for (size_t k = 0; k < n; ++k) {
+    PeerQueue& q = queues_[(first_queue_ + k) % n];
     const Drop* drop = LastDrop(q.peer);
     if (drop != nullptr && now < drop->at + kReconnectHold) continue;
     while (!q.ops.empty()) {

@@ -8,7 +8,9 @@
 //
 // The loop: take newly submitted ops into per-peer queues, post from the front of each
 // until the provider says -FI_EAGAIN (the op stays at the front; a peer still being
-// connected to, or gone, never holds up the others), read the CQ, repeat. It
+// connected to, or gone, never holds up the others), read the CQ, repeat. Each turn
+// starts at the next peer's queue: once the provider's queue is full, the slots that
+// completions free go to every peer in turn, not to the one with the deepest backlog. It
 // also progresses the endpoint for writes arriving from peers (rxm/tcp need the target
 // to call fi_cq_read). When there is nothing to do it blocks on the CQ's wait fd and an
 // eventfd, so an idle agent uses no CPU.
@@ -137,6 +139,7 @@ class RailWorker {
   bool holding_ = false;  // some peer is held now
   size_t pending_ = 0;
   size_t inflight_ = 0;
+  size_t first_queue_ = 0;  // where PostPending's walk over queues_ starts; rotates
   absl::Time stop_deadline_ = absl::InfiniteFuture();
   // Op latencies not yet in op_duration_, per bucket of LatencyBuckets() (+Inf last):
   // one prometheus lock per batch, not per op.
