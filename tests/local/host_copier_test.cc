@@ -1,9 +1,6 @@
 // HostCopier: node-local copies between real shared-memory regions, on its own threads.
 #include "agent/local/host_copier.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
@@ -12,18 +9,12 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "tests/testing/host_region.h"
 
 namespace ferry {
 namespace {
 
-std::shared_ptr<Region> HostRegion(uint64_t id, uint64_t size) {
-  int fd = memfd_create("host_copier_test", MFD_CLOEXEC);
-  REQUIRE(fd >= 0);
-  REQUIRE(ftruncate(fd, static_cast<off_t>(size)) == 0);
-  auto backing = MapHostFd(fd, 0, size);
-  REQUIRE(backing.ok());
-  return std::make_shared<Region>(id, /*owner_session=*/1, Token::Random(), std::move(*backing));
-}
+using testing::MemfdRegion;
 
 void Fill(Region& r, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -65,8 +56,8 @@ class Results {
 };
 
 TEST_CASE("every chunk of a plan lands byte for byte, and nothing else is touched") {
-  auto src = HostRegion(1, 1 << 16);
-  auto dst = HostRegion(2, 1 << 16);
+  auto src = MemfdRegion(1, 1 << 16);
+  auto dst = MemfdRegion(2, 1 << 16);
   Fill(*src, 1);
   std::vector<CopyChunk> chunks = {{0, 4096, 100}, {8192, 0, 4096}, {60000, 30000, 5536}};
   Results results;
@@ -83,8 +74,8 @@ TEST_CASE("every chunk of a plan lands byte for byte, and nothing else is touche
 }
 
 TEST_CASE("a transfer past its deadline fails with DEADLINE_EXCEEDED") {
-  auto src = HostRegion(1, 1 << 16);
-  auto dst = HostRegion(2, 1 << 16);
+  auto src = MemfdRegion(1, 1 << 16);
+  auto dst = MemfdRegion(2, 1 << 16);
   Results results;
   HostCopier copier(1);
   copier.Submit(MakeTransfer(1, src, dst, {{0, 0, 64}}, absl::ZeroDuration() - absl::Seconds(1)),
@@ -100,10 +91,10 @@ TEST_CASE("a transfer past its deadline fails with DEADLINE_EXCEEDED") {
 // writes; the agent must finish them all and stay clean under TSan, which sees the
 // copier threads' memcpy (CI's tsan configuration runs this test).
 TEST_CASE("overlapping transfers on several copier threads all complete") {
-  auto dst = HostRegion(100, 1 << 20);
+  auto dst = MemfdRegion(100, 1 << 20);
   std::vector<std::shared_ptr<Region>> sources;
   for (int i = 0; i < 4; ++i) {
-    sources.push_back(HostRegion(i + 1, 1 << 20));
+    sources.push_back(MemfdRegion(i + 1, 1 << 20));
     memset(sources.back()->data(), 'a' + i, sources.back()->size());
   }
   constexpr int kTransfers = 64;

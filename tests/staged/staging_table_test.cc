@@ -2,11 +2,10 @@
 // buffers are freed. Real host memory; the buffers are registered with no transport.
 #include "agent/staged/staging_table.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <memory>
+
+#include "tests/testing/host_region.h"
 
 namespace ferry {
 namespace {
@@ -16,14 +15,7 @@ class NoTransports : public RegionRegistrar {
   absl::StatusOr<RegionRegistration> Register(const MemoryBacking&) override { return RegionRegistration{}; }
 };
 
-std::shared_ptr<Region> HostRegion(uint64_t id, uint64_t size) {
-  int fd = memfd_create("staging_table_test", 0);
-  REQUIRE(fd >= 0);
-  REQUIRE(ftruncate(fd, static_cast<off_t>(size)) == 0);
-  auto backing = MapHostFd(fd, 0, size);
-  REQUIRE(backing.ok());
-  return std::make_shared<Region>(id, /*owner_session=*/1, Token::Random(), std::move(*backing));
-}
+using testing::MemfdRegion;
 
 struct Table {
   explicit Table(size_t max_buffers = 8) {
@@ -41,7 +33,7 @@ struct Table {
 
 TEST_CASE("an initiator opening a region again gets the buffer it has") {
   Table t;
-  auto region = HostRegion(7, 1 << 20);
+  auto region = MemfdRegion(7, 1 << 20);
   const StagingInitiator a{0x1111, "10.0.0.1:7000"};
   auto first = t.table->Open(region, a);
   REQUIRE(first.ok());
@@ -55,8 +47,8 @@ TEST_CASE("an initiator opening a region again gets the buffer it has") {
 
 TEST_CASE("each initiator agent gets its own buffer; a restarted one's replaces its old one") {
   Table t;
-  auto region = HostRegion(7, 1 << 20);
-  auto other_region = HostRegion(8, 1 << 20);
+  auto region = MemfdRegion(7, 1 << 20);
+  auto other_region = MemfdRegion(8, 1 << 20);
   auto a = t.table->Open(region, {0x1111, "10.0.0.1:7000"});
   auto b = t.table->Open(region, {0x2222, "10.0.0.2:7000"});
   auto a_other = t.table->Open(other_region, {0x1111, "10.0.0.1:7000"});
@@ -81,7 +73,7 @@ TEST_CASE("each initiator agent gets its own buffer; a restarted one's replaces 
 
 TEST_CASE("older initiators (no incarnation) get a new buffer at every open; the limit holds") {
   Table t(/*max_buffers=*/2);
-  auto region = HostRegion(7, 1 << 20);
+  auto region = MemfdRegion(7, 1 << 20);
   auto first = t.table->Open(region, {});
   auto second = t.table->Open(region, {});
   REQUIRE((first.ok() && second.ok()));
@@ -93,10 +85,10 @@ TEST_CASE("older initiators (no incarnation) get a new buffer at every open; the
 
 TEST_CASE("a buffer whose region went is freed at the next open") {
   Table t;
-  auto region = HostRegion(7, 1 << 20);
+  auto region = MemfdRegion(7, 1 << 20);
   REQUIRE(t.table->Open(region, {0x1111, "10.0.0.1:7000"}).ok());
   region.reset();
-  auto next = HostRegion(9, 1 << 20);
+  auto next = MemfdRegion(9, 1 << 20);
   REQUIRE(t.table->Open(next, {0x1111, "10.0.0.1:7000"}).ok());
   CHECK(t.table->buffers() == 1);
   CHECK(t.counted == 1);

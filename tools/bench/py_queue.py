@@ -53,6 +53,14 @@ def cpp_row(ferry_bench, sock, work, size, n):
     return float(out[2]) / 1e6  # "size count time_us GBps"
 
 
+def wait_for(path, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear in {seconds} s")
+        time.sleep(0.05)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ferryd", required=True)
@@ -65,16 +73,10 @@ def main():
     agent = subprocess.Popen([args.ferryd, f"--socket={sock}", "--metrics_address=127.0.0.1:0",
                               f"--ready_file={work}/ready", "--log_level=warning"])
     try:
-        for _ in range(400):
-            if os.path.exists(f"{work}/ready"):
-                break
-            time.sleep(0.05)
+        wait_for(f"{work}/ready")
         receiver = subprocess.Popen([args.ferry_bench, "receive", f"--socket={sock}", f"--dir={work}",
                                      f"--size={1 << 20}"])
-        for _ in range(400):
-            if os.path.exists(f"{work}/descriptor"):
-                break
-            time.sleep(0.05)
+        wait_for(f"{work}/descriptor")
         dst = open(f"{work}/descriptor", "rb").read()
         print(f"# Python client, node-local host writes, {WINDOW} in flight, {args.count} per queue row "
               f"({args.count // 10} per RPC row), "
