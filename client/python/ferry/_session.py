@@ -9,6 +9,7 @@ as long as the connection: closing it (or dying) releases everything registered 
 from __future__ import annotations
 
 import os
+import select
 import socket
 import struct
 import threading
@@ -69,13 +70,21 @@ class Session:
         return handle
 
     def alive(self) -> bool:
-        """False once the agent closed the session (it exited or restarted)."""
-        try:
-            return self._sock.recv(_FRAME.size, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
+        """False once the agent closed the session (it exited or restarted). Never waits.
+
+        The socket has a timeout, and CPython waits for readability up to that timeout
+        before any recv, MSG_DONTWAIT or not: so poll first, without waiting, and peek
+        only at a socket that is readable (its end or a frame), under the lock that
+        send_fd reads with, so that nothing takes the frame between the two."""
+        with self._lock:
+            poller = select.poll()
+            poller.register(self._sock, select.POLLIN)
+            try:
+                if not poller.poll(0):
+                    return True  # nothing to read: the agent has not closed it
+                return self._sock.recv(_FRAME.size, socket.MSG_PEEK) != b""
+            except OSError:
+                return False
 
     def close(self) -> None:
         self._sock.close()

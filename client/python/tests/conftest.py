@@ -31,6 +31,11 @@ class Agent:
                 raise RuntimeError(f"ferryd did not start: {open(self.log.name).read()}")
             time.sleep(0.02)
 
+    def ready(self) -> dict:
+        """What the agent wrote to its --ready_file: pid, metrics_port, peer_address, ..."""
+        with open(f"{self.dir}/ready") as f:
+            return dict(line.strip().split("=", 1) for line in f if "=" in line)
+
     def kill(self) -> None:
         """SIGKILL: the agent dies without cleaning up (stale socket files stay)."""
         self.killed = True

@@ -4,6 +4,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -140,3 +141,52 @@ def test_agent_restart_gives_unavailable_and_reconnect_registers_again(agent_fac
     c.write(src, dst.descriptor(), [(0, 0, 4)]).result(10)
     assert bytes(dst.buffer[:4]) == b"abcd"
     c.close()
+
+
+def _aimed_at(desc: bytes, address: str) -> "ferry.RegionDescriptor":
+    moved = ferry.RegionDescriptor.from_bytes(desc)
+    moved._proto.agent_address = address
+    return moved
+
+
+@pytest.mark.parametrize("target", ["refuses connections", "is not a ferry agent"])
+def test_a_write_to_an_unreachable_agent_fails_at_once_and_the_session_lives(fabric_agents, target):
+    """A descriptor whose agent is gone (a pool scaled down) or that names some other
+    service: the agent's own UNAVAILABLE, naming the peer, at once; the session is fine."""
+    a, b = fabric_agents
+    with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb:
+        src = ca.register_host(1 << 16)
+        dst = cb.register_host(1 << 16)
+        src.buffer[:8] = b"ferry-ok"
+        if target == "refuses connections":
+            address = "127.0.0.9:1"
+        else:  # b's metrics port: an HTTP server, not ferry's peer service
+            address = f"127.0.0.1:{b.ready()['metrics_port']}"
+        start = time.monotonic()
+        with pytest.raises(ferry.Unavailable) as e:
+            ca.write(src, _aimed_at(dst.descriptor(), address), [(0, 0, 8)]).result(30)
+        elapsed = time.monotonic() - start
+        assert elapsed < 1.0, f"took {elapsed:.2f} s"
+        assert address in e.value.message, e.value.message
+        assert "reconnect" not in e.value.message
+        ca.write(src, dst.descriptor(), [(0, 0, 8)]).result(30)  # the same session still works
+        assert bytes(dst.buffer[:8]) == b"ferry-ok"
+
+
+def test_alive_answers_at_once_whatever_the_sockets_timeout(agent_factory):
+    agent = agent_factory()
+    with ferry.Client(agent.socket) as c:
+        session = c._session
+        for timeout in (10.0, None, 0.0):
+            session._sock.settimeout(timeout)
+            start = time.monotonic()
+            assert session.alive()
+            assert time.monotonic() - start < 0.5
+        agent.kill()
+        session._sock.settimeout(10.0)
+        start = time.monotonic()
+        deadline = start + 5
+        while session.alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not session.alive()
+        assert time.monotonic() - start < 1.0
