@@ -5,7 +5,7 @@
 #                             [--ferryd_flags='...'] [--queue_flags='...']
 #                                           ferry agent-to-agent vs raw libfabric fi_write
 #                                           (extra flags for both agents / the queue runs of ferry_bench)
-#   tools/bench.sh gpu [--bundle=DIR]       node-local GPU paths vs cuMemcpyAsync and NCCL (GPU host)
+#   tools/bench.sh gpu [--bundle=DIR]       GPU paths vs cuMemcpyAsync (and NCCL with two GPUs) on a GPU host
 #
 # Pinning: initiator side (agent A, the bench client, the raw initiator) on --cpus_a,
 # target side (agent B, the raw target) on --cpus_b (taskset lists; default CPU 0 and

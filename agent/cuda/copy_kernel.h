@@ -28,6 +28,9 @@ static_assert(sizeof(CopyPiece) == 24, "the PTX reads 24-byte pieces");
 extern const char kCopyPiecesPtx[];
 inline constexpr char kCopyPiecesKernel[] = "ferry_copy_pieces";
 inline constexpr unsigned kCopyPiecesThreads = 512;
+// Chunks are cut into pieces of at most this many bytes, so that a big chunk spreads
+// over many CTAs (a CTA copies one piece at a time).
+inline constexpr uint64_t kCopyPieceBytes = 32 << 10;
 
 }  // namespace ferry
 

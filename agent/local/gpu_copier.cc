@@ -16,8 +16,6 @@
 namespace ferry {
 namespace {
 
-// Kernel pieces are at most this long, so one big chunk spreads over many CTAs.
-constexpr uint64_t kPieceBytes = 32 << 10;
 // Chunks at least this long on average go to the copy engines even GPU to GPU.
 constexpr uint64_t kCopyEngineAverage = 4 << 20;
 
@@ -25,7 +23,7 @@ int DeviceOf(const Region& r) { return r.kind() == MemoryKind::kCuda ? r.device(
 
 size_t PiecesOf(const Transfer& t) {
   size_t n = 0;
-  for (const CopyChunk& c : t.plan.chunks) n += (c.length + kPieceBytes - 1) / kPieceBytes;
+  for (const CopyChunk& c : t.plan.chunks) n += (c.length + kCopyPieceBytes - 1) / kCopyPieceBytes;
   return n;
 }
 
@@ -126,8 +124,8 @@ class GpuCopier::Lane {
     std::vector<CopyPiece> pieces;
     pieces.reserve(PiecesOf(t));
     for (const CopyChunk& c : t.plan.chunks) {
-      for (uint64_t off = 0; off < c.length; off += kPieceBytes) {
-        pieces.push_back(CopyPiece{src + c.src_offset + off, dst + c.dst_offset + off, std::min(kPieceBytes, c.length - off)});
+      for (uint64_t off = 0; off < c.length; off += kCopyPieceBytes) {
+        pieces.push_back(CopyPiece{src + c.src_offset + off, dst + c.dst_offset + off, std::min(kCopyPieceBytes, c.length - off)});
       }
     }
     uint32_t count = static_cast<uint32_t>(pieces.size());

@@ -1,5 +1,6 @@
 // ferryd: the ferry node agent. See README.md and `ferryd --help`.
 #include <grp.h>
+#include <malloc.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -102,6 +103,12 @@ int main(int argc, char** argv) {
   // Debian's Abseil checks every Mutex acquisition for lock-order cycles; that costs
   // more than the agent's per-transfer work. The tsan build is the place for such checks.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // A paged write of 16,384 KV blocks allocates a few hundred KiB per request (its
+  // message, chunk plan and piece list) on gRPC's threads. glibc would hand such blocks
+  // back to the kernel on every free (mmap above 128 KiB, arena trimming), so each
+  // request paid a few hundred page faults: keep them in the heap instead.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
 
   const std::string level = absl::GetFlag(FLAGS_log_level);
   if (level == "debug") ferry::SetMinLogLevel(ferry::LogLevel::kDebug);

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # `tools/bench.sh gpu [--bundle=DIR] [--cross_agent_only] [--hmem_libfabric=DIR]`: GPU
-# benchmarks on a GPU host (needs 2 GPUs for the GPU0 -> GPU1 rows). Without --bundle it
-# builds one (tests/gpu/bundle.sh); on a host without Bazel, make the bundle elsewhere and
-# pass it.
+# benchmarks on a GPU host with one GPU or more. Without --bundle it builds one
+# (tests/gpu/bundle.sh); on a host without Bazel, make the bundle elsewhere and pass it.
 #
-# Prints, in one run: ferry contiguous writes vs raw cuMemcpyAsync; ferry paged KV
-# blocks vs the raw contiguous copy of the same bytes; NCCL (PyTorch) moving the same
-# blocks three ways (tools/bench/nccl_blocks.py); then the cross-agent path: GPU memory
-# through host staging over tcp;ofi_rxm, against the PCIe hop and the raw transport
-# (tools/bench/fi_write_bench). --cross_agent_only skips the node-local part.
+# Prints, in one run: the gather/scatter kernel alone vs a raw contiguous copy
+# (tools/bench/copy_kernel_bench); ferry contiguous writes vs raw cuMemcpyAsync; ferry
+# paged KV blocks vs the raw contiguous copy of the same bytes; with two GPUs, NCCL
+# (PyTorch) moving the same blocks three ways (tools/bench/nccl_blocks.py); then the
+# cross-agent path: GPU memory through host staging over tcp;ofi_rxm, against the PCIe
+# hop and the raw transport (tools/bench/fi_write_bench). Node-local rows run GPU0 ->
+# GPU1 on a host with two GPUs or more, else GPU0 -> GPU0 (two allocations on one GPU,
+# as pods sharing it). --cross_agent_only skips the node-local part.
 # --hmem_libfabric=DIR (a libfabric with CUDA, e.g. built by tests/gpu/hmem.sh) adds the
 # same cross-agent rows with FI_HMEM over shm, staged and direct, from that library.
 set -euo pipefail
@@ -28,20 +30,28 @@ fi
 bundle=$(realpath "$bundle")
 source tools/lib.sh
 
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+dst_device=$(( gpus > 1 ? 1 : 0 ))
 echo "# ferry GPU benchmark  $(date -u +%Y-%m-%dT%H:%MZ)  $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sort | uniq -c | xargs)"
 if [ $cross_only = 0 ]; then
+  LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/copy_kernel_bench" --device=0
   LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/a.sock" --metrics_address=127.0.0.1:0 \
     --ready_file="$work/a.ready" --log_level=warning 2>"$work/a.log"
   wait_for "$work/a.ready" 30
-  LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/a.sock" || { cat "$work/a.log" >&2; exit 1; }
-  # The same paged writes with the kernel on the destination GPU (remote reads).
-  LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/b.sock" --metrics_address=127.0.0.1:0 \
-    --ready_file="$work/b.ready" --log_level=warning --gpu_kernel_pull 2>"$work/b.log"
-  wait_for "$work/b.ready" 30
-  echo "# with --gpu_kernel_pull"
-  LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/b.sock" --paged_only | grep -v '^# ferry\|^# paged' ||
-    { cat "$work/b.log" >&2; exit 1; }
-  python3 tools/bench/nccl_blocks.py
+  LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/a.sock" --src_device=0 --dst_device=$dst_device ||
+    { cat "$work/a.log" >&2; exit 1; }
+  if [ "$gpus" -gt 1 ]; then
+    # The same paged writes with the kernel on the destination GPU (remote reads).
+    LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/b.sock" --metrics_address=127.0.0.1:0 \
+      --ready_file="$work/b.ready" --log_level=warning --gpu_kernel_pull 2>"$work/b.log"
+    wait_for "$work/b.ready" 30
+    echo "# with --gpu_kernel_pull"
+    LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/b.sock" --paged_only | grep -v '^# ferry\|^# paged' ||
+      { cat "$work/b.log" >&2; exit 1; }
+    python3 tools/bench/nccl_blocks.py
+  else
+    echo "# one GPU: no --gpu_kernel_pull rows (the kernel's GPU is both sides) and no NCCL rows (NCCL needs two GPUs)"
+  fi
 fi
 
 # cross_agent_rows NAME LIBRARY_PATH ADDR_A ADDR_B LABEL [ferryd flags]: two agents with
@@ -57,7 +67,7 @@ cross_agent_rows() {
   done
   { wait_for "$work/${name}a.ready" 30 && wait_for "$work/${name}b.ready" 30 &&
     LD_LIBRARY_PATH="$lib" "$bundle/bin/gpu_bench" --socket="$work/${name}a.sock" --dst_socket="$work/${name}b.sock" \
-      --transport="$label"; } || { cat "$work/${name}a.log" "$work/${name}b.log" >&2; exit 1; }
+      --src_device=0 --dst_device=$dst_device --transport="$label"; } || { cat "$work/${name}a.log" "$work/${name}b.log" >&2; exit 1; }
 }
 
 # Staged cross-agent path over tcp;ofi_rxm, and the transport's own ceiling: raw fi_write

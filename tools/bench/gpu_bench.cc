@@ -1,6 +1,6 @@
 // gpu_bench: the ferry side of `tools/bench.sh gpu` (run on a GPU host).
 //
-//   gpu_bench --socket=S [--src_device=0 --dst_device=1]
+//   gpu_bench --socket=S [--src_device=0 --dst_device=1]   (on one GPU: --dst_device=0)
 //
 // Prints two tables, each with a baseline measured in the same run:
 //  1. contiguous GPU->GPU writes through ferry (Write + Wait, 8 in flight; and the
@@ -14,6 +14,7 @@
 #include <deque>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -62,15 +63,20 @@ absl::StatusOr<double> RawCopy(const CudaDriver* cu, CUdeviceptr dst, CUdevicept
   return ms / 1e3 / count;
 }
 
-// Seconds per write: `count` writes of `req`, `window` in flight.
-absl::StatusOr<double> FerryWrites(Client& c, const v1::WriteRequest& req, int count, int window) {
+// Seconds per write: `count` writes of `req`, `window` in flight. `submit`, if set,
+// gets the mean time a Write RPC took (the request's host-side cost, seen by the pod).
+absl::StatusOr<double> FerryWrites(Client& c, const v1::WriteRequest& req, int count, int window,
+                                   double* submit = nullptr) {
   absl::StatusOr<v1::TransferResult> warm = c.WriteAndWait(req, absl::Seconds(60));
   if (!warm.ok()) return warm.status();
   std::deque<uint64_t> inflight;
+  absl::Duration submitting;
   absl::Time start = absl::Now();
   for (int i = 0; i < count || !inflight.empty();) {
     if (i < count && static_cast<int>(inflight.size()) < window) {
+      absl::Time t0 = absl::Now();
       absl::StatusOr<uint64_t> id = c.Write(req);
+      submitting += absl::Now() - t0;
       if (!id.ok()) return id.status();
       inflight.push_back(*id);
       ++i;
@@ -82,7 +88,36 @@ absl::StatusOr<double> FerryWrites(Client& c, const v1::WriteRequest& req, int c
     if (!s.ok()) return s;
     inflight.pop_front();
   }
+  if (submit != nullptr) *submit = absl::ToDoubleSeconds(submitting) / count;
   return absl::ToDoubleSeconds(absl::Now() - start) / count;
+}
+
+// Seconds per write with `clients` pods submitting at once (each its own session, its
+// own registration of `src`, `count` writes of `req` with 2 in flight), as a serving
+// engine with several requests in flight would.
+absl::StatusOr<double> ParallelWrites(const CudaBuffer& src, const v1::WriteRequest& req, int clients, int count) {
+  std::vector<std::unique_ptr<Client>> cs;
+  std::vector<v1::WriteRequest> reqs;
+  for (int i = 0; i < clients; ++i) {
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(absl::GetFlag(FLAGS_socket));
+    if (!c.ok()) return c.status();
+    absl::StatusOr<v1::RegisterMemoryResponse> r = RegisterCuda(**c, src);
+    if (!r.ok()) return r.status();
+    cs.push_back(std::move(*c));
+    reqs.push_back(req);
+    reqs.back().set_src_region_id(r->region_id());
+  }
+  std::vector<absl::Status> status(clients);
+  std::vector<std::thread> threads;
+  absl::Time start = absl::Now();
+  for (int i = 0; i < clients; ++i) {
+    threads.emplace_back([&, i] { status[i] = FerryWrites(*cs[i], reqs[i], count, 2).status(); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : status) {
+    if (!s.ok()) return s;
+  }
+  return absl::ToDoubleSeconds(absl::Now() - start) / (clients * count);
 }
 
 // Seconds per write: `count` single-chunk writes of `bytes` from the start of `src`
@@ -216,9 +251,13 @@ int Main() {
            qbw / rbw);
   }
 
-  printf("# paged: one Write of N blocks scattered at random over 1 GiB on both sides vs raw contiguous copy of N*block bytes\n");
-  printf("%8s %10s %12s %12s %12s %8s\n", "blocks", "block(B)", "time(us)", "algbw(GB/s)", "raw(GB/s)", "ratio");
-  for (auto [n, block] : {std::pair<uint64_t, uint64_t>{16384, 32 << 10}, {4096, 128 << 10}}) {
+  constexpr int kClients = 4;
+  printf("# paged: one Write of N blocks scattered at random over 1 GiB on both sides vs raw contiguous copy of N*block bytes;\n"
+         "# one client, 2 writes in flight (time, algbw, ratio; submit = mean time of one Write RPC), and %d clients\n"
+         "# submitting at once, 2 in flight each (algbw_%dc, ratio_%dc)\n", kClients, kClients, kClients);
+  printf("%8s %10s %12s %12s %12s %12s %8s %12s %8s\n", "blocks", "block(B)", "time(us)", "submit(us)", "algbw(GB/s)",
+         "raw(GB/s)", "ratio", "algbw_4c", "ratio_4c");
+  for (auto [n, block] : {std::pair<uint64_t, uint64_t>{16384, 4 << 10}, {16384, 16 << 10}, {16384, 32 << 10}, {4096, 128 << 10}}) {
     std::mt19937_64 rng(n);
     std::vector<uint64_t> sb(kMax / block), db(kMax / block);
     std::iota(sb.begin(), sb.end(), 0);
@@ -234,12 +273,16 @@ int Main() {
       req.mutable_paged()->add_dst_blocks(db[i]);
     }
     const int count = 20;
-    absl::StatusOr<double> f = FerryWrites(**c, req, count, 2);
+    double submit = 0;
+    absl::StatusOr<double> f = FerryWrites(**c, req, count, 2, &submit);
     if (!f.ok()) return Fail(f.status());
+    absl::StatusOr<double> fc = ParallelWrites(*src, req, kClients, count);
+    if (!fc.ok()) return Fail(fc.status());
     absl::StatusOr<double> raw = RawCopy(*cu, dst->ptr(), src->ptr(), n * block, count);
     if (!raw.ok()) return Fail(raw.status());
-    double bw = n * block / *f / 1e9, rbw = n * block / *raw / 1e9;
-    printf("%8lu %10lu %12.1f %12.1f %12.1f %8.2f\n", n, block, *f * 1e6, bw, rbw, bw / rbw);
+    double bw = n * block / *f / 1e9, rbw = n * block / *raw / 1e9, cbw = n * block / *fc / 1e9;
+    printf("%8lu %10lu %12.1f %12.1f %12.1f %12.1f %8.2f %12.1f %8.2f\n", n, block, *f * 1e6, submit * 1e6, bw, rbw,
+           bw / rbw, cbw, cbw / rbw);
   }
   return 0;
 }

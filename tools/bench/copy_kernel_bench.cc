@@ -1,0 +1,178 @@
+// copy_kernel_bench: the gather/scatter kernel alone (agent/cuda/copy_kernel.h), on one
+// GPU, against a raw contiguous cuMemcpyAsync of the same bytes in the same run.
+//
+//   copy_kernel_bench [--device=0]
+//
+// For each row, N blocks are drawn at random from 1 GiB on each side (as gpu_bench's
+// paged rows, and a KV cache's block table) and cut into pieces as the agent's GPU
+// copier cuts them. The kernel is launched back to back with the piece list already on
+// the GPU, timed with CUDA events: what the GPU can do, apart from everything the agent
+// does per request on the host (gpu_bench's paged rows measure that end to end). Every
+// row's destination is checked byte for byte against the source once.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/cuda/copy_kernel.h"
+#include "agent/cuda/cuda_driver.h"
+
+ABSL_FLAG(int, device, 0, "GPU");
+
+namespace ferry {
+namespace {
+
+constexpr uint64_t kSpan = 1ull << 30;
+
+int Fail(const absl::Status& s) {
+  fprintf(stderr, "copy_kernel_bench: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+struct Kernel {
+  CUfunction fn = nullptr;
+  uint64_t resident_ctas = 1;  // from the occupancy API, as the copier sizes its grid
+};
+
+absl::StatusOr<Kernel> LoadKernel(const CudaDriver* cu, int sms) {
+  Kernel k;
+  CUmodule m;
+  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuModuleLoadData(&m, kCopyPiecesPtx), "loading the copy kernel");
+  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuModuleGetFunction(&k.fn, m, kCopyPiecesKernel), "cuModuleGetFunction");
+  int per_sm = 0;
+  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, kCopyPiecesThreads, 0),
+                           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  k.resident_ctas = static_cast<uint64_t>(std::max(1, sms * per_sm));
+  return k;
+}
+
+std::vector<CopyPiece> Pieces(CUdeviceptr src, CUdeviceptr dst, const std::vector<uint64_t>& sb,
+                              const std::vector<uint64_t>& db, uint64_t block) {
+  std::vector<CopyPiece> out;
+  for (size_t i = 0; i < sb.size(); ++i) {
+    for (uint64_t off = 0; off < block; off += kCopyPieceBytes) {
+      out.push_back(CopyPiece{src + sb[i] * block + off, dst + db[i] * block + off, std::min(kCopyPieceBytes, block - off)});
+    }
+  }
+  return out;
+}
+
+absl::Status Launch(const CudaDriver* cu, const Kernel& k, CUdeviceptr list, uint32_t count, CUstream s) {
+  unsigned ctas = static_cast<unsigned>(std::min<uint64_t>(count, k.resident_ctas));
+  void* args[] = {&list, &count};
+  return cu->Check(cu->cuLaunchKernel(k.fn, ctas, 1, 1, kCopyPiecesThreads, 1, 1, 0, s, args, nullptr),
+                   "cuLaunchKernel");
+}
+
+// Seconds per launch of `k` over `pieces`, `reps` launches; checks the blocks landed.
+absl::StatusOr<double> TimeKernel(const CudaDriver* cu, const Kernel& k, const std::vector<CopyPiece>& pieces, int reps,
+                                  CUstream s, CUevent a, CUevent b) {
+  CUdeviceptr list;
+  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemAlloc(&list, pieces.size() * sizeof(CopyPiece)), "cuMemAlloc");
+  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemcpyHtoD(list, pieces.data(), pieces.size() * sizeof(CopyPiece)), "pieces");
+  absl::Status st = Launch(cu, k, list, pieces.size(), s);  // warm-up
+  cu->cuEventRecord(a, s);
+  for (int i = 0; i < reps && st.ok(); ++i) st = Launch(cu, k, list, pieces.size(), s);
+  cu->cuEventRecord(b, s);
+  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuEventSynchronize(b), "the kernel");
+  cu->cuMemFree(list);
+  if (!st.ok()) return st;
+  float ms = 0;
+  cu->cuEventElapsedTime(&ms, a, b);
+  return ms / 1e3 / reps;
+}
+
+absl::Status CheckBlocks(const CudaDriver* cu, CUdeviceptr dst, const std::vector<uint8_t>& host_src,
+                         const std::vector<uint64_t>& sb, const std::vector<uint64_t>& db, uint64_t block) {
+  std::vector<uint8_t> got(kSpan);
+  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemcpyDtoH(got.data(), dst, kSpan), "cuMemcpyDtoH");
+  for (size_t i = 0; i < sb.size(); ++i) {
+    if (memcmp(&got[db[i] * block], &host_src[sb[i] * block], block) != 0) {
+      return absl::InternalError(absl::StrCat("block ", i, " (", sb[i], " -> ", db[i], ") differs"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int Main() {
+  absl::StatusOr<const CudaDriver*> loaded = CudaDriver::Load();
+  if (!loaded.ok()) return Fail(loaded.status());
+  const CudaDriver* cu = *loaded;
+  const int device = absl::GetFlag(FLAGS_device);
+  if (absl::Status s = UseDevice(*cu, device); !s.ok()) return Fail(s);
+  CUdevice dev;
+  int sms = 0;
+  cu->cuDeviceGet(&dev, device);
+  cu->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+
+  absl::StatusOr<Kernel> kernel = LoadKernel(cu, sms);
+  if (!kernel.ok()) return Fail(kernel.status());
+
+  CUdeviceptr src, dst;
+  if (absl::Status s = cu->Check(cu->cuMemAlloc(&src, kSpan), "cuMemAlloc"); !s.ok()) return Fail(s);
+  if (absl::Status s = cu->Check(cu->cuMemAlloc(&dst, kSpan), "cuMemAlloc"); !s.ok()) return Fail(s);
+  std::vector<uint8_t> host_src(kSpan);
+  std::mt19937_64 fill(7);
+  for (size_t i = 0; i < kSpan; i += 8) {
+    const uint64_t v = fill();
+    memcpy(&host_src[i], &v, 8);
+  }
+  cu->cuMemcpyHtoD(src, host_src.data(), kSpan);
+  CUstream s;
+  CUevent a, b;
+  cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  cu->cuEventCreate(&a, 0);
+  cu->cuEventCreate(&b, 0);
+
+  printf("# copy kernel alone, GPU %d (%d SMs): N blocks scattered at random over 1 GiB on both sides;\n"
+         "# raw = one cuMemcpyAsync of N*block contiguous bytes; kernel = one launch, piece list already on the GPU\n",
+         device, sms);
+  printf("%8s %10s %10s %12s %12s %8s\n", "blocks", "block(B)", "pieces", "raw(GB/s)", "kernel(GB/s)", "ratio");
+  const std::pair<uint64_t, uint64_t> rows[] = {{16384, 4 << 10},   {16384, 16 << 10}, {16384, 32 << 10},
+                                                {4096, 128 << 10},  {1024, 512 << 10}, {512, 1 << 20}};
+  for (auto [n, block] : rows) {
+    std::mt19937_64 rng(n * block);
+    std::vector<uint64_t> sb(kSpan / block), db(kSpan / block);
+    std::iota(sb.begin(), sb.end(), 0);
+    std::iota(db.begin(), db.end(), 0);
+    std::shuffle(sb.begin(), sb.end(), rng);
+    std::shuffle(db.begin(), db.end(), rng);
+    sb.resize(n);
+    db.resize(n);
+    const uint64_t bytes = n * block;
+    const int reps = static_cast<int>(std::clamp<uint64_t>((32ull << 30) / bytes, 20, 2000));
+
+    // Raw: the same bytes as one contiguous copy, back to back.
+    cu->cuMemcpyAsync(dst, src, bytes, s);
+    cu->cuEventRecord(a, s);
+    for (int i = 0; i < reps; ++i) cu->cuMemcpyAsync(dst, src, bytes, s);
+    cu->cuEventRecord(b, s);
+    cu->cuEventSynchronize(b);
+    float ms = 0;
+    cu->cuEventElapsedTime(&ms, a, b);
+    const double raw = bytes / (ms / 1e3 / reps) / 1e9;
+
+    std::vector<CopyPiece> pieces = Pieces(src, dst, sb, db, block);
+    cu->cuMemsetD8(dst, 0, kSpan);
+    absl::StatusOr<double> t = TimeKernel(cu, *kernel, pieces, reps, s, a, b);
+    if (!t.ok()) return Fail(t.status());
+    if (absl::Status c = CheckBlocks(cu, dst, host_src, sb, db, block); !c.ok()) return Fail(c);
+    const double bw = bytes / *t / 1e9;
+    printf("%8lu %10lu %10zu %12.1f %12.1f %8.2f\n", n, block, pieces.size(), raw, bw, bw / raw);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return ferry::Main();
+}
