@@ -10,6 +10,7 @@
 //     the raw contiguous copy of the same number of bytes.
 // Buffers are cuMemCreate allocations exported as POSIX fds, as pods would register.
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <deque>
 #include <numeric>
@@ -61,6 +62,28 @@ absl::StatusOr<double> RawCopy(const CudaDriver* cu, CUdeviceptr dst, CUdevicept
   cu->cuEventDestroy(b);
   cu->cuStreamDestroy(s);
   return ms / 1e3 / count;
+}
+
+// Fills `bytes` at `p` (device memory) with random data.
+absl::Status FillRandom(const CudaDriver* cu, CUdeviceptr p, uint64_t bytes) {
+  std::vector<uint64_t> host(bytes / 8);
+  std::mt19937_64 rng(bytes);
+  for (uint64_t& v : host) v = rng();
+  return cu->Check(cu->cuMemcpyHtoD(p, host.data(), bytes), "filling the source");
+}
+
+// "verified" if every (src, dst) block pair of `block` bytes matches (device memory
+// read back), else "MISMATCH".
+const char* CheckBlocks(const CudaDriver* cu, CUdeviceptr src, CUdeviceptr dst, uint64_t span,
+                        const std::vector<uint64_t>& sb, const std::vector<uint64_t>& db, uint64_t n, uint64_t block) {
+  std::vector<uint8_t> s(span), d(span);
+  if (cu->cuMemcpyDtoH(s.data(), src, span) != CUDA_SUCCESS || cu->cuMemcpyDtoH(d.data(), dst, span) != CUDA_SUCCESS) {
+    return "MISMATCH";
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    if (memcmp(&s[sb[i] * block], &d[db[i] * block], block) != 0) return "MISMATCH";
+  }
+  return "verified";
 }
 
 // Seconds per write: `count` writes of `req`, `window` in flight. `submit`, if set,
@@ -169,11 +192,12 @@ int Staged(const CudaDriver* cu, int sd, int dd) {
   absl::Status use = UseDevice(*cu, sd);
   if (!use.ok()) return Fail(use);
   if (cu->cuMemHostAlloc(&pinned, kMax, 0) != CUDA_SUCCESS) return Fail(absl::ResourceExhaustedError("pinned"));
+  if (absl::Status f = FillRandom(cu, src->ptr(), kMax); !f.ok()) return Fail(f);
   printf("# cross-agent: GPU%d on agent A -> GPU%d on agent B, %s; one Write at a time (time, algbw) and 4 in "
-         "flight (algbw_4)\n", sd, dd, absl::GetFlag(FLAGS_transport).c_str());
+         "flight (algbw_4); check: the destination read back and compared\n", sd, dd, absl::GetFlag(FLAGS_transport).c_str());
   printf("# pcie: raw cuMemcpyDtoH GPU%d -> pinned host of the same size (the staged path's first hop)\n", sd);
-  printf("%12s %6s %12s %12s %12s %12s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "algbw_4(GB/s)",
-         "pcie(GB/s)");
+  printf("%12s %6s %12s %12s %12s %12s  %s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "algbw_4(GB/s)",
+         "pcie(GB/s)", "check");
   for (uint64_t size = 4 << 20; size <= kMax; size *= 4) {
     const int count = static_cast<int>(std::clamp<uint64_t>((1ull << 30) / size, 4, 64));
     v1::WriteRequest req;
@@ -185,10 +209,12 @@ int Staged(const CudaDriver* cu, int sd, int dd) {
     if (!f.ok()) return Fail(f.status());
     absl::StatusOr<double> f4 = FerryWrites(**a, req, count, 4);
     if (!f4.ok()) return Fail(f4.status());
+    const char* check = CheckBlocks(cu, src->ptr(), dst->ptr(), size, {0}, {0}, 1, size);
     absl::Time t0 = absl::Now();
     for (int i = 0; i < count; ++i) cu->cuMemcpyDtoH(pinned, src->ptr(), size);
     double pcie = size * count / absl::ToDoubleSeconds(absl::Now() - t0) / 1e9;
-    printf("%12lu %6d %12.1f %12.2f %12.2f %12.1f\n", size, count, *f * 1e6, size / *f / 1e9, size / *f4 / 1e9, pcie);
+    printf("%12lu %6d %12.1f %12.2f %12.2f %12.1f  %s\n", size, count, *f * 1e6, size / *f / 1e9, size / *f4 / 1e9,
+           pcie, check);
   }
   cu->cuMemFreeHost(pinned);
   return 0;
@@ -251,12 +277,14 @@ int Main() {
            qbw / rbw);
   }
 
+  if (absl::Status f = FillRandom(*cu, src->ptr(), kMax); !f.ok()) return Fail(f);
   constexpr int kClients = 4;
   printf("# paged: one Write of N blocks scattered at random over 1 GiB on both sides vs raw contiguous copy of N*block bytes;\n"
          "# one client, 2 writes in flight (time, algbw, ratio; submit = mean time of one Write RPC), and %d clients\n"
-         "# submitting at once, 2 in flight each (algbw_%dc, ratio_%dc)\n", kClients, kClients, kClients);
-  printf("%8s %10s %12s %12s %12s %12s %8s %12s %8s\n", "blocks", "block(B)", "time(us)", "submit(us)", "algbw(GB/s)",
-         "raw(GB/s)", "ratio", "algbw_4c", "ratio_4c");
+         "# submitting at once, 2 in flight each (algbw_%dc, ratio_%dc); check: the one-client writes' blocks read back\n",
+         kClients, kClients, kClients);
+  printf("%8s %10s %12s %12s %12s %12s %8s %12s %8s  %s\n", "blocks", "block(B)", "time(us)", "submit(us)",
+         "algbw(GB/s)", "raw(GB/s)", "ratio", "algbw_4c", "ratio_4c", "check");
   for (auto [n, block] : {std::pair<uint64_t, uint64_t>{16384, 4 << 10}, {16384, 16 << 10}, {16384, 32 << 10}, {4096, 128 << 10}}) {
     std::mt19937_64 rng(n);
     std::vector<uint64_t> sb(kMax / block), db(kMax / block);
@@ -276,13 +304,14 @@ int Main() {
     double submit = 0;
     absl::StatusOr<double> f = FerryWrites(**c, req, count, 2, &submit);
     if (!f.ok()) return Fail(f.status());
+    const char* check = CheckBlocks(*cu, src->ptr(), dst->ptr(), kMax, sb, db, n, block);
     absl::StatusOr<double> fc = ParallelWrites(*src, req, kClients, count);
     if (!fc.ok()) return Fail(fc.status());
     absl::StatusOr<double> raw = RawCopy(*cu, dst->ptr(), src->ptr(), n * block, count);
     if (!raw.ok()) return Fail(raw.status());
     double bw = n * block / *f / 1e9, rbw = n * block / *raw / 1e9, cbw = n * block / *fc / 1e9;
-    printf("%8lu %10lu %12.1f %12.1f %12.1f %12.1f %8.2f %12.1f %8.2f\n", n, block, *f * 1e6, submit * 1e6, bw, rbw,
-           bw / rbw, cbw, cbw / rbw);
+    printf("%8lu %10lu %12.1f %12.1f %12.1f %12.1f %8.2f %12.1f %8.2f  %s\n", n, block, *f * 1e6, submit * 1e6, bw,
+           rbw, bw / rbw, cbw, cbw / rbw, check);
   }
   return 0;
 }
