@@ -20,7 +20,7 @@ for a in "$@"; do
 done
 if [ -n "$bundle" ]; then
   bin=$bundle/bin
-  export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PATH="$PATH:$bundle/bin"  # its ip, if needed
 else
   bash tools/setup.sh
   echo "== building (the first build takes a few minutes) =="
