@@ -156,11 +156,12 @@ block_raw = raw[32768][2] if 32768 in raw else 0
 for line in open(f"{w}/kv.txt"):
     f = line.split()
     if f and f[0] == "kv":
-        nbytes, chunks, us, bw, check = int(f[1]), int(f[2]), float(f[3]), float(f[4]), f[5]
+        nbytes, chunks, us, bw, check, fastest, slowest = int(f[1]), int(f[2]), float(f[3]), float(f[4]), f[5], float(f[6]), float(f[7])
         def vs(rate): return f"{nbytes / rate / 1e6:.1f} ms (ratio {nbytes / rate / 1e3 / us:.2f})" if rate else "-"
         print(f"\nKV handoff, Llama-3-8B shape (32 layers x K,V x 64 blocks of 32 KiB = 1k tokens, scattered over a "
               f"128-block pool),\none Write of {chunks} chunks with a notification, all layers in one region:  {check}\n"
-              f"  {human(nbytes)}: {us / 1e3:.1f} ms from submit to the receiver notified, {bw:.3f} GB/s\n"
+              f"  {human(nbytes)}: {us / 1e3:.1f} ms from submit to the receiver notified (median of 3, "
+              f"{fastest / 1e3:.1f}-{slowest / 1e3:.1f}), {bw:.3f} GB/s\n"
               f"  raw fi_write of the same bytes as 32 KiB writes: {vs(block_raw)}; at its best rate above: {vs(best_raw)}")
 PY
 

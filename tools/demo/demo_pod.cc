@@ -11,10 +11,10 @@
 //       --window writes in flight (as a pod moving KV blocks would), or one Write RPC at
 //       a time; the last write of a size notifies after all others landed. Waits for the
 //       receiver's checksum and prints a table row.
-//   demo_pod kv --socket=S --dir=D   one KV-cache handoff: 32 layers x 64 blocks (1k
-//       tokens of a Llama-3-8B-shaped cache, 16-token bf16 blocks, K and V separate),
-//       scattered at random over a 128-block pool on both sides, as one Write with a
-//       notification; prints its handoff time (submit to the receiver notified).
+//   demo_pod kv --socket=S --dir=D   KV-cache handoffs: 32 layers x 64 blocks (1k tokens
+//       of a Llama-3-8B-shaped cache, 16-token bf16 blocks, K and V separate), scattered
+//       at random over a 128-block pool on both sides, as one Write with a notification,
+//       3 times; prints the median handoff time (submit to the receiver notified).
 //
 // The two processes share nothing but the serialized descriptor and the files in D.
 #include <unistd.h>
@@ -68,7 +68,8 @@ uint64_t Checksum(const uint8_t* p, uint64_t n) {  // FNV-1a over 64-bit words
 constexpr uint64_t kKvLayers = 32, kKvBlockBytes = 16 * 8 * 128 * 2, kKvPoolBlocks = 128, kKvRequestBlocks = 64;
 constexpr uint64_t kKvLayerBytes = 2 * kKvPoolBlocks * kKvBlockBytes;
 constexpr uint64_t kKvRegionBytes = kKvLayers * kKvLayerBytes;
-constexpr int kKvTag = 1000;
+constexpr int kKvTag = 1000;  // and up: one per handoff
+constexpr int kKvHandoffs = 3;
 
 // Checksum of `chunks` (offset, length) of `base`, in order.
 uint64_t ChunksChecksum(const uint8_t* base, const std::vector<std::pair<uint64_t, uint64_t>>& chunks) {
@@ -93,6 +94,9 @@ int Receive() {
   if (!client.ok()) return Die("connect", client.status());
   auto buf = ferry::HostBuffer::Create(absl::GetFlag(FLAGS_size));
   if (!buf.ok()) return Die("allocate", buf.status());
+  // Touched once, as a serving engine zeroes its KV cache at start: the rows measure
+  // moving bytes, not the receiving node's first page faults.
+  memset(buf->data(), 0, buf->size());
   auto reg = (*client)->RegisterHost(*buf);
   if (!reg.ok()) return Die("register", reg.status());
 
@@ -103,7 +107,7 @@ int Receive() {
   ferry::v1::Notification n;
   while (stream->Read(&n)) {
     uint64_t crc;
-    if (n.tag() == kKvTag) {  // scattered blocks: the sender lists where they went
+    if (n.tag() >= kKvTag) {  // scattered blocks: the sender lists where they went
       std::vector<std::pair<uint64_t, uint64_t>> chunks;
       std::ifstream list(dir + "/kv.chunks");
       for (uint64_t off, len; list >> off >> len;) chunks.emplace_back(off, len);
@@ -281,7 +285,6 @@ int Kv() {
   req.set_src_region_id(s->region);
   *req.mutable_dst() = s->dst;
   req.set_notify(true);
-  req.set_tag(kKvTag);
   std::vector<std::pair<uint64_t, uint64_t>> src_chunks, dst_chunks;
   for (uint64_t layer = 0; layer < kKvLayers; ++layer) {
     for (uint64_t half = 0; half < 2; ++half) {  // K, then V
@@ -296,21 +299,29 @@ int Kv() {
       }
     }
   }
-  unlink(VerifyPath(kKvTag).c_str());
   {
     std::ostringstream list;
     for (const auto& [off, len] : dst_chunks) list << off << " " << len << "\n";
     WriteFileAtomically(absl::GetFlag(FLAGS_dir) + "/kv.chunks", list.str());
   }
   const uint64_t bytes = kKvLayers * 2 * kKvRequestBlocks * kKvBlockBytes;
-  absl::Time t0 = absl::Now();
-  auto r = s->client->WriteAndWait(req, absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
-  const double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
-  if (!r.ok()) return Die("kv write", r.status());
-  if (absl::Status st = ferry::ResultStatus(*r); !st.ok()) return Die("kv write", st);
-  const bool ok = Verified(kKvTag, bytes, ChunksChecksum(s->buf.data(), src_chunks));
-  printf("kv %llu %d %.1f %.3f %s\n", static_cast<unsigned long long>(bytes), req.chunks().chunks_size(), us,
-         bytes / us / 1e3, ok ? "verified" : "MISMATCH");
+  const uint64_t want = ChunksChecksum(s->buf.data(), src_chunks);
+  std::vector<double> times;
+  bool ok = true;
+  for (int h = 0; h < kKvHandoffs; ++h) {
+    req.set_tag(kKvTag + h);
+    unlink(VerifyPath(kKvTag + h).c_str());
+    absl::Time t0 = absl::Now();
+    auto r = s->client->WriteAndWait(req, absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
+    times.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+    if (!r.ok()) return Die("kv write", r.status());
+    if (absl::Status st = ferry::ResultStatus(*r); !st.ok()) return Die("kv write", st);
+    ok = ok && Verified(kKvTag + h, bytes, want);  // the receiver clears the blocks again after checking
+  }
+  std::sort(times.begin(), times.end());
+  const double us = times[times.size() / 2];
+  printf("kv %llu %d %.1f %.3f %s %.1f %.1f\n", static_cast<unsigned long long>(bytes), req.chunks().chunks_size(), us,
+         bytes / us / 1e3, ok ? "verified" : "MISMATCH", times.front(), times.back());
   return ok ? 0 : 3;
 }
 
