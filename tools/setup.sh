@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs every system package ferry's build and tests need (Debian 12), cuda.h, and
-# for the deployment checks helm and the Go modules of tests/deploy/k8s. Idempotent:
+# Installs every system package ferry's build and tests need (Debian 12), cuda.h, for
+# the deployment checks helm and the Go modules of tests/deploy/k8s, and grpcurl and
+# grpc-health-probe for the test of the agent's standard gRPC services. Idempotent:
 # returns in well under a second when everything is already there.
 #   tools/setup.sh                  everything
 #   tools/setup.sh --roles=build    only what building ferryd needs (deploy/Dockerfile)
@@ -61,6 +62,14 @@ if [ "$(tools/go/bin/helm version --short 2>/dev/null | cut -d+ -f1)" != "$HELM_
   echo "setup: building helm $HELM_VERSION" >&2
   GOBIN="$PWD/tools/go/bin" go install -ldflags "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+fi
+# grpcurl and grpc-health-probe, pinned, for the test that drives the local API through
+# server reflection and checks grpc.health.v1 as a Kubernetes probe would.
+GRPC_TOOLS="github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4 github.com/grpc-ecosystem/grpc-health-probe@v0.4.61"
+if [ "$(cat tools/go/.grpc-tools 2>/dev/null)" != "$GRPC_TOOLS" ]; then
+  echo "setup: building grpcurl and grpc-health-probe" >&2
+  for m in $GRPC_TOOLS; do GOBIN="$PWD/tools/go/bin" go install "$m"; done
+  echo "$GRPC_TOOLS" > tools/go/.grpc-tools
 fi
 # The modules of the manifest validation test (go.sum pins them), fetched once.
 if [ ! -f tools/go/.k8s-modules ] || ! cmp -s tests/deploy/k8s/go.sum tools/go/.k8s-modules; then

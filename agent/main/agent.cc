@@ -1,5 +1,7 @@
 #include "agent/main/agent.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
@@ -152,6 +154,11 @@ absl::Status Agent::Init() {
 
   absl::Status claimed = ClaimSocketPath(config_.socket);
   if (!claimed.ok()) return claimed;
+  // Beside the API, the standard services a Kubernetes gRPC probe, grpc-health-probe and
+  // grpcurl expect: grpc.health.v1.Health (SERVING until Shutdown starts draining) and
+  // server reflection (the API's descriptors, so no .proto is needed to call it).
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + config_.socket, grpc::InsecureServerCredentials());
   builder.RegisterService(local_service_.get());
@@ -161,6 +168,7 @@ absl::Status Agent::Init() {
     return absl::FailedPreconditionError(absl::StrCat("cannot serve gRPC on unix:", config_.socket,
                                                       " (does the directory exist and is it writable?)"));
   }
+  local_server_->GetHealthCheckService()->SetServingStatus(v1::Agent::service_full_name(), true);
   absl::Status perms = SetSocketPermissions(config_.socket, config_.socket_mode, config_.socket_gid);
   if (!perms.ok()) return perms;
 
@@ -272,6 +280,9 @@ void Agent::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
   serving_.store(false);  // /readyz turns 503 first, so load balancers stop sending work
+  if (local_server_ && local_server_->GetHealthCheckService() != nullptr) {
+    local_server_->GetHealthCheckService()->SetServingStatus(false);  // and so does grpc.health.v1
+  }
   if (local_service_) local_service_->BeginShutdown();
   // Let in-flight transfers finish (bounded).
   absl::Time deadline = absl::Now() + grace;
