@@ -2,7 +2,7 @@
 # Runs every test: `bazel test //...`, then the Python client's pytest suite
 # (tools/pytest.sh) against the same ferryd build, then the deployment checks
 # (tools/deploy_check.sh: helm lint, manifests validated against the Kubernetes API), then,
-# without extra arguments, the demo (tests/demo/demo_test.sh). Extra arguments go to Bazel, e.g.
+# without extra arguments, clang's thread-safety analysis and the demo. Extra arguments go to Bazel, e.g.
 #   tools/test.sh --config=asan
 # Prints the logs of failing tests and ends with the line "N passed, N failed".
 set -uo pipefail
@@ -51,10 +51,19 @@ else
   echo "//deploy:k8s_check FAILED" | tee -a "$log"
 fi
 
-# The README's main job, tools/demo.sh, run as a newcomer runs it (tests/demo/demo_test.sh
-# checks its exit status, checksums, table rows and clean-up), counted as one more target.
-# Once per CI run: only without a sanitizer config (the demo builds its own -c opt binaries).
+# Once per CI run, only without a sanitizer config, two more targets: clang's
+# thread-safety analysis of the lock annotations GCC ignores (tools/check_thread_safety.sh),
+# and the README's main job, tools/demo.sh, run as a newcomer runs it
+# (tests/demo/demo_test.sh checks its exit status, checksums, table rows and clean-up;
+# the demo builds its own -c opt binaries).
 if [ "$#" -eq 0 ]; then
+  echo "== thread-safety analysis (tools/check_thread_safety.sh) =="
+  if bash tools/check_thread_safety.sh 2>&1 | tee -a "$log"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    rc=1
+  fi
   echo "== demo (tests/demo/demo_test.sh) =="
   if bash tests/demo/demo_test.sh 2>&1 | tee -a "$log"; then
     passed=$((passed + 1))

@@ -30,10 +30,11 @@ class SlotPool {
   // of the whole buffer when it is smaller). Both must be > 0.
   SlotPool(uint64_t buffer_bytes, uint64_t max_slot_bytes)
       : slot_bytes_(std::min(buffer_bytes, max_slot_bytes)),
-        busy_(static_cast<size_t>(buffer_bytes / slot_bytes_), false) {}
+        slots_(static_cast<int>(buffer_bytes / slot_bytes_)),
+        busy_(static_cast<size_t>(slots_), false) {}
 
   uint64_t slot_bytes() const { return slot_bytes_; }
-  int slots() const { return static_cast<int>(busy_.size()); }
+  int slots() const { return slots_; }
   uint64_t offset(int slot) const { return static_cast<uint64_t>(slot) * slot_bytes_; }
 
   // A free slot, waiting for one until `deadline`.
@@ -42,7 +43,7 @@ class SlotPool {
     auto free_slot = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_use_ < busy_.size(); };
     if (!mu_.AwaitWithDeadline(absl::Condition(&free_slot), deadline)) {
       return absl::DeadlineExceededError(
-          absl::StrCat("all ", busy_.size(), " staging slots stayed busy until the deadline"));
+          absl::StrCat("all ", slots_, " staging slots stayed busy until the deadline"));
     }
     const size_t slot = std::find(busy_.begin(), busy_.end(), false) - busy_.begin();
     busy_[slot] = true;
@@ -59,6 +60,7 @@ class SlotPool {
 
  private:
   const uint64_t slot_bytes_;
+  const int slots_;  // busy_.size(), fixed: readable without the lock
   absl::Mutex mu_;
   std::vector<bool> busy_ ABSL_GUARDED_BY(mu_);
   size_t in_use_ ABSL_GUARDED_BY(mu_) = 0;

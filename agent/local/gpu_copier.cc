@@ -147,7 +147,9 @@ class GpuCopier::Lane {
 
   void Submitter() {
     absl::Status setup = Setup();
-    if (!setup.ok()) FERRY_LOG(ERROR) << "gpu copier: device " << device_ << ": " << setup;
+    if (!setup.ok()) {
+      FERRY_LOG(ERROR) << "gpu copier: device " << device_ << ": " << setup;
+    }
     for (;;) {
       Job j;
       CUevent spare = nullptr;

@@ -34,7 +34,7 @@ std::string HumanBytes(uint64_t b) {
     v /= 1024;
     ++u;
   }
-  return absl::StrFormat(u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return u == 0 ? absl::StrFormat("%.0f %s", v, units[u]) : absl::StrFormat("%.1f %s", v, units[u]);
 }
 
 int PrintJson(const google::protobuf::Message& m) {

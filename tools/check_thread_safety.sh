@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Checks the lock annotations (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED, ...) that
+# GCC ignores: every C++ file of the tree through clang's thread-safety analysis, as
+# errors (-Werror=thread-safety), syntax only. Needs the generated protos (bazel build).
+# Usage: tools/check_thread_safety.sh   (tools/test.sh runs it; ends PASSED or FAILED)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bazel build //proto/... 2>&1 | tail -n 1
+flags=(-std=c++17 -fsyntax-only -Wthread-safety -Werror=thread-safety -I. -Ibazel-bin -Itools/cuda/include
+       $(pkg-config --cflags grpc++ protobuf libfabric prometheus-cpp-core))
+log=$(mktemp /tmp/ferry-tsa.XXXXXX)
+trap 'rm -f "$log"' EXIT
+find agent client/cpp tests tools -name '*.cc' -print0 | sort -z |
+  xargs -0 -n 4 -P "$(nproc)" clang++-14 "${flags[@]}" >"$log" 2>&1
+rc=$?
+grep -E 'error|warning' "$log" | head -n 40
+files=$(find agent client/cpp tests tools -name '*.cc' | wc -l)
+if [ "$rc" -eq 0 ]; then
+  echo "thread-safety analysis: $files files clean"
+  echo "//tools:check_thread_safety PASSED"
+else
+  echo "thread-safety analysis failed (clang exit $rc) in $files files"
+  echo "//tools:check_thread_safety FAILED"
+fi
+[ "$rc" -eq 0 ]
