@@ -17,9 +17,9 @@ grep -E 'error|warning' "$log" | head -n 40
 files=$(find agent client/cpp tests tools -name '*.cc' | wc -l)
 if [ "$rc" -eq 0 ]; then
   echo "thread-safety analysis: $files files clean"
-  echo "//tools:check_thread_safety PASSED"
+  echo "thread-safety analysis: PASSED"
 else
   echo "thread-safety analysis failed (clang exit $rc) in $files files"
-  echo "//tools:check_thread_safety FAILED"
+  echo "thread-safety analysis: FAILED"
 fi
 [ "$rc" -eq 0 ]

@@ -30,47 +30,30 @@ if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # the build itself failed, or Bazel stopped before testing
 fi
 
-# The Python client's pytest suite, counted as one more target.
-echo "== client/python (pytest) =="
-if bash tools/pytest.sh "$@" 2>&1 | tee -a "$log"; then
-  passed=$((passed + 1))
-else
-  failed=$((failed + 1))
-  rc=1
-  echo "//client/python:pytest FAILED" | tee -a "$log"
-fi
+# extra_target NAME COMMAND...: runs COMMAND as one more target, counted like Bazel's.
+extra_target() {
+  echo "== $1 =="
+  if "${@:2}" 2>&1 | tee -a "$log"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    rc=1
+    echo "$1 FAILED" | tee -a "$log"
+  fi
+}
 
+# The Python client's pytest suite.
+extra_target //client/python:pytest bash tools/pytest.sh "$@"
 # The deployment checks (helm lint, manifests validated against the Kubernetes API types,
-# invariants between chart, agent and examples), counted as one more target.
-echo "== deploy (tools/deploy_check.sh) =="
-if bash tools/deploy_check.sh 2>&1 | tee -a "$log"; then
-  passed=$((passed + 1))
-else
-  failed=$((failed + 1))
-  rc=1
-  echo "//deploy:k8s_check FAILED" | tee -a "$log"
-fi
-
-# Once per CI run, only without a sanitizer config, two more targets: clang's
-# thread-safety analysis of the lock annotations GCC ignores (tools/check_thread_safety.sh),
-# and the README's main job, tools/demo.sh, run as a newcomer runs it
-# (tests/demo/demo_test.sh checks its exit status, checksums, table rows and clean-up;
-# the demo builds its own -c opt binaries).
+# invariants between chart, agent and examples).
+extra_target //deploy:k8s_check bash tools/deploy_check.sh
+# Once per CI run, only without a sanitizer config: clang's thread-safety analysis of
+# the lock annotations GCC ignores, and the README's main job, tools/demo.sh, run as a
+# newcomer runs it (tests/demo/demo_test.sh checks its exit status, checksums, table
+# rows and clean-up; the demo builds its own -c opt binaries).
 if [ "$#" -eq 0 ]; then
-  echo "== thread-safety analysis (tools/check_thread_safety.sh) =="
-  if bash tools/check_thread_safety.sh 2>&1 | tee -a "$log"; then
-    passed=$((passed + 1))
-  else
-    failed=$((failed + 1))
-    rc=1
-  fi
-  echo "== demo (tests/demo/demo_test.sh) =="
-  if bash tests/demo/demo_test.sh 2>&1 | tee -a "$log"; then
-    passed=$((passed + 1))
-  else
-    failed=$((failed + 1))
-    rc=1
-  fi
+  extra_target //tools:check_thread_safety bash tools/check_thread_safety.sh
+  extra_target //tests/demo:demo_test bash tests/demo/demo_test.sh
 fi
 
 if [ "$failed" -ne 0 ]; then

@@ -41,5 +41,5 @@ else
 fi
 check "no demo process left running" bash -c "! pgrep -f '[f]erry-demo-bin|[f]erry-run[.]' >/dev/null"
 check "no demo network namespace left" bash -c "! ip netns list 2>/dev/null | grep -q ferrydemo"
-if [ "$failures" -eq 0 ]; then echo "//tests/demo:demo_test PASSED"; else echo "//tests/demo:demo_test FAILED"; fi
+if [ "$failures" -eq 0 ]; then echo "demo test: PASSED"; else echo "demo test: $failures check(s) FAILED"; fi
 [ "$failures" -eq 0 ]
