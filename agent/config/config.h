@@ -1,4 +1,5 @@
-// AgentConfig: every setting of ferryd, filled from flags (agent/main/flags.cc).
+// AgentConfig: every setting of ferryd, filled from its flags (defined in one place,
+// agent/main/ferryd.cc).
 #ifndef FERRY_AGENT_CONFIG_CONFIG_H_
 #define FERRY_AGENT_CONFIG_CONFIG_H_
 

@@ -17,7 +17,7 @@
 #include "agent/main/topology_report.h"
 #include "agent/topology/cpu_list.h"
 #include "agent/peers/peer_tls.h"
-#include "agent/session/session_wire.h"
+#include "proto/ferry/wire/session_wire.h"
 
 namespace ferry {
 namespace {

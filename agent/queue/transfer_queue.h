@@ -19,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "agent/queue/ring_layout.h"
+#include "proto/ferry/wire/ring_layout.h"
 #include "agent/session/session.h"
 #include "proto/ferry/v1/ferry.pb.h"
 

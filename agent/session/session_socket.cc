@@ -14,7 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
-#include "agent/session/session_wire.h"
+#include "proto/ferry/wire/session_wire.h"
 
 namespace ferry {
 

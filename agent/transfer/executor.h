@@ -1,8 +1,10 @@
 // TransferExecutor: something that moves a validated transfer's bytes.
 //
-// Implementations: HostCopier (agent/local, node-local memcpy) and the fabric engine
-// (agent/engine, one-sided RDMA writes). Tests may substitute an executor that injects
-// faults; the API layer only sees this interface.
+// Implementations: HostCopier (agent/local, node-local memcpy), GpuCopier (agent/local,
+// node-local copies by the GPUs), FabricEngine (agent/engine, one-sided RDMA writes) and
+// StagedExecutor (agent/staged, GPU memory through host staging buffers and the fabric).
+// Tests may substitute an executor that injects faults; the API layer only sees this
+// interface.
 #ifndef FERRY_AGENT_TRANSFER_EXECUTOR_H_
 #define FERRY_AGENT_TRANSFER_EXECUTOR_H_
 

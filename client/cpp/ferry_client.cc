@@ -14,7 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "agent/session/session_wire.h"
+#include "proto/ferry/wire/session_wire.h"
 
 namespace ferry {
 namespace {

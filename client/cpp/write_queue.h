@@ -1,6 +1,6 @@
 // WriteQueue: many small writes to fixed destinations without an RPC per transfer.
 //
-// A shared-memory ring between this process and the agent (agent/queue/ring_layout.h):
+// A shared-memory ring between this process and the agent (proto/ferry/wire/ring_layout.h):
 // Post() writes an entry and rings a doorbell only when the agent sleeps; Reap() reads
 // completions and sleeps on a doorbell only when there are none. Each entry is checked
 // by the agent exactly like a Write; refusals come back as completions with a status.
@@ -23,7 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "agent/queue/ring_layout.h"
+#include "proto/ferry/wire/ring_layout.h"
 #include "client/cpp/ferry_client.h"
 
 namespace ferry {

@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "agent/queue/ring_layout.h"
+#include "proto/ferry/wire/ring_layout.h"
 #include "agent/queue/transfer_queue.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -11,7 +11,7 @@
 #include <random>
 
 #include "absl/time/clock.h"
-#include "agent/queue/ring_layout.h"
+#include "proto/ferry/wire/ring_layout.h"
 #include "client/cpp/ferry_client.h"
 #include "client/cpp/write_queue.h"
 #include "tests/testing/agent_process.h"

@@ -8,7 +8,7 @@
 
 #include "absl/time/clock.h"
 #include "agent/session/session_registry.h"
-#include "agent/session/session_wire.h"
+#include "proto/ferry/wire/session_wire.h"
 
 namespace ferry {
 namespace {

@@ -1,6 +1,6 @@
 """The session socket: a SOCK_SEQPACKET unix socket next to the gRPC socket.
 
-Wire format (agent/session/session_wire.h): 32-byte little-endian frames
+Wire format (proto/ferry/wire/session_wire.h): 32-byte little-endian frames
 ``u32 magic "FRY1", u32 type, u64 a, u64 b, u64 c``. The agent greets with HELLO
 (a = session id, b|c = 16-byte token); ADD_FD carries one fd (SCM_RIGHTS) and is
 answered by FD_ADDED (a = request id, b = fd handle or 0, c = errno). The session lasts

@@ -6,7 +6,7 @@
         if c.error is not None:
             raise c.error
 
-The Python face of the agent's shared-memory ring (agent/queue/ring_layout.h; the C++
+The Python face of the agent's shared-memory ring (proto/ferry/wire/ring_layout.h; the C++
 client is client/cpp/write_queue.h): a memfd both sides map, a submission ring the
 agent's NIC worker polls, a completion ring it fills, and two eventfd doorbells rung
 only when the other side sleeps. Each entry is checked by the agent exactly like a
@@ -32,7 +32,7 @@ from typing import List, Optional, Sequence
 from . import errors
 from ._proto import ferry_pb2
 
-# agent/queue/ring_layout.h (checked by test_write_queue.py against the agent).
+# proto/ferry/wire/ring_layout.h (checked by test_write_queue.py against the agent).
 _MAGIC = 0x31515246  # "FRQ1"
 _MIN_ENTRIES, _MAX_ENTRIES = 8, 4096
 _SQ_TAIL, _SQ_HEAD, _CQ_TAIL, _CQ_HEAD, _AGENT_SLEEPING, _CLIENT_WAITING = 64, 128, 192, 256, 320, 384

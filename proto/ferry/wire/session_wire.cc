@@ -1,4 +1,4 @@
-#include "agent/session/session_wire.h"
+#include "proto/ferry/wire/session_wire.h"
 
 namespace ferry {
 

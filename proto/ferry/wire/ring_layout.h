@@ -18,8 +18,8 @@
 //
 // Cursors are free-running uint32 counters (index = counter % entries). Each cursor has
 // one writer and sits on its own cache line.
-#ifndef FERRY_AGENT_QUEUE_RING_LAYOUT_H_
-#define FERRY_AGENT_QUEUE_RING_LAYOUT_H_
+#ifndef FERRY_PROTO_FERRY_WIRE_RING_LAYOUT_H_
+#define FERRY_PROTO_FERRY_WIRE_RING_LAYOUT_H_
 
 #include <atomic>
 #include <cstddef>
@@ -84,4 +84,4 @@ inline bool ValidEntries(uint32_t n) { return n >= kMinEntries && n <= kMaxEntri
 
 }  // namespace ferry::queue
 
-#endif  // FERRY_AGENT_QUEUE_RING_LAYOUT_H_
+#endif  // FERRY_PROTO_FERRY_WIRE_RING_LAYOUT_H_

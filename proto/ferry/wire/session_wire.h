@@ -10,8 +10,8 @@
 //
 // Anything else (bad magic, unknown type, an ADD_FD without exactly one fd) ends the
 // session. The session ends when either side closes the connection.
-#ifndef FERRY_AGENT_SESSION_SESSION_WIRE_H_
-#define FERRY_AGENT_SESSION_SESSION_WIRE_H_
+#ifndef FERRY_PROTO_FERRY_WIRE_SESSION_WIRE_H_
+#define FERRY_PROTO_FERRY_WIRE_SESSION_WIRE_H_
 
 #include <cstdint>
 #include <string>
@@ -41,4 +41,4 @@ std::string SessionSocketPath(const std::string& grpc_socket);
 
 }  // namespace ferry
 
-#endif  // FERRY_AGENT_SESSION_SESSION_WIRE_H_
+#endif  // FERRY_PROTO_FERRY_WIRE_SESSION_WIRE_H_
