@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "agent/common/check.h"
 
 namespace ferry {
 namespace {
@@ -29,6 +31,15 @@ LogLine::~LogLine() {
   std::string s = stream_.str();
   ssize_t ignored = write(STDERR_FILENO, s.data(), s.size());
   (void)ignored;
+}
+
+CheckFailure::CheckFailure(const char* file, int line, const char* condition) : file_(file), line_(line) {
+  message_ << "check failed: " << condition << ": ";
+}
+
+CheckFailure::~CheckFailure() {
+  LogLine(LogLevel::kError, file_, line_).stream() << message_.str();  // written before abort()
+  abort();
 }
 
 }  // namespace ferry

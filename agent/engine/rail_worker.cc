@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/check.h"
 #include "agent/common/log.h"
 
 namespace ferry {
@@ -269,6 +270,7 @@ bool RailWorker::ReadCompletions() {
   if (n > 0) {
     const absl::Time now = absl::Now();
     for (ssize_t i = 0; i < n; ++i) {
+      FERRY_DCHECK(inflight_ > 0) << nic_->name() << ": a completion for an op that was not posted";
       --inflight_;
       Complete(static_cast<WriteOp*>(entries[i].op_context), absl::OkStatus(), now);
     }
@@ -281,6 +283,7 @@ bool RailWorker::ReadCompletions() {
       char buf[256];
       const char* detail = fi_cq_strerror(nic_->cq(), err.prov_errno, err.err_data, buf, sizeof(buf));
       if (op != nullptr) {
+        FERRY_DCHECK(inflight_ > 0) << nic_->name() << ": an error completion for an op that was not posted";
         --inflight_;
         Fail(op, err.err, absl::StrCat("write to peer failed: ", fi_strerror(err.err), " (", detail ? detail : "", ")"));
       } else {

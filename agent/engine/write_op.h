@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/common/check.h"
 #include "agent/transfer/transfer.h"
 
 namespace ferry {
@@ -43,7 +44,9 @@ class TransferState {
       absl::MutexLock lock(&mu_);
       if (error_.ok()) error_ = status;
     }
-    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    const uint64_t before = remaining_.fetch_sub(1, std::memory_order_acq_rel);
+    FERRY_DCHECK(before > 0) << "transfer " << transfer_->id << ": more ops done than it has";
+    if (before == 1) {
       absl::Status result;
       {
         absl::MutexLock lock(&mu_);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/check.h"
 #include "agent/common/log.h"
 #include "agent/cuda/copy_kernel.h"
 
@@ -301,10 +302,7 @@ GpuCopier::~GpuCopier() {
 void GpuCopier::Submit(std::shared_ptr<Transfer> t, Done done) {
   const int device = LaunchDevice(*t);
   // The service routes only transfers with a GPU region here; anything else is a bug.
-  if (device < 0 || device >= cu_->device_count) {
-    FERRY_LOG(ERROR) << "GpuCopier got transfer " << t->id << " without a GPU region";
-    abort();
-  }
+  FERRY_CHECK(device >= 0 && device < cu_->device_count) << "GpuCopier got transfer " << t->id << " without a GPU region";
   LaneFor(device)->Push(std::move(t), std::move(done));
 }
 

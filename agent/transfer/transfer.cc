@@ -1,6 +1,7 @@
 #include "agent/transfer/transfer.h"
 
 #include "absl/time/clock.h"
+#include "agent/common/check.h"
 
 namespace ferry {
 
@@ -27,6 +28,7 @@ TransferManager::TransferManager(uint64_t incarnation, Metrics* metrics, Session
 }
 
 void TransferManager::Finish(const Transfer& t, const absl::Status& status) {
+  FERRY_DCHECK(!t.finished.exchange(true)) << "transfer " << t.id << " finished twice (" << status << ")";
   const absl::Duration elapsed = absl::Now() - t.submitted;
   const char* path = PathLabel(t.path);
   const PathMetrics* m = t.path > 0 && t.path < kPaths ? &path_metrics_[t.path] : nullptr;

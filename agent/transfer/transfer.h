@@ -60,6 +60,9 @@ struct Transfer {
   // Where the result goes: when set (a shared-memory queue's completion ring) instead
   // of the session's Wait / WatchCompletions bookkeeping.
   std::function<void(const v1::TransferResult&)> on_result;
+  // Set by TransferManager::Finish, which runs once per transfer (executors call `done`
+  // exactly once): checked in debug builds.
+  mutable std::atomic<bool> finished{false};
 };
 
 const char* PathLabel(v1::TransferPath path);  // "local", "fabric", "staged"
