@@ -46,6 +46,29 @@ TEST_CASE("paged form expands base + id * block_size") {
   CHECK(plan->total_bytes == 128);
 }
 
+TEST_CASE("paged blocks are checked by the largest id, and a bad one is named") {
+  // The last block ends exactly at each region's end: accepted, every block expanded.
+  auto plan = BuildChunkPlan(Paged(64, {0, 5, 2}, {7, 1, 3}, 16, 32), 16 + 6 * 64, 32 + 8 * 64, {});
+  REQUIRE(plan.ok());
+  REQUIRE(plan->chunks.size() == 3);
+  CHECK(plan->chunks[1].src_offset == 16 + 5 * 64);
+  CHECK(plan->chunks[0].dst_offset == 32 + 7 * 64);
+  CHECK(plan->total_bytes == 3 * 64);
+  // One byte less on either side: the block with the largest id is named, by its index.
+  auto src = BuildChunkPlan(Paged(64, {0, 5, 2}, {7, 1, 3}, 16, 32), 16 + 6 * 64 - 1, 32 + 8 * 64, {}).status();
+  CHECK(src.code() == absl::StatusCode::kOutOfRange);
+  CHECK(std::string(src.message()).find("source range of chunk 1") != std::string::npos);
+  auto dst = BuildChunkPlan(Paged(64, {0, 5, 2}, {7, 1, 3}, 16, 32), 16 + 6 * 64, 32 + 8 * 64 - 1, {}).status();
+  CHECK(dst.code() == absl::StatusCode::kOutOfRange);
+  CHECK(std::string(dst.message()).find("destination range of chunk 0") != std::string::npos);
+  // The first bad block in request order, not the largest.
+  auto first = BuildChunkPlan(Paged(64, {9, 0, 12}, {0, 1, 2}), 10 * 64, 10 * 64, {}).status();
+  CHECK(std::string(first.message()).find("source range of chunk 2") != std::string::npos);
+  auto wraps = BuildChunkPlan(Paged(1ull << 62, {0, 4}, {0, 1}), ~0ull, ~0ull, {}).status();  // 4 << 62 wraps
+  CHECK(wraps.code() == absl::StatusCode::kOutOfRange);
+  CHECK(std::string(wraps.message()).find("paged block 1") != std::string::npos);
+}
+
 TEST_CASE("ranges touching the end are accepted; one byte more is not") {
   CHECK(BuildChunkPlan(Chunks({{90, 0, 10}}), 100, 100, {}).ok());
   auto s = BuildChunkPlan(Chunks({{91, 0, 10}}), 100, 100, {}).status();
