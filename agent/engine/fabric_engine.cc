@@ -251,7 +251,7 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
   std::vector<uint64_t> nic_bytes(remote_nics, 0);
   for (size_t i = 0; i < pieces.size(); ++i) nic_bytes[rail[i % local_nics] % remote_nics] += pieces[i].length;
 
-  auto state = std::make_shared<TransferState>(
+  auto state = TransferState::Create(
       t, peer, pieces.size(),
       [this, t, peer, region_id, nic_bytes = std::move(nic_bytes), done = std::move(done)](absl::Status s) {
         if (!s.ok()) {
@@ -276,18 +276,19 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
   // Piece i goes to the rail's NIC i % local_nics; each NIC's ops in one hand-off.
   for (size_t j = 0; j < local_nics && j < pieces.size(); ++j) {
     const size_t l = rail[j], r = l % remote_nics;
-    absl::InlinedVector<WriteOp*, 1> ops;
+    // This thread's batch, reused: no allocation per op once it has grown.
+    thread_local std::vector<WriteOp> ops;
+    ops.clear();
     for (size_t i = j; i < pieces.size(); i += local_nics) {
-      auto* op = new WriteOp();
-      op->state = state;
-      op->local = t->src->data() + pieces[i].src_offset;
-      op->length = pieces[i].length;
-      op->desc = t->src->nics()[l].local_desc;
-      op->peer = peer->fi_addr(l, r);
-      op->remote_addr = keys[r].base() + pieces[i].dst_offset;
-      op->key = keys[r].key();
-      op->keys_since = keys_since;
-      ops.push_back(op);
+      WriteOp& op = ops.emplace_back();
+      op.state = state.get();
+      op.local = t->src->data() + pieces[i].src_offset;
+      op.length = pieces[i].length;
+      op.desc = t->src->nics()[l].local_desc;
+      op.peer = peer->fi_addr(l, r);
+      op.remote_addr = keys[r].base() + pieces[i].dst_offset;
+      op.key = keys[r].key();
+      op.keys_since = keys_since;
     }
     workers_[l]->Submit(ops);
   }
@@ -438,11 +439,12 @@ void FabricEngine::FillStatus(v1::GetStatusResponse* resp) const {
   for (size_t i = 0; i < workers_.size(); ++i) {
     const RailWorker* w = workers_[i].get();
     v1::NicStatus* n = resp->add_nics();
-    n->set_name(w->nic()->name());
-    n->set_provider(w->nic()->provider());
-    n->set_address(w->nic()->address_string());
+    const FabricNic* nic = nics_[i].get();
+    n->set_name(nic->name());
+    n->set_provider(nic->provider());
+    n->set_address(nic->address_string());
     n->set_tx_bytes(w->tx_bytes());
-    n->set_rx_bytes(static_cast<uint64_t>(metrics_->transfer_bytes("rx", "fabric", w->nic()->name()).Value()));
+    n->set_rx_bytes(static_cast<uint64_t>(metrics_->transfer_bytes("rx", "fabric", nic->name()).Value()));
     n->set_ops_inflight(w->inflight());
     for (int c : w->cpus()) n->add_cpus(c);
     const NicDevice* dev = nic_devices_[i];

@@ -21,6 +21,9 @@ constexpr size_t kLatencyBatch = 256;  // ops between two op_duration updates wh
 // Empty per-peer queues are kept for the next op to that peer (no deque rebuilt per
 // turn) unless there are more than this many.
 constexpr size_t kIdleQueuesKept = 16;
+// Post slots per block: more than a provider's usual transmit queue (rxm/tcp: 256), so
+// one block serves a worker for good.
+constexpr size_t kSlotBlock = 1024;
 
 // The worker whose loop runs on this thread, if any.
 thread_local const RailWorker* current_worker = nullptr;
@@ -52,7 +55,7 @@ bool IsConnectionReset(const absl::Status& status) {
   return status.GetPayload(kConnectionResetPayload).has_value();
 }
 
-RailWorker::RailWorker(FabricNic* nic, Metrics* metrics, absl::Duration spin, std::vector<int> cpus)
+RailWorker::RailWorker(NicInterface* nic, Metrics* metrics, absl::Duration spin, std::vector<int> cpus)
     : nic_(nic),
       spin_(spin),
       cpus_(std::move(cpus)),
@@ -65,6 +68,7 @@ RailWorker::RailWorker(FabricNic* nic, Metrics* metrics, absl::Duration spin, st
       latency_bounds_(LatencyBuckets()),
       latency_counts_(latency_bounds_.size() + 1, 0) {
   event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  FreeSlot();  // the first block, before any op needs it
 }
 
 RailWorker::~RailWorker() {
@@ -83,9 +87,9 @@ void RailWorker::Stop() {
   thread_.join();
 }
 
-void RailWorker::Submit(absl::Span<WriteOp* const> ops) {
+void RailWorker::Submit(absl::Span<const WriteOp> ops) {
   if (current_worker == this && !walking_queues_) {
-    for (WriteOp* op : ops) Enqueue(op);
+    for (const WriteOp& op : ops) Enqueue(op);
     return;
   }
   {
@@ -118,30 +122,42 @@ void RailWorker::Wake() {
   (void)ignored;
 }
 
-void RailWorker::Enqueue(WriteOp* op) {
+void RailWorker::Enqueue(const WriteOp& op) {
   ++pending_;
   for (PeerQueue& q : queues_) {
-    if (q.peer == op->peer) {
+    if (q.peer == op.peer) {
       q.ops.push_back(op);
       return;
     }
   }
-  queues_.push_back({op->peer, {op}});
+  queues_.push_back({op.peer, {}});
+  queues_.back().ops.push_back(op);
+}
+
+RailWorker::PostedOp* RailWorker::FreeSlot() {
+  if (free_slots_ == nullptr) {
+    slot_blocks_.push_back(std::make_unique<PostedOp[]>(kSlotBlock));
+    PostedOp* block = slot_blocks_.back().get();
+    for (size_t i = 0; i < kSlotBlock; ++i) block[i].next_free = i + 1 < kSlotBlock ? &block[i + 1] : nullptr;
+    free_slots_ = block;
+  }
+  return free_slots_;
 }
 
 bool RailWorker::TakeIncoming() {
   if (!has_incoming_.exchange(false, std::memory_order_acq_rel)) return false;
-  std::vector<WriteOp*> batch;
   {
     absl::MutexLock lock(&mu_);
-    batch.swap(incoming_);
+    taken_.swap(incoming_);
     if (source_change_) {
       source_ = next_source_;
       source_change_ = false;
     }
   }
-  for (WriteOp* op : batch) Enqueue(op);
-  return !batch.empty();
+  for (const WriteOp& op : taken_) Enqueue(op);
+  const bool took = !taken_.empty();
+  taken_.clear();
+  return took;
 }
 
 const RailWorker::Drop* RailWorker::LastDrop(fi_addr_t peer) const {
@@ -151,27 +167,28 @@ const RailWorker::Drop* RailWorker::LastDrop(fi_addr_t peer) const {
   return nullptr;
 }
 
-void RailWorker::Fail(WriteOp* op, int err, absl::string_view what) {
+void RailWorker::Fail(const WriteOp& op, int err, absl::string_view what) {
   errors_.Increment();
   const std::string message = absl::StrCat(nic_->name(), ": ", what);
   if (!ConnectionLost(err)) {
-    Complete(op, absl::UnavailableError(message), absl::Now());
+    const absl::Time now = absl::Now();
+    Complete(op, absl::UnavailableError(message), now, now);
     return;
   }
   // The first error of a drop starts the hold; the rest (ops the provider flushes from
   // the same connection) fall inside it.
   const absl::Time now = absl::Now();
-  auto d = std::find_if(drops_.begin(), drops_.end(), [op](const Drop& x) { return x.peer == op->peer; });
+  auto d = std::find_if(drops_.begin(), drops_.end(), [&op](const Drop& x) { return x.peer == op.peer; });
   if (d == drops_.end() || now >= d->at + kReconnectHold) {
     FERRY_LOG(WARNING) << message << "; the connection to that peer is gone, reconnecting";
     reconnects_.Increment();
     if (d == drops_.end()) {
-      drops_.push_back({op->peer, now});
+      drops_.push_back({op.peer, now});
     } else {
       d->at = now;
     }
   }
-  Complete(op, ConnectionResetError(message), now);
+  Complete(op, ConnectionResetError(message), now, now);
 }
 
 // Posts from the front of each peer's queue until it is empty or the provider pushes back.
@@ -188,16 +205,15 @@ bool RailWorker::PostPending() {
     const Drop* drop = LastDrop(q.peer);
     if (drop != nullptr && now < drop->at + kReconnectHold) continue;
     while (!q.ops.empty()) {
-      WriteOp* op = q.ops.front();
-      if (op->state->finished()) {  // deadline passed or failed: don't send the rest
+      const WriteOp op = q.ops.front();
+      if (op.state->finished()) {  // deadline passed or failed: don't send the rest
         q.ops.pop_front();
         --pending_;
-        op->state->OpDone(absl::CancelledError("transfer already finished"));
-        delete op;
+        op.state->OpDone(absl::CancelledError("transfer already finished"));
         progressed = true;
         continue;
       }
-      if (drop != nullptr && op->keys_since < drop->at) {
+      if (drop != nullptr && op.keys_since < drop->at) {
         // Its keys predate the drop: they may be what broke the connection (a region
         // deregistered since). Posting them could break the new one as well.
         q.ops.pop_front();
@@ -206,12 +222,12 @@ bool RailWorker::PostPending() {
         Complete(op,
                  ConnectionResetError(absl::StrCat(nic_->name(), ": the connection to the peer dropped after "
                                                    "the destination's keys were fetched")),
-                 now);
+                 now, now);
         continue;
       }
-      op->posted = now;
-      ssize_t rc = nic_->PostWrite(op->local, op->length, op->desc, op->peer, op->remote_addr, op->key,
-                                   &op->context, /*more=*/q.ops.size() > 1);
+      PostedOp* slot = FreeSlot();  // taken off the free list only if the post succeeds
+      ssize_t rc = nic_->PostWrite(op.local, op.length, op.desc, op.peer, op.remote_addr, op.key, &slot->context,
+                                   /*more=*/q.ops.size() > 1);
       if (rc == -FI_EAGAIN) {
         eagain_.Increment();
         break;  // the op stays at the front; progress the CQ, then retry
@@ -228,6 +244,9 @@ bool RailWorker::PostPending() {
         }
         continue;
       }
+      free_slots_ = slot->next_free;
+      slot->op = op;
+      slot->posted = now;
       ++inflight_;
     }
   }
@@ -241,19 +260,18 @@ bool RailWorker::PostPending() {
   return progressed;
 }
 
-void RailWorker::Complete(WriteOp* op, const absl::Status& status, absl::Time now) {
+void RailWorker::Complete(const WriteOp& op, const absl::Status& status, absl::Time posted, absl::Time now) {
   if (status.ok()) {
-    tx_bytes_.fetch_add(op->length, std::memory_order_relaxed);
-    tx_counter_.Increment(static_cast<double>(op->length));
-    const double seconds = absl::ToDoubleSeconds(now - op->posted);
+    tx_bytes_.fetch_add(op.length, std::memory_order_relaxed);
+    tx_counter_.Increment(static_cast<double>(op.length));
+    const double seconds = absl::ToDoubleSeconds(now - posted);
     // The bucket prometheus-cpp's Observe would pick: the first bound >= the value.
     latency_counts_[std::lower_bound(latency_bounds_.begin(), latency_bounds_.end(), seconds) -
                     latency_bounds_.begin()] += 1;
     latency_sum_ += seconds;
     if (++latency_ops_ >= kLatencyBatch) FlushLatencies();
   }
-  op->state->OpDone(status);
-  delete op;
+  op.state->OpDone(status);
 }
 
 void RailWorker::FlushLatencies() {
@@ -265,27 +283,33 @@ void RailWorker::FlushLatencies() {
 }
 
 bool RailWorker::ReadCompletions() {
-  fi_cq_entry entries[kCqBatch];
-  ssize_t n = fi_cq_read(nic_->cq(), entries, kCqBatch);
+  void* done[kCqBatch];
+  const ssize_t n = nic_->ReadCompletions(done, kCqBatch);
   if (n > 0) {
     const absl::Time now = absl::Now();
     for (ssize_t i = 0; i < n; ++i) {
       FERRY_DCHECK(inflight_ > 0) << nic_->name() << ": a completion for an op that was not posted";
       --inflight_;
-      Complete(static_cast<WriteOp*>(entries[i].op_context), absl::OkStatus(), now);
+      PostedOp* slot = reinterpret_cast<PostedOp*>(done[i]);  // &slot->context, its first member
+      const WriteOp op = slot->op;
+      const absl::Time posted = slot->posted;
+      slot->next_free = free_slots_;
+      free_slots_ = slot;
+      Complete(op, absl::OkStatus(), posted, now);
     }
     return true;
   }
   if (n == -FI_EAVAIL) {
-    fi_cq_err_entry err{};
-    if (fi_cq_readerr(nic_->cq(), &err, 0) == 1) {
-      auto* op = static_cast<WriteOp*>(err.op_context);
-      char buf[256];
-      const char* detail = fi_cq_strerror(nic_->cq(), err.prov_errno, err.err_data, buf, sizeof(buf));
-      if (op != nullptr) {
+    NicInterface::ErrorCompletion err;
+    if (nic_->ReadError(&err)) {
+      auto* slot = reinterpret_cast<PostedOp*>(err.context);
+      if (slot != nullptr) {
         FERRY_DCHECK(inflight_ > 0) << nic_->name() << ": an error completion for an op that was not posted";
         --inflight_;
-        Fail(op, err.err, absl::StrCat("write to peer failed: ", fi_strerror(err.err), " (", detail ? detail : "", ")"));
+        const WriteOp op = slot->op;
+        slot->next_free = free_slots_;
+        free_slots_ = slot;
+        Fail(op, err.err, absl::StrCat("write to peer failed: ", fi_strerror(err.err), " (", err.detail, ")"));
       } else {
         errors_.Increment();
       }
@@ -321,16 +345,18 @@ bool RailWorker::StopNow() {
   {
     absl::MutexLock lock(&mu_);
     if (stop_deadline_ == absl::InfiniteFuture()) stop_deadline_ = absl::Now() + absl::Seconds(2);
-    for (WriteOp* op : incoming_) Enqueue(op);
+    for (const WriteOp& op : incoming_) Enqueue(op);
     incoming_.clear();
   }
   if (pending_ == 0 && inflight_ == 0) return true;
   if (absl::Now() < stop_deadline_) return false;
   // Ops still queued after the grace period are failed; ops the provider still holds
-  // are abandoned with the endpoint (their transfers were already finished by the engine).
+  // are abandoned with the endpoint (their transfers were already finished by the
+  // engine), and so are their states: the NIC may still read their source memory.
   walking_queues_ = true;
+  const absl::Time now = absl::Now();
   for (PeerQueue& q : queues_) {
-    for (WriteOp* op : q.ops) Complete(op, absl::UnavailableError("the agent is shutting down"), absl::Now());
+    q.ops.ForEach([&](const WriteOp& op) { Complete(op, absl::UnavailableError("the agent is shutting down"), now, now); });
   }
   walking_queues_ = false;
   queues_.clear();

@@ -1,4 +1,5 @@
-// RailWorker: the thread that owns one NIC's endpoint and completion queue.
+// RailWorker: the thread that owns one NIC's endpoint and completion queue (through
+// NicInterface: FabricNic in the agent, a fake in tests/engine/rail_worker_test.cc).
 //
 //   RailWorker w(nic, metrics);
 //   w.Start();
@@ -26,13 +27,19 @@
 // key, one the target just closed, is what breaks the connection. All these failures
 // carry kConnectionResetPayload: the engine writes them again with fresh keys.
 //
+// Nothing is allocated per op (NCCL's request slots): ops wait in per-peer ring queues
+// by value, and a posted op lives in one of the worker's preallocated slots, whose
+// address is the provider's context; a completion returns the slot to a free list the
+// worker alone touches. The slots grow by a block only if more ops are in flight than
+// ever before.
+//
 // A PollSource (the shared-memory queues) may ride on the loop: it is polled every
 // turn, its fd joins the sleep, so a queued write reaches the NIC on this thread.
 #ifndef FERRY_AGENT_ENGINE_RAIL_WORKER_H_
 #define FERRY_AGENT_ENGINE_RAIL_WORKER_H_
 
 #include <atomic>
-#include <deque>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -42,8 +49,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/common/poll_source.h"
+#include "agent/common/ring_queue.h"
 #include "agent/engine/write_op.h"
-#include "agent/fabric/fabric_nic.h"
+#include "agent/fabric/nic_interface.h"
 #include "agent/metrics/metrics.h"
 
 namespace ferry {
@@ -62,20 +70,20 @@ class RailWorker {
   // blocks on the CQ's fd. Long enough to ride a stream of incoming writes (rxm/tcp move
   // data only while the target polls); short enough that an idle agent sleeps at once.
   // A dedicated progress core may spin far longer (--fabric_spin_us).
-  RailWorker(FabricNic* nic, Metrics* metrics, absl::Duration spin, std::vector<int> cpus = {});
+  RailWorker(NicInterface* nic, Metrics* metrics, absl::Duration spin, std::vector<int> cpus = {});
   ~RailWorker();
 
   void Start();
   void Stop();
-  // Hands ops to the worker (ownership moves). Thread-safe; from the worker's own thread
-  // (a PollSource's writes) the ops join its queues directly.
-  void Submit(absl::Span<WriteOp* const> ops);
+  // Hands ops to the worker (copied; each op's state hears of it exactly once, through
+  // OpDone). Thread-safe; from the worker's own thread (a PollSource's writes) the ops
+  // join its queues directly.
+  void Submit(absl::Span<const WriteOp> ops);
   // Runs `source` on this worker's thread from now on (nullptr: none). Returns once the
   // worker has taken the change, so a source detached this way may be destroyed. Not
   // concurrently with Start() or Stop().
   void SetPollSource(PollSource* source);
 
-  FabricNic* nic() const { return nic_; }
   uint64_t tx_bytes() const { return tx_bytes_.load(std::memory_order_relaxed); }
   uint64_t inflight() const { return inflight_pub_.load(std::memory_order_relaxed); }
   const std::vector<int>& cpus() const { return cpus_; }
@@ -83,18 +91,20 @@ class RailWorker {
  private:
   void Loop();
   bool TakeIncoming();
-  void Enqueue(WriteOp* op);
+  void Enqueue(const WriteOp& op);
   bool PostPending();
   bool ReadCompletions();
   // Fails `op` for error `err` (a negative or positive fi_errno), holding its peer's
   // queue if the error means the connection is gone.
-  void Fail(WriteOp* op, int err, absl::string_view what);
+  void Fail(const WriteOp& op, int err, absl::string_view what);
   struct Drop {
     fi_addr_t peer;
     absl::Time at;  // when the worker saw the connection go
   };
   const Drop* LastDrop(fi_addr_t peer) const;
-  void Complete(WriteOp* op, const absl::Status& status, absl::Time now);
+  // Reports `op` done to its transfer; `posted`: when it went to the NIC (ops that
+  // succeed were all posted).
+  void Complete(const WriteOp& op, const absl::Status& status, absl::Time posted, absl::Time now);
   // Hands the op latencies gathered since the last call to prometheus.
   void FlushLatencies();
   // Blocks until there may be work; true if woken by activity rather than the timeout.
@@ -103,7 +113,7 @@ class RailWorker {
   bool StopNow();
   void Wake();
 
-  FabricNic* nic_;
+  NicInterface* nic_;
   const absl::Duration spin_;
   std::vector<int> cpus_;
   prometheus::Counter& tx_counter_;
@@ -114,7 +124,7 @@ class RailWorker {
   prometheus::Counter& reconnects_;
 
   absl::Mutex mu_;
-  std::vector<WriteOp*> incoming_ ABSL_GUARDED_BY(mu_);
+  std::vector<WriteOp> incoming_ ABSL_GUARDED_BY(mu_);
   PollSource* next_source_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool source_change_ ABSL_GUARDED_BY(mu_) = false;
   bool loop_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -123,12 +133,25 @@ class RailWorker {
   std::atomic<bool> sleeping_{false};  // set around Sleep(); Submit wakes only a sleeper
   int event_fd_ = -1;
 
-  // Owned by the worker thread: ops not yet posted, one FIFO per destination.
+  // Owned by the worker thread from here on.
+  // Ops not yet posted, one FIFO per destination.
   struct PeerQueue {
     fi_addr_t peer;
-    std::deque<WriteOp*> ops;
+    RingQueue<WriteOp> ops;
   };
   std::vector<PeerQueue> queues_;
+  std::vector<WriteOp> taken_;  // incoming_'s twin: the two swap, both keep their capacity
+  // A posted op. `context` comes first: the provider hands its address back in the
+  // completion, and that address is the slot's.
+  struct PostedOp {
+    fi_context2 context;
+    WriteOp op;
+    absl::Time posted;
+    PostedOp* next_free = nullptr;
+  };
+  PostedOp* FreeSlot();  // the next free slot (still on the free list); grows if none
+  std::vector<std::unique_ptr<PostedOp[]>> slot_blocks_;
+  PostedOp* free_slots_ = nullptr;
   // Set while a loop walks queues_: an op submitted from inside it (a completion
   // callback) takes the locked path instead of changing queues_ under the walk.
   bool walking_queues_ = false;

@@ -1,10 +1,13 @@
 // WriteOp and TransferState: the units the fabric engine moves.
 //
 // A transfer is split into WriteOps (one fi_writemsg each), spread over the NICs of its
-// rail. Every op holds the transfer's state, so the source region (and with it the
-// memory being read) outlives the last op even if the transfer already failed its
-// deadline. The first op error or the deadline, whichever comes first, decides the
-// result; later completions are counted and dropped.
+// rail. A WriteOp is a small value: the NIC's worker copies it into its per-peer queue
+// and, when posting, into one of its preallocated slots (agent/engine/rail_worker.h), so
+// nothing is allocated per op. Ops point at their TransferState without counting
+// references; the state keeps itself alive until its last op is done (Create), so the
+// source region (and with it the memory being read) outlives the last op even if the
+// transfer already failed its deadline. The first op error or the deadline, whichever
+// comes first, decides the result; later completions are counted and dropped.
 #ifndef FERRY_AGENT_ENGINE_WRITE_OP_H_
 #define FERRY_AGENT_ENGINE_WRITE_OP_H_
 
@@ -29,8 +32,14 @@ class TransferState {
  public:
   using Done = std::function<void(absl::Status)>;
 
-  TransferState(std::shared_ptr<Transfer> t, std::shared_ptr<PeerConnection> peer, uint64_t ops, Done done)
-      : transfer_(std::move(t)), peer_(std::move(peer)), remaining_(ops), done_(std::move(done)) {}
+  // A state for `ops` (> 0) ops, which holds itself until the last of them is done.
+  static std::shared_ptr<TransferState> Create(std::shared_ptr<Transfer> t, std::shared_ptr<PeerConnection> peer,
+                                               uint64_t ops, Done done) {
+    FERRY_DCHECK(ops > 0) << "transfer " << t->id << ": a transfer of no ops would never finish";
+    std::shared_ptr<TransferState> state(new TransferState(std::move(t), std::move(peer), ops, std::move(done)));
+    state->self_ = state;
+    return state;
+  }
 
   const Transfer& transfer() const { return *transfer_; }
   const std::shared_ptr<PeerConnection>& peer() const { return peer_; }
@@ -38,7 +47,8 @@ class TransferState {
   // True once the result is decided; ops of a finished transfer are not posted.
   bool finished() const { return finished_.load(std::memory_order_acquire); }
 
-  // Called once per op. The last one finishes the transfer with the first error seen.
+  // Called once per op. The last one finishes the transfer with the first error seen
+  // and lets go of the state (which may destroy it).
   void OpDone(const absl::Status& status) {
     if (!status.ok()) {
       absl::MutexLock lock(&mu_);
@@ -53,6 +63,8 @@ class TransferState {
         result = error_;
       }
       Finish(result);
+      // Possibly the last reference: nothing after this line may touch *this.
+      std::shared_ptr<TransferState> last = std::move(self_);
     }
   }
 
@@ -65,6 +77,10 @@ class TransferState {
   }
 
  private:
+  TransferState(std::shared_ptr<Transfer> t, std::shared_ptr<PeerConnection> peer, uint64_t ops, Done done)
+      : transfer_(std::move(t)), peer_(std::move(peer)), remaining_(ops), done_(std::move(done)) {}
+
+  std::shared_ptr<TransferState> self_;  // set by Create, dropped by the last OpDone
   std::shared_ptr<Transfer> transfer_;
   std::shared_ptr<PeerConnection> peer_;
   std::atomic<uint64_t> remaining_;
@@ -74,9 +90,9 @@ class TransferState {
   Done done_;
 };
 
+// One write, as the engine hands it to a NIC's worker.
 struct WriteOp {
-  fi_context2 context;  // first member: libfabric hands &context back in the completion
-  std::shared_ptr<TransferState> state;
+  TransferState* state = nullptr;  // alive until this op's OpDone (see Create)
   const uint8_t* local = nullptr;
   uint64_t length = 0;
   void* desc = nullptr;
@@ -84,7 +100,6 @@ struct WriteOp {
   uint64_t remote_addr = 0;
   uint64_t key = 0;
   absl::Time keys_since;  // when `key` was fetched from the target (RemoteRegion::opened)
-  absl::Time posted;
 };
 
 }  // namespace ferry

@@ -7,6 +7,7 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -247,6 +248,25 @@ ssize_t FabricNic::PostWrite(const void* local, size_t len, void* desc, fi_addr_
   msg.rma_iov_count = 1;
   msg.context = context;
   return fi_writemsg(ep_, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION | (more ? FI_MORE : 0));
+}
+
+ssize_t FabricNic::ReadCompletions(void** contexts, size_t max) {
+  constexpr size_t kBatch = 64;
+  fi_cq_entry entries[kBatch];
+  const ssize_t n = fi_cq_read(cq_, entries, std::min(max, kBatch));
+  for (ssize_t i = 0; i < n; ++i) contexts[i] = entries[i].op_context;
+  return n == -FI_EAGAIN ? 0 : n;
+}
+
+bool FabricNic::ReadError(ErrorCompletion* out) {
+  fi_cq_err_entry err{};
+  if (fi_cq_readerr(cq_, &err, 0) != 1) return false;
+  char buf[256];
+  const char* detail = fi_cq_strerror(cq_, err.prov_errno, err.err_data, buf, sizeof(buf));
+  out->context = err.op_context;
+  out->err = err.err;
+  out->detail = detail != nullptr ? detail : "";
+  return true;
 }
 
 bool FabricNic::TryWait() {

@@ -4,7 +4,7 @@
 //   absl::StatusOr<std::unique_ptr<FabricNic>> nic = FabricNic::Open({"tcp;ofi_rxm", "127.0.0.1", 0});
 //   absl::StatusOr<NicRegistration> mr = (*nic)->Register(buf, len);   // per region
 //   absl::StatusOr<fi_addr_t> peer = (*nic)->InsertPeer(remote_name);
-//   (*nic)->PostWrite(...);      // only from the NIC's worker thread
+//   (*nic)->PostWrite(...);      // only from the NIC's worker thread (NicInterface)
 //
 // The NIC honours the mr_mode the provider returns (offset or virtual addressing,
 // provider-chosen keys, FI_MR_LOCAL descriptors, FI_MR_ENDPOINT binding) instead of
@@ -29,6 +29,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "agent/fabric/nic_interface.h"
 #include "agent/memory/region.h"
 
 namespace ferry {
@@ -47,12 +48,12 @@ struct FabricNicOptions {
   bool hmem = true;
 };
 
-class FabricNic {
+class FabricNic : public NicInterface {
  public:
   static absl::StatusOr<std::unique_ptr<FabricNic>> Open(const FabricNicOptions& options);
-  ~FabricNic();
+  ~FabricNic() override;
 
-  const std::string& name() const { return name_; }          // "nic0"
+  const std::string& name() const override { return name_; }  // "nic0"
   const std::string& provider() const { return provider_; }  // as resolved, e.g. "tcp;ofi_rxm"
   const std::string& iface() const { return iface_; }  // the bound IPv4 address, or the domain
   // Where the NIC is in sysfs (agent/topology): the interface holding iface(), and the
@@ -64,8 +65,6 @@ class FabricNic {
   std::string address_string() const;
   uint64_t max_msg_size() const { return max_msg_size_; }
   size_t tx_size() const { return tx_size_; }
-  // Readable when the CQ may have work (FI_WAIT_FD); -1 when the provider has no wait fd.
-  int wait_fd() const { return wait_fd_; }
 
   // Whether GPU memory can be registered (the provider granted FI_HMEM).
   bool hmem() const { return hmem_; }
@@ -77,13 +76,14 @@ class FabricNic {
   absl::StatusOr<fi_addr_t> InsertPeer(const std::string& raw_address);
   void RemovePeer(fi_addr_t addr);
 
-  // Posts one write; returns 0, -FI_EAGAIN, or another negative fi_errno.
-  // `more` hints that another post follows at once (FI_MORE).
-  ssize_t PostWrite(const void* local, size_t len, void* desc, fi_addr_t peer, uint64_t remote_addr,
-                    uint64_t key, void* context, bool more);
-  fid_cq* cq() const { return cq_; }
-  // fi_trywait on the CQ: true when it is safe to block on wait_fd().
-  bool TryWait();
+  // NicInterface, for the NIC's RailWorker. The wait fd is the CQ's (FI_WAIT_FD), or -1
+  // when the provider has none.
+  ssize_t PostWrite(const void* local, size_t len, void* desc, fi_addr_t peer, uint64_t remote_addr, uint64_t key,
+                    void* context, bool more) override;
+  ssize_t ReadCompletions(void** contexts, size_t max) override;
+  bool ReadError(ErrorCompletion* out) override;
+  int wait_fd() const override { return wait_fd_; }
+  bool TryWait() override;
 
  private:
   FabricNic() = default;
