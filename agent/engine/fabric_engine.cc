@@ -8,18 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/log.h"
+#include "agent/peers/remote_target.h"
 #include "agent/topology/cpu_list.h"
 
 namespace ferry {
-namespace {
-
-// What Prepare resolved for Submit.
-struct RemoteTarget : ExecutorContext {
-  std::shared_ptr<PeerConnection> peer;
-  std::shared_ptr<RemoteRegion> region;
-};
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricEngineOptions& options,
                                                                   Metrics* metrics) {
@@ -142,59 +134,7 @@ absl::StatusOr<RegionRegistration> FabricEngine::Register(const MemoryBacking& b
   return reg;
 }
 
-absl::Status FabricEngine::Prepare(Transfer& t) {
-  absl::Status resolved = ResolveTarget(t);
-  if (!resolved.ok()) return resolved;
-  if (TargetRegion(t)->staging.has_value()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dst region ", t.dst_descriptor->region_id(), " is ", v1::MemoryKind_Name(TargetRegion(t)->kind),
-        " memory its agent's NICs cannot reach, but the descriptor says host memory; use the descriptor its owner "
-        "was given"));
-  }
-  if (t.src != nullptr && t.src->kind() == MemoryKind::kCuda && t.src->nics().empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "src_region_id ", t.src->id(), " is GPU memory, which this agent's NICs cannot reach directly (no FI_HMEM)"));
-  }
-  if (t.src != nullptr && t.src->nics().size() != nics_.size()) {
-    return absl::FailedPreconditionError(absl::StrCat("src_region_id ", t.src->id(), " is not registered with the fabric"));
-  }
-  return absl::OkStatus();
-}
-
-std::shared_ptr<PeerConnection> FabricEngine::TargetPeer(const Transfer& t) {
-  return std::static_pointer_cast<RemoteTarget>(t.executor_context)->peer;
-}
-
-std::shared_ptr<RemoteRegion> FabricEngine::TargetRegion(const Transfer& t) {
-  return std::static_pointer_cast<RemoteTarget>(t.executor_context)->region;
-}
-
-absl::Status FabricEngine::ResolveTarget(Transfer& t) {
-  if (peers_ == nullptr) return absl::FailedPreconditionError("this agent has no peer service");
-  const v1::RegionDescriptor& d = *t.dst_descriptor;
-  const PeerLookup lookup = t.cached_only ? PeerLookup::kCachedOnly : PeerLookup::kMayConnect;
-  absl::StatusOr<std::shared_ptr<PeerConnection>> peer = peers_->Resolve(d, t.deadline, lookup);
-  if (!peer.ok()) return peer.status();
-  absl::StatusOr<std::shared_ptr<RemoteRegion>> region = (*peer)->OpenRegion(d, t.deadline, lookup);
-  if (!region.ok()) return region.status();
-  // Bounds against the region as its agent reports it, not the descriptor's claim.
-  for (size_t i = 0; i < t.plan.chunks.size(); ++i) {
-    const CopyChunk& c = t.plan.chunks[i];
-    if (c.dst_offset > (*region)->size || c.length > (*region)->size - c.dst_offset) {
-      return absl::OutOfRangeError(absl::StrCat("destination range of chunk ", i, " [", c.dst_offset, ", +", c.length,
-                                                ") is outside region ", d.region_id(), " (", (*region)->size,
-                                                " bytes on its agent)"));
-    }
-  }
-  auto target = std::make_shared<RemoteTarget>();
-  target->peer = std::move(*peer);
-  target->region = std::move(*region);
-  t.executor_context = std::move(target);
-  return absl::OkStatus();
-}
-
 void FabricEngine::Submit(std::shared_ptr<Transfer> t, Done done) {
-  auto target = std::static_pointer_cast<RemoteTarget>(t->executor_context);
   auto retry_once = [this, t, done](absl::Status s) {
     // Every op of the attempt has completed (only op failures carry the payload), so
     // nothing of it can land later; writing the same bytes again is safe. The region is
@@ -208,14 +148,14 @@ void FabricEngine::Submit(std::shared_ptr<Transfer> t, Done done) {
         if (stopping_) return done(absl::UnavailableError("the agent is shutting down"));
       }
       t->cached_only = false;  // this thread may wait for a handshake
-      absl::Status resolved = ResolveTarget(*t);
+      absl::Status resolved = ResolveRemoteTarget(*peers_, *t);
       if (!resolved.ok()) return done(resolved);
-      auto again = std::static_pointer_cast<RemoteTarget>(t->executor_context);
-      SubmitTo(t, again->peer, again->region->keys, again->region->region_id, again->region->opened, done);
+      const RemoteRegion& region = *t->remote_region;
+      SubmitTo(t, t->peer, region.keys, region.region_id, region.opened, done);
     });
   };
-  SubmitTo(t, target->peer, target->region->keys, target->region->region_id, target->region->opened,
-           std::move(retry_once));
+  const RemoteRegion& region = *t->remote_region;
+  SubmitTo(t, t->peer, region.keys, region.region_id, region.opened, std::move(retry_once));
 }
 
 void FabricEngine::NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done) {
@@ -295,7 +235,6 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
 }
 
 void FabricEngine::SendNotify(const std::shared_ptr<Transfer>& t, const std::vector<uint64_t>& nic_bytes, Done done) {
-  auto target = std::static_pointer_cast<RemoteTarget>(t->executor_context);
   const v1::RegionDescriptor& d = *t->dst_descriptor;
   v1::NotifyRequest req;
   req.set_target_incarnation(d.agent_incarnation());
@@ -310,7 +249,7 @@ void FabricEngine::SendNotify(const std::shared_ptr<Transfer>& t, const std::vec
   v1::NotifyResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(std::max(t->deadline, absl::Now() + absl::Milliseconds(100))));
-  grpc::Status s = target->peer->stub()->Notify(&ctx, req, &resp);
+  grpc::Status s = t->peer->stub()->Notify(&ctx, req, &resp);
   if (s.ok()) {
     done(absl::OkStatus());
   } else {

@@ -3,7 +3,8 @@
 //   absl::StatusOr<std::unique_ptr<FabricEngine>> e = FabricEngine::Create(options, metrics);
 //   (*e)->StartPeers(self_address, credentials, args);   // once the peer server is bound
 //   // as RegionRegistrar: every new region is registered on every NIC
-//   // as TransferExecutor: Prepare() resolves the destination, Submit() moves the bytes
+//   // as TransferExecutor: Submit() writes a transfer the router resolved (t->peer,
+//   // t->remote_region) and sent down the fabric path
 //
 // A transfer becomes WriteOps: adjacent chunks are coalesced, large ones split at
 // `max_op_bytes`, and the pieces striped round-robin over the NICs of the source's rail
@@ -73,27 +74,22 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   // detaches it (returns once the worker no longer touches it).
   void AttachPollSource(PollSource* source) { workers_.front()->SetPollSource(source); }
 
-  absl::Status Prepare(Transfer& t) override;
   void Submit(std::shared_ptr<Transfer> t, Done done) override;
   // GPU memory is registered with the NICs only when every NIC has FI_HMEM.
   absl::StatusOr<RegionRegistration> Register(const MemoryBacking& backing) override;
 
-  // For the staged path (agent/staged), which drives the engine stage by stage:
-  // Resolves t.dst_descriptor's peer and region and checks bounds (Prepare without
-  // the source and direct-reachability checks). With t.cached_only, a peer or region
-  // that needs an RPC to another agent fails with WouldBlockError instead.
-  absl::Status ResolveTarget(Transfer& t);
-  // What ResolveTarget found.
-  static std::shared_ptr<PeerConnection> TargetPeer(const Transfer& t);
-  static std::shared_ptr<RemoteRegion> TargetRegion(const Transfer& t);
+  // The peers this agent writes to (null before StartPeers): what the router resolves
+  // remote destinations with.
+  PeerTable* peers() const { return peers_.get(); }
+
+  // The engine's primitives, which the staged path (agent/staged) drives stage by stage.
   // Writes `t` (a registered host source) to `keys` of `peer` at the chunks' dst
   // offsets. Never notifies; `done` as for Submit. `keys_since`: when the keys were
   // fetched (RemoteRegion::opened); after a connection drop older keys are not posted
   // (see RailWorker); InfiniteFuture opts out.
   void SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerConnection> peer,
                 const std::vector<v1::RemoteKey>& keys, uint64_t region_id, absl::Time keys_since, Done done);
-  // Notifies the destination's owner that all of `t` landed (t resolved by
-  // ResolveTarget). Blocks for the RPC.
+  // Notifies the destination's owner (t->peer) that all of `t` landed. Blocks for the RPC.
   void NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done);
 
   std::vector<FabricNic*> nics() const;

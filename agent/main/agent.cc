@@ -111,10 +111,25 @@ absl::Status Agent::Init() {
   config_.metrics_address = absl::StrCat(config_.metrics_address.substr(0, config_.metrics_address.rfind(':')), ":",
                                          metrics_server_->port());
 
+  TransferRouterDeps route;
+  route.incarnation = incarnation_;
+  route.advertise_address = advertise_address_;
+  route.regions = regions;
+  route.transfers = transfers_.get();
+  route.local = local_copier_.get();
+  route.gpu_local = gpu_copier_.get();
+  if (engine_ != nullptr) {
+    route.peers = engine_->peers();
+    route.fabric_nics = engine_->nics().size();
+    route.fabric = engine_.get();
+    route.staged = staged_.get();
+    route.stage_host_regions = config_.stage_host_regions;
+  }
+  router_ = std::make_unique<TransferRouter>(std::move(route));
+  queue_entries_ = std::make_unique<QueueEntries>(router_.get(), sessions_.get(), transfers_.get(), m);
   queue_poller_ = std::make_unique<QueuePoller>(
-      [this](const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e, bool may_block) {
-        return local_service_->OnQueueEntry(q, e, may_block);
-      });
+      [e = queue_entries_.get()](const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& entry,
+                                 bool may_block) { return e->Handle(q, entry, may_block); });
 
   LocalServiceDeps deps;
   deps.config = &config_;
@@ -124,16 +139,12 @@ absl::Status Agent::Init() {
   deps.regions = regions;
   deps.sessions = sessions_.get();
   deps.transfers = transfers_.get();
-  deps.local = local_copier_.get();
+  deps.router = router_.get();
   deps.cuda = cuda_memory_.get();
-  deps.gpu_local = gpu_copier_.get();
   if (gpu_copier_ != nullptr) deps.gpu_warm_up = [g = gpu_copier_.get()](int device) { g->WarmUp(device); };
   deps.cuda_unavailable = cuda_status_;
   deps.queues = queue_poller_.get();
   if (engine_ != nullptr) {
-    deps.remote = engine_.get();
-    deps.staged = staged_.get();
-    deps.stage_host_regions = config_.stage_host_regions;
     deps.registrar = engine_.get();
     deps.fill_status = [e = engine_.get(), st = staging_table_.get()](v1::GetStatusResponse* r) {
       e->FillStatus(r);
@@ -246,7 +257,6 @@ absl::Status Agent::StartFabric() {
   StagedExecutorOptions staged;
   staged.buffer_bytes = config_.staging_buffer_bytes;
   staged.stage_bytes = config_.stage_bytes;
-  staged.stage_host_regions = config_.stage_host_regions;
   staged_ = std::make_unique<StagedExecutor>(staged, engine_.get(), cu, stage_copier_.get());
   int port = 0;
   grpc::ServerBuilder builder;
@@ -284,6 +294,7 @@ void Agent::Shutdown(absl::Duration grace) {
     local_server_->GetHealthCheckService()->SetServingStatus(false);  // and so does grpc.health.v1
   }
   if (local_service_) local_service_->BeginShutdown();
+  if (queue_entries_) queue_entries_->BeginShutdown();
   // Let in-flight transfers finish (bounded).
   absl::Time deadline = absl::Now() + grace;
   while (transfers_ && transfers_->inflight() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));

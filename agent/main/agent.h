@@ -19,6 +19,8 @@
 #include "agent/cuda/cuda_import.h"
 #include "agent/local/gpu_copier.h"
 #include "agent/local/host_copier.h"
+#include "agent/router/queue_entries.h"
+#include "agent/router/transfer_router.h"
 #include "agent/staged/staged_executor.h"
 #include "agent/staged/staging_table.h"
 #include "agent/memory/region_table.h"
@@ -72,8 +74,10 @@ class Agent {
   std::unique_ptr<StageCopier> stage_copier_;
   std::unique_ptr<StagingTable> staging_table_;
   std::unique_ptr<StagedExecutor> staged_;
+  std::unique_ptr<TransferRouter> router_;
   std::unique_ptr<LocalService> local_service_;
-  std::unique_ptr<QueuePoller> queue_poller_;  // after local_service_: its handler
+  std::unique_ptr<QueueEntries> queue_entries_;
+  std::unique_ptr<QueuePoller> queue_poller_;  // after queue_entries_: its handler
   std::unique_ptr<grpc::Server> local_server_;
   std::unique_ptr<SessionSocketServer> session_server_;
   std::unique_ptr<MetricsServer> metrics_server_;

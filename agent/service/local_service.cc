@@ -15,20 +15,6 @@ namespace {
 
 constexpr char kSessionMetadata[] = "ferry-session";
 
-absl::StatusOr<std::shared_ptr<Region>> OwnedRegion(RegionTable& regions, const Session& session,
-                                                    uint64_t id, const char* field) {
-  if (id == 0) return absl::InvalidArgumentError(absl::StrCat(field, " must be a region id (>= 1), got 0"));
-  absl::StatusOr<std::shared_ptr<Region>> r = regions.Lookup(id);
-  if (!r.ok()) {
-    return absl::NotFoundError(absl::StrCat(field, " ", id, " is not registered with this agent"));
-  }
-  if ((*r)->owner_session() != session.id()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        field, " ", id, " belongs to another session; a session may only write from regions it registered"));
-  }
-  return r;
-}
-
 }  // namespace
 
 LocalService::LocalService(LocalServiceDeps deps) : deps_(std::move(deps)), started_(absl::Now()) {}
@@ -145,50 +131,6 @@ grpc::Status LocalService::DeregisterMemory(grpc::ServerContext* ctx, const v1::
 
 // ---------------------------------------------------------------- Write
 
-absl::StatusOr<uint64_t> LocalService::ResolveDestination(const std::shared_ptr<const v1::RegionDescriptor>& dst_ptr,
-                                                          Transfer& t) {
-  const v1::RegionDescriptor& dst = *dst_ptr;
-  if (dst.version() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("dst.version ", dst.version(), " is not supported (expected 1)"));
-  }
-  if (dst.region_id() == 0) return absl::InvalidArgumentError("dst.region_id must be >= 1, got 0");
-  absl::StatusOr<Token> token = Token::FromBytes(dst.token(), "dst.token");
-  if (!token.ok()) return token.status();
-
-  if (dst.agent_incarnation() == deps_.incarnation) {
-    absl::StatusOr<std::shared_ptr<Region>> d = deps_.regions->Lookup(dst.region_id());
-    if (!d.ok()) {
-      return absl::NotFoundError(absl::StrCat("dst.region_id ", dst.region_id(),
-                                              " is not registered (it was deregistered or its owner exited)"));
-    }
-    if (!(*d)->token().Equals(*token)) {
-      return absl::PermissionDeniedError(absl::StrCat("dst.token does not match region ", dst.region_id()));
-    }
-    t.dst = *d;
-    t.path = v1::TRANSFER_PATH_LOCAL;
-    const bool gpu = t.dst->kind() == MemoryKind::kCuda || (t.src != nullptr && t.src->kind() == MemoryKind::kCuda);
-    t.executor = gpu ? deps_.gpu_local : deps_.local;
-    return (*d)->size();
-  }
-  if (dst.agent_address().empty() || dst.agent_address() == deps_.advertise_address) {
-    return absl::NotFoundError(absl::StrCat(
-        "dst is a stale descriptor: it names agent incarnation ", dst.agent_incarnation(),
-        ", which no longer runs (the agent restarted); ask the region's owner for a new descriptor"));
-  }
-  if (deps_.remote == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dst lives on agent ", dst.agent_address(), " but this agent runs without a fabric (--peer_address unset)"));
-  }
-  t.dst_descriptor = dst_ptr;
-  // GPU memory on either side goes to the staged path, which hands the transfer to the
-  // direct one in Prepare when both sides' NICs turn out to reach it (FI_HMEM).
-  const bool staged = deps_.stage_host_regions || dst.kind() == v1::MEMORY_KIND_CUDA ||
-                      (t.src != nullptr && t.src->kind() == MemoryKind::kCuda);
-  t.path = staged ? v1::TRANSFER_PATH_STAGED : v1::TRANSFER_PATH_FABRIC;
-  t.executor = staged ? deps_.staged : deps_.remote;
-  return dst.size();
-}
-
 absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareWrite(const std::shared_ptr<Session>& session,
                                                                      const v1::WriteRequest& req) {
   WriteSpec spec;
@@ -196,45 +138,11 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareWrite(const std::
   if (req.has_dst()) spec.dst = std::make_shared<const v1::RegionDescriptor>(req.dst());
   spec.notify = req.notify();
   spec.tag = req.tag();
-  spec.timeout_ms = req.timeout_ms();
+  spec.timeout = absl::Milliseconds(req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms);
   const ChunkLimits limits{deps_.config->max_chunks_per_write};
-  return PrepareWrite(
+  return deps_.router->Prepare(
       session, spec, [&](uint64_t src_size, uint64_t dst_size) { return BuildChunkPlan(req, src_size, dst_size, limits); },
       /*cached_only=*/false);
-}
-
-absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareWrite(const std::shared_ptr<Session>& session,
-                                                                     const WriteSpec& spec, PlanChunks plan_chunks,
-                                                                     bool cached_only) {
-  absl::StatusOr<std::shared_ptr<Region>> src = OwnedRegion(*deps_.regions, *session, spec.src_region_id, "src_region_id");
-  if (!src.ok()) return src.status();
-  if (spec.dst == nullptr) return absl::InvalidArgumentError("dst: the destination RegionDescriptor is missing");
-
-  auto t = std::make_shared<Transfer>();
-  t->session = session;
-  t->src = *src;
-  t->notify = spec.notify;
-  t->tag = spec.tag;
-  t->submitted = absl::Now();
-  t->cached_only = cached_only;
-  const uint32_t timeout_ms = spec.timeout_ms != 0 ? spec.timeout_ms : deps_.config->transfer_timeout_ms;
-  t->deadline = t->submitted + absl::Milliseconds(timeout_ms);
-  absl::StatusOr<uint64_t> dst_size = ResolveDestination(spec.dst, *t);
-  if (!dst_size.ok()) return dst_size.status();
-
-  absl::StatusOr<ChunkPlan> plan = plan_chunks((*src)->size(), *dst_size);
-  if (!plan.ok()) return plan.status();
-  t->plan = std::move(*plan);
-  absl::Status prepared = t->executor->Prepare(*t);
-  if (!prepared.ok()) return prepared;
-  return t;
-}
-
-void LocalService::Launch(std::shared_ptr<Transfer> t) {
-  TransferManager* manager = deps_.transfers;
-  manager->Begin(*t);
-  TransferExecutor* executor = t->executor;
-  executor->Submit(t, [manager, t](absl::Status s) { manager->Finish(*t, s); });
 }
 
 grpc::Status LocalService::Write(grpc::ServerContext* ctx, const v1::WriteRequest* req, v1::WriteResponse* resp) {
@@ -246,7 +154,7 @@ grpc::Status LocalService::Write(grpc::ServerContext* ctx, const v1::WriteReques
   (*t)->id = deps_.transfers->NextId();
   absl::Status begun = (*session)->BeginTransfer((*t)->id);
   if (!begun.ok()) return Reply("Write", begun);
-  Launch(*t);
+  deps_.router->Launch(*t);
   resp->set_transfer_id((*t)->id);
   return grpc::Status::OK;
 }
@@ -280,10 +188,7 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
   std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations;
   for (int i = 0; i < req.destinations_size(); ++i) {
     destinations.push_back(std::make_shared<const v1::RegionDescriptor>(req.destinations(i)));
-    Transfer probe;
-    probe.deadline = absl::Now() + absl::Milliseconds(timeout_ms);
-    absl::StatusOr<uint64_t> size = ResolveDestination(destinations.back(), probe);
-    absl::Status s = size.ok() ? probe.executor->Prepare(probe) : size.status();
+    absl::Status s = deps_.router->CheckDestination(destinations.back(), absl::Now() + absl::Milliseconds(timeout_ms));
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("destinations[", i, "]: ", s.message()));
   }
   absl::StatusOr<UniqueFd> ring = session->TakeFd(req.ring_fd());
@@ -316,62 +221,6 @@ grpc::Status LocalService::CreateQueue(grpc::ServerContext* ctx, const v1::Creat
   if (!id.ok()) return Reply("CreateQueue", id.status());
   resp->set_queue_id(*id);
   return grpc::Status::OK;
-}
-
-namespace {
-
-queue::CompletionEntry ToCompletion(uint64_t user_data, const v1::TransferResult& r) {
-  queue::CompletionEntry c{};
-  c.user_data = user_data;
-  c.transfer_id = r.transfer_id();
-  c.bytes = r.bytes();
-  c.duration_ns = r.duration_ns();
-  c.code = r.code();
-  c.path = static_cast<uint32_t>(r.path());
-  snprintf(c.message, sizeof(c.message), "%s", r.message().c_str());
-  return c;
-}
-
-}  // namespace
-
-bool LocalService::OnQueueEntry(const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e,
-                                bool may_block) {
-  auto refuse = [&](const absl::Status& s) {
-    deps_.metrics->errors("Queue", StatusCodeName(static_cast<int>(s.code()))).Increment();
-    v1::TransferResult r;
-    r.set_code(static_cast<int>(s.code()));
-    r.set_message(std::string(s.message()));
-    q->Complete(ToCompletion(e.user_data, r));
-    return true;
-  };
-  if (shutting_down_.load()) return refuse(absl::UnavailableError("the agent is shutting down"));
-  std::shared_ptr<Session> session = deps_.sessions->FindById(q->session_id());
-  if (session == nullptr) return refuse(absl::UnavailableError("the session ended"));
-  if (e.dst_index >= q->destinations().size()) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat("dst_index ", e.dst_index, " is not one of the queue's ",
-                                                          q->destinations().size(), " destinations")));
-  }
-  if (e.flags & ~queue::kFlagNotify) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat("flags 0x", absl::Hex(e.flags), " has unknown bits")));
-  }
-  WriteSpec spec;
-  spec.src_region_id = e.src_region;
-  spec.dst = q->destinations()[e.dst_index];
-  spec.notify = (e.flags & queue::kFlagNotify) != 0;
-  spec.tag = e.tag;
-  spec.timeout_ms = q->timeout_ms();
-  absl::StatusOr<std::shared_ptr<Transfer>> t = PrepareWrite(
-      session, spec,
-      [&e](uint64_t src_size, uint64_t dst_size) {
-        return SingleChunkPlan({e.src_offset, e.dst_offset, e.length}, src_size, dst_size);
-      },
-      /*cached_only=*/!may_block);
-  if (!t.ok() && IsWouldBlock(t.status())) return false;
-  if (!t.ok()) return refuse(t.status());
-  (*t)->id = deps_.transfers->NextId();
-  (*t)->on_result = [q, user_data = e.user_data](const v1::TransferResult& r) { q->Complete(ToCompletion(user_data, r)); };
-  Launch(std::move(*t));
-  return true;
 }
 
 // ---------------------------------------------------------------- streams

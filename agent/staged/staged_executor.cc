@@ -70,28 +70,6 @@ StagedExecutor::~StagedExecutor() {
   for (auto& [t, done] : left) done(absl::UnavailableError("the agent is shutting down"));
 }
 
-bool StagedExecutor::SourceStaged(const Region& src) const {
-  // GPU memory the NICs could not register (no FI_HMEM).
-  return src.nics().empty() || options_.stage_host_regions;
-}
-
-absl::Status StagedExecutor::Prepare(Transfer& t) {
-  absl::Status s = engine_->ResolveTarget(t);
-  if (!s.ok()) return s;
-  if (t.src == nullptr) return absl::OkStatus();  // a queue's destination, checked without a source
-  const bool src_staged = SourceStaged(*t.src);
-  if (!src_staged && t.src->nics().size() != engine_->nics().size()) {
-    return absl::FailedPreconditionError(absl::StrCat("src_region_id ", t.src->id(), " is not registered with the fabric"));
-  }
-  if (!src_staged && !FabricEngine::TargetRegion(t)->staging.has_value()) {
-    // The NICs reach both sides (GPU memory with FI_HMEM): the direct path.
-    t.path = v1::TRANSFER_PATH_FABRIC;
-    t.executor = engine_;
-    return engine_->Prepare(t);
-  }
-  return absl::OkStatus();
-}
-
 void StagedExecutor::Submit(std::shared_ptr<Transfer> t, Done done) {
   absl::MutexLock lock(&mu_);
   queue_.emplace_back(std::move(t), std::move(done));
@@ -122,8 +100,8 @@ std::shared_ptr<SlotPool> StagedExecutor::RemoteSlots(RemoteRegion& region) cons
 }
 
 absl::Status StagedExecutor::Run(const std::shared_ptr<Transfer>& t, LocalStaging& local) {
-  const std::shared_ptr<RemoteRegion> region = FabricEngine::TargetRegion(*t);
-  const bool src_staged = SourceStaged(*t->src);
+  const std::shared_ptr<RemoteRegion> region = t->remote_region;
+  const bool src_staged = t->stage_src;
   const bool dst_staged = region->staging.has_value();
   if (src_staged && local.memory == nullptr) {
     absl::StatusOr<std::shared_ptr<Region>> s = AllocateStagingRegion(options_.buffer_bytes, cu_, engine_);
@@ -174,8 +152,8 @@ absl::Status StagedExecutor::Run(const std::shared_ptr<Transfer>& t, LocalStagin
 absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, const std::vector<CopyChunk>& stage,
                                         const LocalStaging& local, const std::shared_ptr<SlotPool>& remote_slots,
                                         const std::shared_ptr<StageTracker>& tracker) {
-  const std::shared_ptr<PeerConnection> peer = FabricEngine::TargetPeer(*t);
-  const std::shared_ptr<RemoteRegion> region = FabricEngine::TargetRegion(*t);
+  const std::shared_ptr<PeerConnection> peer = t->peer;
+  const std::shared_ptr<RemoteRegion> region = t->remote_region;
   if (absl::Status s = tracker->status(); !s.ok()) return s;  // an earlier stage failed
   if (absl::Now() > t->deadline) {
     return absl::DeadlineExceededError(absl::StrCat("transfer ", t->id, " passed its deadline"));

@@ -12,7 +12,9 @@
 // target's GPU), so stage k+1 is copied and written while stage k is committed. Every
 // staged transfer from this agent into one region shares that region's target slots.
 // A transfer completes only after its last stage is committed, then notifies. Deadlines
-// hold throughout (the engine's watchdog, every RPC, every wait for a slot).
+// hold throughout (the engine's watchdog, every RPC, every wait for a slot). The router
+// (agent/router) decides which transfers come here and whether their source is staged
+// (t->stage_src); the destination is staged when its agent reserved a staging buffer.
 #ifndef FERRY_AGENT_STAGED_STAGED_EXECUTOR_H_
 #define FERRY_AGENT_STAGED_STAGED_EXECUTOR_H_
 
@@ -34,7 +36,6 @@ struct StagedExecutorOptions {
   int workers = 2;
   uint64_t buffer_bytes = 32 << 20;  // local staging per worker
   uint64_t stage_bytes = 1 << 20;    // the largest stage: the pipeline's unit
-  bool stage_host_regions = false;   // also carry host sources through staging
 };
 
 class StagedExecutor : public TransferExecutor {
@@ -44,7 +45,6 @@ class StagedExecutor : public TransferExecutor {
   // Fails queued transfers (UNAVAILABLE), lets running ones end, joins the workers.
   ~StagedExecutor() override;
 
-  absl::Status Prepare(Transfer& t) override;
   void Submit(std::shared_ptr<Transfer> t, Done done) override;
 
  private:
@@ -56,8 +56,6 @@ class StagedExecutor : public TransferExecutor {
   };
 
   void Work();
-  // Whether bytes leave `src` through local staging (the NICs cannot reach it).
-  bool SourceStaged(const Region& src) const;
   absl::Status Run(const std::shared_ptr<Transfer>& t, LocalStaging& local);
   // Starts one stage (chunks already cut to fit a slot): takes its slots, copies it out,
   // submits the write, whose completion commits it. Errors after the start reach

@@ -28,12 +28,8 @@
 namespace ferry {
 
 class TransferExecutor;
-
-// What an executor attaches to a transfer in Prepare (e.g. the resolved peer).
-class ExecutorContext {
- public:
-  virtual ~ExecutorContext() = default;
-};
+class PeerConnection;  // agent/peers
+struct RemoteRegion;   // agent/peers
 
 struct Transfer {
   uint64_t id = 0;
@@ -47,13 +43,18 @@ struct Transfer {
   absl::Time deadline;
   // Node-local destination (path LOCAL).
   std::shared_ptr<Region> dst;
-  // Remote destination (path FABRIC / STAGED); shared by all entries of a queue.
+  // Remote destination (path FABRIC / STAGED); shared by all entries of a queue. The
+  // router resolves it to the target's agent and the region as that agent reports it.
   std::shared_ptr<const v1::RegionDescriptor> dst_descriptor;
-  std::shared_ptr<ExecutorContext> executor_context;
+  std::shared_ptr<PeerConnection> peer;
+  std::shared_ptr<RemoteRegion> remote_region;
+  // Path STAGED: the source's bytes go through a host staging buffer (the NICs cannot
+  // reach the source); otherwise only the destination is staged.
+  bool stage_src = false;
   // Fabric NICs (indices) to stripe over; empty: those of the source region's placement.
   // The staged path sets the user region's here, as its source is a staging buffer.
   std::vector<int> rail;
-  TransferExecutor* executor = nullptr;  // local or remote, chosen by the destination
+  TransferExecutor* executor = nullptr;  // chosen with `path` by the router (agent/router)
   // Prepare must not wait on the network (it runs on a NIC worker): a destination not
   // in the peer caches fails with WouldBlockError (agent/common/poll_source.h).
   bool cached_only = false;

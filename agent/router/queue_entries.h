@@ -1,0 +1,46 @@
+// QueueEntries: the shared-memory write queues' entries, checked and started like Write
+// RPCs (through the TransferRouter), their results and refusals written to the queue's
+// completion ring. The QueuePoller's handler:
+//
+//   QueueEntries entries(&router, sessions, transfers, metrics);
+//   QueuePoller poller([&](auto& q, auto& e, bool may_block) { return entries.Handle(q, e, may_block); });
+//
+// Entries run on a NIC worker (may_block false) or on the poller's own thread.
+#ifndef FERRY_AGENT_ROUTER_QUEUE_ENTRIES_H_
+#define FERRY_AGENT_ROUTER_QUEUE_ENTRIES_H_
+
+#include <atomic>
+#include <memory>
+
+#include "agent/metrics/metrics.h"
+#include "agent/queue/transfer_queue.h"
+#include "agent/router/transfer_router.h"
+#include "agent/session/session_registry.h"
+#include "agent/transfer/transfer.h"
+
+namespace ferry {
+
+class QueueEntries {
+ public:
+  QueueEntries(const TransferRouter* router, SessionRegistry* sessions, TransferManager* transfers, Metrics* metrics)
+      : router_(router), sessions_(sessions), transfers_(transfers), metrics_(metrics) {}
+
+  // Refuses every entry from now on (UNAVAILABLE: the agent is shutting down).
+  void BeginShutdown() { shutting_down_.store(true); }
+
+  // One entry of `q`: started, or refused through the completion ring; true either way.
+  // With !may_block (on a NIC worker) it returns false, having done nothing, when the
+  // destination's peer or region must first be looked up over the network.
+  bool Handle(const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e, bool may_block);
+
+ private:
+  const TransferRouter* router_;
+  SessionRegistry* sessions_;
+  TransferManager* transfers_;
+  Metrics* metrics_;
+  std::atomic<bool> shutting_down_{false};
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_ROUTER_QUEUE_ENTRIES_H_

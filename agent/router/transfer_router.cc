@@ -1,0 +1,142 @@
+#include "agent/router/transfer_router.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/common/token.h"
+#include "agent/peers/remote_target.h"
+
+namespace ferry {
+namespace {
+
+absl::StatusOr<std::shared_ptr<Region>> OwnedRegion(RegionTable& regions, const Session& session, uint64_t id,
+                                                    const char* field) {
+  if (id == 0) return absl::InvalidArgumentError(absl::StrCat(field, " must be a region id (>= 1), got 0"));
+  absl::StatusOr<std::shared_ptr<Region>> r = regions.Lookup(id);
+  if (!r.ok()) {
+    return absl::NotFoundError(absl::StrCat(field, " ", id, " is not registered with this agent"));
+  }
+  if ((*r)->owner_session() != session.id()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        field, " ", id, " belongs to another session; a session may only write from regions it registered"));
+  }
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Transfer>> TransferRouter::Prepare(const std::shared_ptr<Session>& session,
+                                                                  const WriteSpec& spec, PlanChunks plan,
+                                                                  bool cached_only) const {
+  absl::StatusOr<std::shared_ptr<Region>> src = OwnedRegion(*deps_.regions, *session, spec.src_region_id, "src_region_id");
+  if (!src.ok()) return src.status();
+  if (spec.dst == nullptr) return absl::InvalidArgumentError("dst: the destination RegionDescriptor is missing");
+
+  auto t = std::make_shared<Transfer>();
+  t->session = session;
+  t->src = *src;
+  t->notify = spec.notify;
+  t->tag = spec.tag;
+  t->submitted = absl::Now();
+  t->cached_only = cached_only;
+  t->deadline = t->submitted + spec.timeout;
+  absl::StatusOr<uint64_t> dst_size = Destination(spec.dst, *t);
+  if (!dst_size.ok()) return dst_size.status();
+  absl::StatusOr<ChunkPlan> chunks = plan((*src)->size(), *dst_size);
+  if (!chunks.ok()) return chunks.status();
+  t->plan = std::move(*chunks);
+  if (t->dst_descriptor != nullptr) {
+    absl::Status routed = RouteRemote(*t);
+    if (!routed.ok()) return routed;
+  }
+  return t;
+}
+
+absl::Status TransferRouter::CheckDestination(const std::shared_ptr<const v1::RegionDescriptor>& dst,
+                                              absl::Time deadline) const {
+  Transfer probe;
+  probe.deadline = deadline;
+  absl::StatusOr<uint64_t> size = Destination(dst, probe);
+  if (!size.ok()) return size.status();
+  return probe.dst_descriptor != nullptr ? RouteRemote(probe) : absl::OkStatus();
+}
+
+void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
+  TransferManager* manager = deps_.transfers;
+  manager->Begin(*t);
+  TransferExecutor* executor = t->executor;
+  executor->Submit(t, [manager, t](absl::Status s) { manager->Finish(*t, s); });
+}
+
+absl::StatusOr<uint64_t> TransferRouter::Destination(const std::shared_ptr<const v1::RegionDescriptor>& dst_ptr,
+                                                     Transfer& t) const {
+  const v1::RegionDescriptor& dst = *dst_ptr;
+  if (dst.version() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("dst.version ", dst.version(), " is not supported (expected 1)"));
+  }
+  if (dst.region_id() == 0) return absl::InvalidArgumentError("dst.region_id must be >= 1, got 0");
+  absl::StatusOr<Token> token = Token::FromBytes(dst.token(), "dst.token");
+  if (!token.ok()) return token.status();
+
+  if (dst.agent_incarnation() == deps_.incarnation) {
+    absl::StatusOr<std::shared_ptr<Region>> d = deps_.regions->Lookup(dst.region_id());
+    if (!d.ok()) {
+      return absl::NotFoundError(absl::StrCat("dst.region_id ", dst.region_id(),
+                                              " is not registered (it was deregistered or its owner exited)"));
+    }
+    if (!(*d)->token().Equals(*token)) {
+      return absl::PermissionDeniedError(absl::StrCat("dst.token does not match region ", dst.region_id()));
+    }
+    t.dst = *d;
+    t.path = v1::TRANSFER_PATH_LOCAL;
+    const bool gpu = t.dst->kind() == MemoryKind::kCuda || (t.src != nullptr && t.src->kind() == MemoryKind::kCuda);
+    t.executor = gpu ? deps_.gpu_local : deps_.local;
+    return (*d)->size();
+  }
+  if (dst.agent_address().empty() || dst.agent_address() == deps_.advertise_address) {
+    return absl::NotFoundError(absl::StrCat(
+        "dst is a stale descriptor: it names agent incarnation ", dst.agent_incarnation(),
+        ", which no longer runs (the agent restarted); ask the region's owner for a new descriptor"));
+  }
+  if (deps_.peers == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dst lives on agent ", dst.agent_address(), " but this agent runs without a fabric (--peer_address unset)"));
+  }
+  t.dst_descriptor = dst_ptr;
+  return dst.size();
+}
+
+absl::Status TransferRouter::RouteRemote(Transfer& t) const {
+  absl::Status resolved = ResolveRemoteTarget(*deps_.peers, t);
+  if (!resolved.ok()) return resolved;
+  const v1::RegionDescriptor& d = *t.dst_descriptor;
+  const bool src_gpu = t.src != nullptr && t.src->kind() == MemoryKind::kCuda;
+  // What the descriptor and source say; the region as its agent reports it decides.
+  const bool staged_by_kind = deps_.stage_host_regions || d.kind() == v1::MEMORY_KIND_CUDA || src_gpu;
+  const bool dst_staged = t.remote_region->staging.has_value();
+  if (dst_staged && !staged_by_kind) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dst region ", d.region_id(), " is ", v1::MemoryKind_Name(t.remote_region->kind),
+        " memory its agent's NICs cannot reach, but the descriptor says host memory; use the descriptor its owner "
+        "was given"));
+  }
+  if (t.src == nullptr) {  // a destination checked ahead of its writes: no source yet
+    t.path = staged_by_kind ? v1::TRANSFER_PATH_STAGED : v1::TRANSFER_PATH_FABRIC;
+    return absl::OkStatus();
+  }
+  const bool src_staged = t.src->nics().empty() || deps_.stage_host_regions;
+  if (!src_staged && t.src->nics().size() != deps_.fabric_nics) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("src_region_id ", t.src->id(), " is not registered with the fabric"));
+  }
+  if (!src_staged && !dst_staged) {  // the NICs reach both sides (GPU memory with FI_HMEM too)
+    t.path = v1::TRANSFER_PATH_FABRIC;
+    t.executor = deps_.fabric;
+    return absl::OkStatus();
+  }
+  t.path = v1::TRANSFER_PATH_STAGED;
+  t.executor = deps_.staged;
+  t.stage_src = src_staged;
+  return absl::OkStatus();
+}
+
+}  // namespace ferry
