@@ -33,9 +33,9 @@ class CheckFailure {
 
 }  // namespace ferry
 
-#define FERRY_CHECK(condition)          \
-  if (ABSL_PREDICT_TRUE(condition)) {   \
-  } else                                \
+#define FERRY_CHECK(condition)        \
+  if (ABSL_PREDICT_TRUE(condition)) { \
+  } else                              \
     ::ferry::CheckFailure(__FILE__, __LINE__, #condition).stream()
 
 #ifdef NDEBUG

@@ -21,9 +21,8 @@ bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_min_level.
 
 LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
   const char* base = strrchr(file, '/');
-  stream_ << kLevelNames[static_cast<int>(level_)]
-          << absl::FormatTime(" %H:%M:%E6S ", absl::Now(), absl::UTCTimeZone()) << "ferryd "
-          << (base ? base + 1 : file) << ":" << line << "] ";
+  stream_ << kLevelNames[static_cast<int>(level_)] << absl::FormatTime(" %H:%M:%E6S ", absl::Now(), absl::UTCTimeZone())
+          << "ferryd " << (base ? base + 1 : file) << ":" << line << "] ";
 }
 
 LogLine::~LogLine() {

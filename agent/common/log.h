@@ -34,9 +34,9 @@ class LogLine {
 #define FERRY_LOG_LEVEL_INFO ::ferry::LogLevel::kInfo
 #define FERRY_LOG_LEVEL_WARNING ::ferry::LogLevel::kWarning
 #define FERRY_LOG_LEVEL_ERROR ::ferry::LogLevel::kError
-#define FERRY_LOG(level)                                  \
-  if (!::ferry::LogEnabled(FERRY_LOG_LEVEL_##level)) {    \
-  } else                                                  \
+#define FERRY_LOG(level)                               \
+  if (!::ferry::LogEnabled(FERRY_LOG_LEVEL_##level)) { \
+  } else                                               \
     ::ferry::LogLine(FERRY_LOG_LEVEL_##level, __FILE__, __LINE__).stream()
 
 #endif  // FERRY_AGENT_COMMON_LOG_H_

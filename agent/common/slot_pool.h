@@ -42,8 +42,7 @@ class SlotPool {
     absl::MutexLock lock(&mu_);
     auto free_slot = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_use_ < busy_.size(); };
     if (!mu_.AwaitWithDeadline(absl::Condition(&free_slot), deadline)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("all ", slots_, " staging slots stayed busy until the deadline"));
+      return absl::DeadlineExceededError(absl::StrCat("all ", slots_, " staging slots stayed busy until the deadline"));
     }
     const size_t slot = std::find(busy_.begin(), busy_.end(), false) - busy_.begin();
     busy_[slot] = true;

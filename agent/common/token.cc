@@ -35,8 +35,7 @@ Token Token::Random() {
 
 absl::StatusOr<Token> Token::FromBytes(absl::string_view bytes, absl::string_view field) {
   if (bytes.size() != kSize) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " must be exactly ", kSize,
-                                                   " bytes, got ", bytes.size()));
+    return absl::InvalidArgumentError(absl::StrCat(field, " must be exactly ", kSize, " bytes, got ", bytes.size()));
   }
   Token t;
   for (size_t i = 0; i < kSize; ++i) t.bytes_[i] = static_cast<uint8_t>(bytes[i]);

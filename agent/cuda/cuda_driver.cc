@@ -19,12 +19,12 @@ absl::StatusOr<const CudaDriver*> LoadOnce() {
   // Never unloaded: regions and contexts may live until exit.
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no CUDA driver on this node (", dlerror(), "); GPU memory needs a node with the NVIDIA driver"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA driver on this node (", dlerror(), "); GPU memory needs a node with the NVIDIA driver"));
   }
   auto* cu = new CudaDriver();
   std::string missing;
-#define FERRY_CUDA_RESOLVE(name)                                                         \
+#define FERRY_CUDA_RESOLVE(name)                                                      \
   cu->name = reinterpret_cast<decltype(cu->name)>(dlsym(lib, FERRY_STRINGIZE(name))); \
   if (cu->name == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", FERRY_STRINGIZE(name));
   FERRY_CUDA_FUNCTIONS(FERRY_CUDA_RESOLVE)
@@ -92,8 +92,7 @@ absl::Status UseDevice(const CudaDriver& cu, int device) {
     if ((*contexts)[device] == nullptr) {
       CUdevice dev;
       FERRY_RETURN_IF_CU_ERROR(&cu, cu.cuDeviceGet(&dev, device), "cuDeviceGet");
-      FERRY_RETURN_IF_CU_ERROR(&cu, cu.cuDevicePrimaryCtxRetain(&(*contexts)[device], dev),
-                               "cuDevicePrimaryCtxRetain");
+      FERRY_RETURN_IF_CU_ERROR(&cu, cu.cuDevicePrimaryCtxRetain(&(*contexts)[device], dev), "cuDevicePrimaryCtxRetain");
     }
     ctx = (*contexts)[device];
   }

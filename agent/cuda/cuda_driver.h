@@ -22,24 +22,27 @@
 namespace ferry {
 
 // Every driver entry point ferry uses (agent and client helpers).
-#define FERRY_CUDA_FUNCTIONS(X)                                                           \
-  X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                   \
-  X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetPCIBusId)       \
-  X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)       \
-  X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxEnablePeerAccess)                                             \
-  X(cuMemAlloc) X(cuMemFree) X(cuMemsetD8) X(cuMemcpyHtoD) X(cuMemcpyDtoH)               \
+// (Kept out of clang-format: a group of related calls per line reads better.)
+// clang-format off
+#define FERRY_CUDA_FUNCTIONS(X)                                                                                \
+  X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                                        \
+  X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetPCIBusId)                            \
+  X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)                            \
+  X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxEnablePeerAccess)                                               \
+  X(cuMemAlloc) X(cuMemFree) X(cuMemsetD8) X(cuMemcpyHtoD) X(cuMemcpyDtoH)                                     \
   X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemGetAddressRange) X(cuPointerGetAttribute)  \
-  X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemAllocAsync) X(cuMemFreeAsync)                                                      \
-  X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)                       \
-  X(cuMemCreate) X(cuMemRelease) X(cuMemGetAllocationGranularity)                         \
-  X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)                       \
-  X(cuMemGetAllocationPropertiesFromHandle) X(cuMemAddressReserve) X(cuMemAddressFree)    \
-  X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetHandleForAddressRange)            \
-  X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                             \
-  X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)                     \
-  X(cuEventSynchronize) X(cuEventElapsedTime)                                             \
-  X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel) \
+  X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemAllocAsync) X(cuMemFreeAsync)                                      \
+  X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)                                            \
+  X(cuMemCreate) X(cuMemRelease) X(cuMemGetAllocationGranularity)                                              \
+  X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)                                            \
+  X(cuMemGetAllocationPropertiesFromHandle) X(cuMemAddressReserve) X(cuMemAddressFree)                         \
+  X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetHandleForAddressRange)                                 \
+  X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                                                  \
+  X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)                                          \
+  X(cuEventSynchronize) X(cuEventElapsedTime)                                                                  \
+  X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)                               \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+// clang-format on
 
 struct CudaDriver {
   // Loads libcuda.so.1 and calls cuInit once per process; later calls return the same
@@ -50,7 +53,7 @@ struct CudaDriver {
   // text. Out-of-memory maps to RESOURCE_EXHAUSTED, bad arguments to INVALID_ARGUMENT.
   absl::Status Check(CUresult r, absl::string_view what) const;
 
-  int version = 0;        // cuDriverGetVersion, e.g. 12090
+  int version = 0;  // cuDriverGetVersion, e.g. 12090
   int device_count = 0;
 
 #define FERRY_CUDA_MEMBER(name) decltype(&::name) name = nullptr;
@@ -69,10 +72,10 @@ absl::StatusOr<int> EnablePeerAccess(const CudaDriver& cu, int device);
 
 }  // namespace ferry
 
-#define FERRY_RETURN_IF_CU_ERROR(cu, call, what)            \
-  do {                                                      \
+#define FERRY_RETURN_IF_CU_ERROR(cu, call, what)                 \
+  do {                                                           \
     absl::Status _ferry_cu_status = (cu)->Check((call), (what)); \
-    if (!_ferry_cu_status.ok()) return _ferry_cu_status;    \
+    if (!_ferry_cu_status.ok()) return _ferry_cu_status;         \
   } while (0)
 
 #endif  // FERRY_AGENT_CUDA_CUDA_DRIVER_H_

@@ -67,8 +67,10 @@ class VmmImport : public CudaImport {
     // Kept open while the import lives, for SameFile.
     fd_ = fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (fd_ < 0) return absl::ResourceExhaustedError("cuda_fd: out of file descriptors in the agent");
-    FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemImportFromShareableHandle(
-        &handle_, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+    FERRY_RETURN_IF_CU_ERROR(
+        cu,
+        cu->cuMemImportFromShareableHandle(&handle_, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
         "cuda_fd: importing the fd (is it a cuMemExportToShareableHandle POSIX fd?)");
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof(prop));
@@ -79,18 +81,21 @@ class VmmImport : public CudaImport {
                                                      ", not on device ", device_, " as the request says"));
     }
     size_t granularity = 0;
-    FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+    FERRY_RETURN_IF_CU_ERROR(cu,
+                             cu->cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
                              "cuMemGetAllocationGranularity");
     if (allocation_size == 0 || allocation_size % granularity != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("cuda_fd.allocation_size must be the allocation's size, a multiple of ",
-                                                     granularity, " bytes; got ", allocation_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda_fd.allocation_size must be the allocation's size, a multiple of ", granularity,
+                       " bytes; got ", allocation_size));
     }
     size_ = allocation_size;
     FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemAddressReserve(&base_, size_, granularity, 0, 0), "cuMemAddressReserve");
     absl::Status mapped = cu->Check(cu->cuMemMap(base_, size_, 0, handle_, 0), "cuMemMap");
     if (!mapped.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cuda_fd.allocation_size ", allocation_size, " is larger than the exported allocation (", mapped.message(), ")"));
+      return absl::InvalidArgumentError(absl::StrCat("cuda_fd.allocation_size ", allocation_size,
+                                                     " is larger than the exported allocation (", mapped.message(),
+                                                     ")"));
     }
     mapped_ = true;
     std::vector<CUmemAccessDesc> access;
@@ -172,8 +177,8 @@ absl::StatusOr<int> CudaMemory::ResolveDevice(int32_t device, const std::string&
     for (size_t d = 0; d < bus_ids_.size(); ++d) {
       if (bus_ids_[d] == want) return static_cast<int>(d);
     }
-    return absl::InvalidArgumentError(absl::StrCat("pci_bus_id \"", absl::CHexEscape(pci_bus_id),
-                                                   "\" is not a CUDA device on this node"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pci_bus_id \"", absl::CHexEscape(pci_bus_id), "\" is not a CUDA device on this node"));
   }
   if (device < 0 || device >= cu_->device_count) {
     return absl::InvalidArgumentError(
@@ -205,9 +210,10 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> CudaMemory::ImportIpc(const v1::C
         absl::Status opened = cu_->Check(cu_->cuIpcOpenMemHandle(&ptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
                                          "cuda_ipc: cuIpcOpenMemHandle");
         if (!opened.ok()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              opened.message(), "; the handle is garbage, its memory was freed, or the exporting process is not "
-                                "reachable from the agent (legacy IPC handles need a shared PID namespace)"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(opened.message(),
+                           "; the handle is garbage, its memory was freed, or the exporting process is not "
+                           "reachable from the agent (legacy IPC handles need a shared PID namespace)"));
         }
         auto close = absl::MakeCleanup([&] { BestEffort(*cu_, cu_->cuIpcCloseMemHandle(ptr), "cuIpcCloseMemHandle"); });
         CUdeviceptr base = 0;
@@ -241,7 +247,8 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> CudaMemory::ImportFd(int fd, cons
     case v1::CudaFdMemory::FD_KIND_POSIX:
       break;
     case v1::CudaFdMemory::FD_KIND_DMABUF:
-      if (!IsDmaBuf(fd)) return absl::InvalidArgumentError("cuda_fd: fd_kind is FD_KIND_DMABUF but the fd is not a dma-buf");
+      if (!IsDmaBuf(fd))
+        return absl::InvalidArgumentError("cuda_fd: fd_kind is FD_KIND_DMABUF but the fd is not a dma-buf");
       // CUDA cannot map a dma-buf back into a process; only a NIC can use it, through a
       // provider with FI_HMEM dma-buf registration, which this agent does not drive yet.
       return absl::FailedPreconditionError(
@@ -254,17 +261,17 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> CudaMemory::ImportFd(int fd, cons
   absl::Status window = CheckWindow("cuda_fd", m.offset(), size, m.allocation_size());
   if (!window.ok()) return window;
   bool hit = false;
-  absl::StatusOr<std::shared_ptr<CudaImport>> import = cache_.MatchOrImport(
-      [fd](const CudaImport& i) { return i.SameFile(fd); },
-      [&]() -> absl::StatusOr<std::shared_ptr<CudaImport>> {
-        absl::Status use = UseDevice(*cu_, *device);
-        if (!use.ok()) return use;
-        auto import = std::make_shared<VmmImport>(cu_, *device);
-        absl::Status mapped = import->Map(fd, m.allocation_size());
-        if (!mapped.ok()) return mapped;
-        return import;
-      },
-      &hit);
+  absl::StatusOr<std::shared_ptr<CudaImport>> import =
+      cache_.MatchOrImport([fd](const CudaImport& i) { return i.SameFile(fd); },
+                           [&]() -> absl::StatusOr<std::shared_ptr<CudaImport>> {
+                             absl::Status use = UseDevice(*cu_, *device);
+                             if (!use.ok()) return use;
+                             auto import = std::make_shared<VmmImport>(cu_, *device);
+                             absl::Status mapped = import->Map(fd, m.allocation_size());
+                             if (!mapped.ok()) return mapped;
+                             return import;
+                           },
+                           &hit);
   if (!import.ok()) return import.status();
   if ((*import)->device() != *device) {
     return absl::InvalidArgumentError(absl::StrCat("cuda_fd: the allocation lives on device ", (*import)->device(),

@@ -11,9 +11,9 @@
 //  - a dma-buf fd (cuMemGetHandleForAddressRange), which CUDA cannot map back: it is
 //    only usable by a NIC provider with FI_HMEM dma-buf support.
 // Bounds are checked against the allocation's real size, the device of fd handles
-// against the allocation's real device (legacy IPC cannot tell; see ImportIpc). Imports are cached per allocation (import_cache.h): a
-// region keeps its import alive, so memory a pod frees stays valid for the agent's
-// in-flight operations until the last region on it is gone.
+// against the allocation's real device (legacy IPC cannot tell; see ImportIpc). Imports are cached per allocation
+// (import_cache.h): a region keeps its import alive, so memory a pod frees stays valid for the agent's in-flight
+// operations until the last region on it is gone.
 #ifndef FERRY_AGENT_CUDA_CUDA_IMPORT_H_
 #define FERRY_AGENT_CUDA_CUDA_IMPORT_H_
 

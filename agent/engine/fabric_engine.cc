@@ -14,7 +14,7 @@
 namespace ferry {
 
 absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricEngineOptions& options,
-                                                                  Metrics* metrics) {
+                                                                   Metrics* metrics) {
   if (options.ifaces.empty()) return absl::InvalidArgumentError("--fabric_iface: at least one NIC is needed");
   std::unique_ptr<FabricEngine> e(new FabricEngine(options, metrics));
   for (size_t i = 0; i < options.ifaces.size(); ++i) {
@@ -117,8 +117,7 @@ absl::StatusOr<RegionRegistration> FabricEngine::Register(const MemoryBacking& b
   auto owner = std::make_unique<FabricRegistrations>();
   for (const auto& nic : nics_) {
     fid_mr* mr = nullptr;
-    absl::StatusOr<NicRegistration> r =
-        nic->Register(backing.data(), backing.size(), &mr, gpu ? backing.device() : -1);
+    absl::StatusOr<NicRegistration> r = nic->Register(backing.data(), backing.size(), &mr, gpu ? backing.device() : -1);
     if (!r.ok() && gpu) {
       if (gpu_direct_.exchange(false)) {
         FERRY_LOG(WARNING) << "GPU memory cannot be registered with the NICs (" << r.status()

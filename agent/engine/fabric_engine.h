@@ -50,8 +50,8 @@ struct FabricEngineOptions {
   uint64_t incarnation = 0;
   // Largest single write; larger chunks are split so they can stripe over NICs.
   uint64_t max_op_bytes = 4 << 20;
-  size_t tx_size = 0;  // > 0 overrides the provider's queue depth
-  bool hmem = true;    // use FI_HMEM for GPU memory where the provider has it
+  size_t tx_size = 0;                                    // > 0 overrides the provider's queue depth
+  bool hmem = true;                                      // use FI_HMEM for GPU memory where the provider has it
   absl::Duration worker_spin = absl::Microseconds(100);  // see RailWorker
   int notify_threads = 2;
   // The node's topology (agent/topology): rails and worker pinning. Null: every region

@@ -3,11 +3,11 @@
 #include <poll.h>
 #include <sched.h>
 
-#include <algorithm>
 #include <pthread.h>
 #include <rdma/fi_errno.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -51,9 +51,7 @@ absl::Status ConnectionResetError(absl::string_view message) {
   return s;
 }
 
-bool IsConnectionReset(const absl::Status& status) {
-  return status.GetPayload(kConnectionResetPayload).has_value();
-}
+bool IsConnectionReset(const absl::Status& status) { return status.GetPayload(kConnectionResetPayload).has_value(); }
 
 RailWorker::RailWorker(NicInterface* nic, Metrics* metrics, absl::Duration spin, std::vector<int> cpus)
     : nic_(nic),
@@ -113,7 +111,8 @@ void RailWorker::SetPollSource(PollSource* source) {
   has_incoming_.store(true, std::memory_order_seq_cst);
   Wake();
   // The worker takes it in TakeIncoming, or when its loop ends.
-  mu_.Await(absl::Condition(+[](bool* pending) { return !*pending; }, &source_change_));
+  mu_.Await(absl::Condition(
+      +[](bool* pending) { return !*pending; }, &source_change_));
 }
 
 void RailWorker::Wake() {
@@ -220,7 +219,8 @@ bool RailWorker::PostPending() {
         --pending_;
         progressed = true;
         Complete(op,
-                 ConnectionResetError(absl::StrCat(nic_->name(), ": the connection to the peer dropped after "
+                 ConnectionResetError(absl::StrCat(nic_->name(),
+                                                   ": the connection to the peer dropped after "
                                                    "the destination's keys were fetched")),
                  now, now);
         continue;
@@ -356,7 +356,8 @@ bool RailWorker::StopNow() {
   walking_queues_ = true;
   const absl::Time now = absl::Now();
   for (PeerQueue& q : queues_) {
-    q.ops.ForEach([&](const WriteOp& op) { Complete(op, absl::UnavailableError("the agent is shutting down"), now, now); });
+    q.ops.ForEach(
+        [&](const WriteOp& op) { Complete(op, absl::UnavailableError("the agent is shutting down"), now, now); });
   }
   walking_queues_ = false;
   queues_.clear();

@@ -45,9 +45,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "absl/types/span.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "agent/common/poll_source.h"
 #include "agent/common/ring_queue.h"
 #include "agent/engine/write_op.h"

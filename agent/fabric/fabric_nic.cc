@@ -67,8 +67,8 @@ absl::StatusOr<fi_info*> GetInfo(const std::string& provider, const Iface& where
   hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | (hmem ? FI_HMEM : 0);
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   // The modes ferry can honour; the provider keeps the ones it needs.
-  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT |
-                                (hmem ? FI_MR_HMEM : 0);
+  hints->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT | (hmem ? FI_MR_HMEM : 0);
   hints->domain_attr->threading = FI_THREAD_SAFE;
   hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
   if (tx_size > 0) hints->tx_attr->size = tx_size;
@@ -78,7 +78,8 @@ absl::StatusOr<fi_info*> GetInfo(const std::string& provider, const Iface& where
   const std::string& what = by_domain ? where.domain : where.address;
   int rc = by_domain ? fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints, &info)
                      : fi_getinfo(kFiVersion, where.address.c_str(), nullptr, FI_SOURCE, hints, &info);
-  if (rc != 0 || info == nullptr) return FiError(absl::StrCat("no ", provider, " endpoint on ", what), rc ? rc : -FI_ENODATA);
+  if (rc != 0 || info == nullptr)
+    return FiError(absl::StrCat("no ", provider, " endpoint on ", what), rc ? rc : -FI_ENODATA);
   if (!by_domain) return info;
   fi_info* match = nullptr;
   for (fi_info* i = info; i != nullptr && match == nullptr; i = i->next) {
@@ -171,8 +172,9 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
   if (rc) return FiError("fi_getname", rc);
   nic->address_.assign(name, len);
   FERRY_LOG(INFO) << nic->name_ << ": " << nic->provider_ << " on " << nic->iface_ << " address "
-                  << nic->address_string() << " (netdev " << nic->netdev_ << ", domain " << nic->domain_name_ << ") mr_mode 0x" << std::hex << nic->mr_mode_ << std::dec
-                  << " tx_size " << nic->tx_size_ << (nic->wait_fd_ >= 0 ? " (wait fd)" : " (polling)")
+                  << nic->address_string() << " (netdev " << nic->netdev_ << ", domain " << nic->domain_name_
+                  << ") mr_mode 0x" << std::hex << nic->mr_mode_ << std::dec << " tx_size " << nic->tx_size_
+                  << (nic->wait_fd_ >= 0 ? " (wait fd)" : " (polling)")
                   << (nic->hmem_ ? ", FI_HMEM" : ", no FI_HMEM (GPU memory will be staged)");
   return nic;
 }
@@ -208,7 +210,8 @@ absl::StatusOr<NicRegistration> FabricNic::Register(void* buf, uint64_t len, fid
   fid_mr* mr = nullptr;
   int rc = fi_mr_regattr(domain_, &attr, 0, &mr);
   if (rc) {
-    return FiError(absl::StrCat(name_, ": fi_mr_regattr of ", len, " bytes", cuda_device >= 0 ? " of GPU memory" : ""), rc);
+    return FiError(absl::StrCat(name_, ": fi_mr_regattr of ", len, " bytes", cuda_device >= 0 ? " of GPU memory" : ""),
+                   rc);
   }
   if (mr_mode_ & FI_MR_ENDPOINT) {
     rc = fi_mr_bind(mr, &ep_->fid, 0);

@@ -54,8 +54,8 @@ class FabricNic : public NicInterface {
   ~FabricNic() override;
 
   const std::string& name() const override { return name_; }  // "nic0"
-  const std::string& provider() const { return provider_; }  // as resolved, e.g. "tcp;ofi_rxm"
-  const std::string& iface() const { return iface_; }  // the bound IPv4 address, or the domain
+  const std::string& provider() const { return provider_; }   // as resolved, e.g. "tcp;ofi_rxm"
+  const std::string& iface() const { return iface_; }         // the bound IPv4 address, or the domain
   // Where the NIC is in sysfs (agent/topology): the interface holding iface(), and the
   // libfabric domain ("mlx5_0" for verbs, "rdmap16s27-rdm" for efa, the netdev for tcp).
   const std::string& netdev() const { return netdev_; }

@@ -60,8 +60,9 @@ GpuCopier::Method GpuCopier::Choose(const Transfer& t) const {
 class GpuCopier::Lane {
  public:
   Lane(GpuCopier* owner, const CudaDriver* cu, int device)
-      : owner_(owner), cu_(cu), device_(device), submitter_([this] { Submitter(); }),
-        completer_([this] { Completer(); }) {}
+      : owner_(owner), cu_(cu), device_(device), submitter_([this] { Submitter(); }), completer_([this] {
+          Completer();
+        }) {}
 
   // Submits everything queued, waits for it, then joins both threads.
   ~Lane() {
@@ -95,13 +96,15 @@ class GpuCopier::Lane {
     if (!peers.ok()) return peers.status();
     FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuModuleLoadData(&module_, kCopyPiecesPtx), "loading the copy kernel");
-    FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuModuleGetFunction(&kernel_, module_, kCopyPiecesKernel), "cuModuleGetFunction");
+    FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuModuleGetFunction(&kernel_, module_, kCopyPiecesKernel),
+                             "cuModuleGetFunction");
     CUdevice dev;
     FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuDeviceGet(&dev, device_), "cuDeviceGet");
     int sms = 0, per_sm = 0;
     FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
                              "cuDeviceGetAttribute");
-    FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_, kCopyPiecesThreads, 0),
+    FERRY_RETURN_IF_CU_ERROR(cu_,
+                             cu_->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_, kCopyPiecesThreads, 0),
                              "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     // Exactly as many CTAs as fit at once: the grid-stride loop then has no second
     // wave waiting for the first.
@@ -126,7 +129,8 @@ class GpuCopier::Lane {
     pieces.reserve(PiecesOf(t));
     for (const CopyChunk& c : t.plan.chunks) {
       for (uint64_t off = 0; off < c.length; off += kCopyPieceBytes) {
-        pieces.push_back(CopyPiece{src + c.src_offset + off, dst + c.dst_offset + off, std::min(kCopyPieceBytes, c.length - off)});
+        pieces.push_back(
+            CopyPiece{src + c.src_offset + off, dst + c.dst_offset + off, std::min(kCopyPieceBytes, c.length - off)});
       }
     }
     uint32_t count = static_cast<uint32_t>(pieces.size());
@@ -274,7 +278,7 @@ class GpuCopier::Lane {
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   std::deque<Job> inflight_ ABSL_GUARDED_BY(mu_);
   std::vector<CUevent> spare_events_ ABSL_GUARDED_BY(mu_);  // recorded and completed before
-  std::thread submitter_;  // last: they start after every member above is initialized
+  std::thread submitter_;                                   // last: they start after every member above is initialized
   std::thread completer_;
 };
 
@@ -302,7 +306,8 @@ GpuCopier::~GpuCopier() {
 void GpuCopier::Submit(std::shared_ptr<Transfer> t, Done done) {
   const int device = LaunchDevice(*t);
   // The service routes only transfers with a GPU region here; anything else is a bug.
-  FERRY_CHECK(device >= 0 && device < cu_->device_count) << "GpuCopier got transfer " << t->id << " without a GPU region";
+  FERRY_CHECK(device >= 0 && device < cu_->device_count)
+      << "GpuCopier got transfer " << t->id << " without a GPU region";
   LaneFor(device)->Push(std::move(t), std::move(done));
 }
 

@@ -54,10 +54,10 @@ void HostCopier::Work() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    absl::Status s = absl::Now() > job.first->deadline
-                         ? absl::DeadlineExceededError(absl::StrCat("transfer ", job.first->id,
-                                                                    " passed its deadline while queued"))
-                         : Copy(*job.first);
+    absl::Status s =
+        absl::Now() > job.first->deadline
+            ? absl::DeadlineExceededError(absl::StrCat("transfer ", job.first->id, " passed its deadline while queued"))
+            : Copy(*job.first);
     job.second(s);
   }
 }

@@ -15,8 +15,8 @@
 #include "agent/common/log.h"
 #include "agent/common/token.h"
 #include "agent/main/topology_report.h"
-#include "agent/topology/cpu_list.h"
 #include "agent/peers/peer_tls.h"
+#include "agent/topology/cpu_list.h"
 #include "proto/ferry/wire/session_wire.h"
 
 namespace ferry {
@@ -82,8 +82,8 @@ absl::Status Agent::Init() {
     FERRY_LOG(WARNING) << "no topology (" << topology.status().message()
                        << "): every region stripes over every NIC, workers unpinned";
   }
-  FERRY_LOG(INFO) << "topology from " << config_.sysfs_root << ": " << topology_->numa_nodes.size()
-                  << " NUMA nodes, " << topology_->gpus.size() << " GPUs, " << topology_->nics.size() << " NICs";
+  FERRY_LOG(INFO) << "topology from " << config_.sysfs_root << ": " << topology_->numa_nodes.size() << " NUMA nodes, "
+                  << topology_->gpus.size() << " GPUs, " << topology_->nics.size() << " NICs";
   // GPU support when the node has a driver; devices are touched on first use only.
   absl::StatusOr<const CudaDriver*> cu = CudaDriver::Load();
   if (cu.ok()) {
@@ -108,8 +108,8 @@ absl::Status Agent::Init() {
   if (!metrics_server.ok()) return metrics_server.status();
   metrics_server_ = std::move(*metrics_server);
   // Report the bound port, not 0.
-  config_.metrics_address = absl::StrCat(config_.metrics_address.substr(0, config_.metrics_address.rfind(':')), ":",
-                                         metrics_server_->port());
+  config_.metrics_address =
+      absl::StrCat(config_.metrics_address.substr(0, config_.metrics_address.rfind(':')), ":", metrics_server_->port());
 
   TransferRouterDeps route;
   route.incarnation = incarnation_;
@@ -176,8 +176,8 @@ absl::Status Agent::Init() {
   builder.SetMaxReceiveMessageSize(64 << 20);
   local_server_ = builder.BuildAndStart();
   if (local_server_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot serve gRPC on unix:", config_.socket,
-                                                      " (does the directory exist and is it writable?)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot serve gRPC on unix:", config_.socket, " (does the directory exist and is it writable?)"));
   }
   local_server_->GetHealthCheckService()->SetServingStatus(v1::Agent::service_full_name(), true);
   absl::Status perms = SetSocketPermissions(config_.socket, config_.socket_mode, config_.socket_gid);
@@ -194,9 +194,9 @@ absl::Status Agent::Init() {
   if (!started.ok()) return started;
 
   serving_.store(true);
-  FERRY_LOG(INFO) << "ferryd " << kFerryVersion << " incarnation " << incarnation_ << " serving unix:"
-                  << config_.socket << " (sessions " << config_.session_socket << "), metrics http://"
-                  << config_.metrics_address << "/metrics";
+  FERRY_LOG(INFO) << "ferryd " << kFerryVersion << " incarnation " << incarnation_ << " serving unix:" << config_.socket
+                  << " (sessions " << config_.session_socket << "), metrics http://" << config_.metrics_address
+                  << "/metrics";
   return absl::OkStatus();
 }
 
@@ -232,14 +232,14 @@ absl::Status Agent::StartFabric() {
   engine_ = std::move(*engine);
   for (size_t i = 0; i < engine_->nics().size(); ++i) {
     const NicDevice* dev = engine_->nic_devices()[i];
-    metrics_->SetNicInfo(engine_->nics()[i]->name(), dev != nullptr ? dev->name : "", dev != nullptr ? dev->pci.numa_node : -1,
-                         dev != nullptr ? dev->pci.pcie_root : "");
+    metrics_->SetNicInfo(engine_->nics()[i]->name(), dev != nullptr ? dev->name : "",
+                         dev != nullptr ? dev->pci.numa_node : -1, dev != nullptr ? dev->pci.pcie_root : "");
   }
 
   absl::StatusOr<PeerTls> tls = PeerTls::Load(config_);
   if (!tls.ok()) return tls.status();
-  peer_service_ = std::make_unique<PeerService>(incarnation_, engine_->nics(), regions_.get(), transfers_.get(),
-                                                metrics_.get());
+  peer_service_ =
+      std::make_unique<PeerService>(incarnation_, engine_->nics(), regions_.get(), transfers_.get(), metrics_.get());
   // The staged path, both sides: GPU memory through host staging buffers.
   const CudaDriver* cu = cuda_memory_ != nullptr ? *CudaDriver::Load() : nullptr;
   if (cu != nullptr) {
@@ -264,8 +264,8 @@ absl::Status Agent::StartFabric() {
   builder.RegisterService(peer_service_.get());
   peer_server_ = builder.BuildAndStart();
   if (peer_server_ == nullptr || port == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot serve the peer API on ", config_.peer_address,
-                                                      " (--peer_address)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot serve the peer API on ", config_.peer_address, " (--peer_address)"));
   }
   advertise_address_ = config_.advertise_address;
   if (advertise_address_.empty()) {
@@ -274,8 +274,9 @@ absl::Status Agent::StartFabric() {
     if (host.empty() || host == "0.0.0.0" || host == "[::]") {
       host = engine_->nics()[0]->iface();
       if (engine_->nics()[0]->netdev().empty() && host.find('.') == std::string::npos) {
-        return absl::InvalidArgumentError(absl::StrCat("--peer_address ", config_.peer_address, " binds every address and NIC ",
-                                                       host, " has none to advertise: set --advertise_address"));
+        return absl::InvalidArgumentError(absl::StrCat("--peer_address ", config_.peer_address,
+                                                       " binds every address and NIC ", host,
+                                                       " has none to advertise: set --advertise_address"));
       }
     }
     advertise_address_ = absl::StrCat(host, ":", port);
@@ -314,7 +315,7 @@ void Agent::Shutdown(absl::Duration grace) {
   if (engine_) engine_->Shutdown();
   staged_.reset();
   staging_table_.reset();  // its buffers' registrations close before the NICs do
-  local_copier_.reset();  // finishes queued copies
+  local_copier_.reset();   // finishes queued copies
   gpu_copier_.reset();
   if (local_server_) unlink(config_.socket.c_str());
   FERRY_LOG(INFO) << "ferryd stopped";

@@ -10,11 +10,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/common/log.h"
 #include "agent/main/agent.h"
 
@@ -111,10 +111,14 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
 
   const std::string level = absl::GetFlag(FLAGS_log_level);
-  if (level == "debug") ferry::SetMinLogLevel(ferry::LogLevel::kDebug);
-  else if (level == "warning") ferry::SetMinLogLevel(ferry::LogLevel::kWarning);
-  else if (level == "error") ferry::SetMinLogLevel(ferry::LogLevel::kError);
-  else if (level != "info") return Fail("--log_level must be debug, info, warning or error");
+  if (level == "debug")
+    ferry::SetMinLogLevel(ferry::LogLevel::kDebug);
+  else if (level == "warning")
+    ferry::SetMinLogLevel(ferry::LogLevel::kWarning);
+  else if (level == "error")
+    ferry::SetMinLogLevel(ferry::LogLevel::kError);
+  else if (level != "info")
+    return Fail("--log_level must be debug, info, warning or error");
 
   ferry::AgentConfig config;
   config.socket = absl::GetFlag(FLAGS_socket);

@@ -75,14 +75,13 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> MapHostFd(int fd, uint64_t offset
   }
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (offset > file_size || size > file_size - offset) {
-    return absl::OutOfRangeError(absl::StrCat("size + host.offset (", size, " + ", offset,
-                                              ") exceeds the fd's size (", file_size, " bytes)"));
+    return absl::OutOfRangeError(
+        absl::StrCat("size + host.offset (", size, " + ", offset, ") exceeds the fd's size (", file_size, " bytes)"));
   }
   void* map = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
   if (map == MAP_FAILED) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("host.fd_handle: mmap of ", size, " bytes failed: ", strerror(errno),
-                     " (the fd must be opened read-write)"));
+    return absl::InvalidArgumentError(absl::StrCat("host.fd_handle: mmap of ", size, " bytes failed: ", strerror(errno),
+                                                   " (the fd must be opened read-write)"));
   }
   return std::unique_ptr<MemoryBacking>(new HostFdBacking(map, size));
 }

@@ -53,8 +53,8 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> MapHostFd(int fd, uint64_t offset
 
 // Per-NIC information a transport attached to a region.
 struct NicRegistration {
-  uint64_t key = 0;         // remote key peers use to write into the region
-  uint64_t remote_base = 0; // remote address of byte 0 (0 for offset addressing)
+  uint64_t key = 0;            // remote key peers use to write into the region
+  uint64_t remote_base = 0;    // remote address of byte 0 (0 for offset addressing)
   void* local_desc = nullptr;  // fi_mr_desc for FI_MR_LOCAL providers
 };
 

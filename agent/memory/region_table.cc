@@ -20,8 +20,8 @@ absl::Status RegionTable::Insert(std::shared_ptr<Region> region, size_t max_per_
     absl::MutexLock lock(&mu_);
     size_t& owned = per_session_[region->owner_session()];
     if (owned >= max_per_session) {
-      return absl::ResourceExhaustedError(absl::StrCat("this session already has ", owned,
-                                                       " regions (--max_regions_per_session); deregister some"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("this session already has ", owned, " regions (--max_regions_per_session); deregister some"));
     }
     ++owned;
     UpdateStatsLocked(*region, +1);
@@ -49,8 +49,7 @@ absl::Status RegionTable::Remove(uint64_t id, uint64_t session) {
       return absl::NotFoundError(absl::StrCat("region_id ", id, " is not registered with this agent"));
     }
     if (it->second->owner_session() != session) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("region_id ", id, " belongs to another session"));
+      return absl::PermissionDeniedError(absl::StrCat("region_id ", id, " belongs to another session"));
     }
     doomed = std::move(it->second);
     regions_.erase(it);

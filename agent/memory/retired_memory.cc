@@ -16,8 +16,8 @@ namespace ferry {
 absl::Status DetachMapping(void* addr, size_t len) {
   void* p = mmap(addr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat("cannot detach ", len, " bytes at ", absl::Hex(addr), ": mmap: ",
-                                            strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("cannot detach ", len, " bytes at ", absl::Hex(addr), ": mmap: ", strerror(errno)));
   }
   return absl::OkStatus();
 }

@@ -140,10 +140,10 @@ prometheus::Histogram& Metrics::registration_duration(const std::string& kind) {
 
 const char* StatusCodeName(int code) {
   static const char* const kNames[] = {
-      "OK",        "CANCELLED",         "UNKNOWN",           "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-      "NOT_FOUND", "ALREADY_EXISTS",    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",      "UNIMPLEMENTED",    "INTERNAL",
-      "UNAVAILABLE", "DATA_LOSS",       "UNAUTHENTICATED"};
+      "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+      "DATA_LOSS", "UNAUTHENTICATED"};
   if (code < 0 || code > 16) return "UNKNOWN";
   return kNames[code];
 }
@@ -151,8 +151,7 @@ const char* StatusCodeName(int code) {
 namespace {
 
 int Reply(struct mg_connection* conn, int code, const char* content_type, const std::string& body) {
-  mg_printf(conn,
-            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", code,
+  mg_printf(conn, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", code,
             mg_get_response_code_text(conn, code), content_type, body.size());
   mg_write(conn, body.data(), body.size());
   return code;
@@ -168,9 +167,7 @@ int MetricsServer::ServeMetrics(struct mg_connection* conn, void* self) {
   return Reply(conn, 200, "text/plain; version=0.0.4; charset=utf-8", out.str());
 }
 
-int MetricsServer::ServeHealth(struct mg_connection* conn, void*) {
-  return Reply(conn, 200, "text/plain", "ok\n");
-}
+int MetricsServer::ServeHealth(struct mg_connection* conn, void*) { return Reply(conn, 200, "text/plain", "ok\n"); }
 
 int MetricsServer::ServeReady(struct mg_connection* conn, void* self) {
   absl::Status ready = static_cast<MetricsServer*>(self)->ready_();
@@ -186,8 +183,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   mg_callbacks callbacks{};
   server->ctx_ = mg_start(&callbacks, nullptr, options);
   if (server->ctx_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot serve metrics on ", address, " (--metrics_address: is the port free and the address local?)"));
+    return absl::FailedPreconditionError(absl::StrCat("cannot serve metrics on ", address,
+                                                      " (--metrics_address: is the port free and the address local?)"));
   }
   mg_set_request_handler(server->ctx_, "/metrics$", &MetricsServer::ServeMetrics, server.get());
   mg_set_request_handler(server->ctx_, "/healthz$", &MetricsServer::ServeHealth, server.get());

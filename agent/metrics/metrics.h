@@ -55,8 +55,7 @@ class Metrics {
 
   // Children are created on first use and cached by prometheus-cpp; call these off the
   // per-op hot path and keep the reference.
-  prometheus::Counter& transfer_bytes(const std::string& direction, const std::string& path,
-                                      const std::string& nic) {
+  prometheus::Counter& transfer_bytes(const std::string& direction, const std::string& path, const std::string& nic) {
     return transfer_bytes_.Add({{"direction", direction}, {"path", path}, {"nic", nic}});
   }
   prometheus::Counter& transfers_total(const std::string& path, const std::string& status) {
@@ -70,9 +69,7 @@ class Metrics {
   prometheus::Counter& fabric_reconnects(const std::string& nic) { return reconnects_.Add({{"nic", nic}}); }
   prometheus::Counter& transfer_retries() { return retries_; }
   prometheus::Gauge& regions(const std::string& kind) { return regions_.Add({{"kind", kind}}); }
-  prometheus::Gauge& registered_bytes(const std::string& kind) {
-    return registered_bytes_.Add({{"kind", kind}});
-  }
+  prometheus::Gauge& registered_bytes(const std::string& kind) { return registered_bytes_.Add({{"kind", kind}}); }
   prometheus::Histogram& registration_duration(const std::string& kind);
   prometheus::Counter& registration_cache_hits() { return cache_hits_; }
   prometheus::Gauge& sessions() { return sessions_; }

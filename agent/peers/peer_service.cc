@@ -7,13 +7,9 @@
 
 namespace ferry {
 
-PeerService::PeerService(uint64_t incarnation, std::vector<FabricNic*> nics,
-                         RegionTable* regions, TransferManager* transfers, Metrics* metrics)
-    : incarnation_(incarnation),
-      nics_(std::move(nics)),
-      regions_(regions),
-      transfers_(transfers),
-      metrics_(metrics) {
+PeerService::PeerService(uint64_t incarnation, std::vector<FabricNic*> nics, RegionTable* regions,
+                         TransferManager* transfers, Metrics* metrics)
+    : incarnation_(incarnation), nics_(std::move(nics)), regions_(regions), transfers_(transfers), metrics_(metrics) {
   for (FabricNic* nic : nics_) rx_bytes_.push_back(&metrics_->transfer_bytes("rx", "fabric", nic->name()));
 }
 
@@ -22,11 +18,12 @@ grpc::Status PeerService::Reply(const char* api, const absl::Status& s) {
   return ToGrpcStatus(s);
 }
 
-grpc::Status PeerService::Handshake(grpc::ServerContext*, const v1::HandshakeRequest* req, v1::HandshakeResponse* resp) {
+grpc::Status PeerService::Handshake(grpc::ServerContext*, const v1::HandshakeRequest* req,
+                                    v1::HandshakeResponse* resp) {
   if (req->protocol_version() != kPeerProtocolVersion) {
-    return Reply("peer.Handshake", absl::FailedPreconditionError(absl::StrCat(
-                                       "peer protocol ", req->protocol_version(), " is not supported (this agent speaks ",
-                                       kPeerProtocolVersion, ")")));
+    return Reply("peer.Handshake", absl::FailedPreconditionError(absl::StrCat("peer protocol ", req->protocol_version(),
+                                                                              " is not supported (this agent speaks ",
+                                                                              kPeerProtocolVersion, ")")));
   }
   resp->set_protocol_version(kPeerProtocolVersion);
   resp->set_incarnation(incarnation_);
@@ -45,8 +42,8 @@ absl::StatusOr<std::shared_ptr<Region>> PeerService::Authorize(uint64_t incarnat
   if (!t.ok()) return t.status();
   absl::StatusOr<std::shared_ptr<Region>> region = regions_->Lookup(region_id);
   if (!region.ok()) {
-    return absl::NotFoundError(absl::StrCat("dst.region_id ", region_id,
-                                            " is not registered (it was deregistered or its owner exited)"));
+    return absl::NotFoundError(
+        absl::StrCat("dst.region_id ", region_id, " is not registered (it was deregistered or its owner exited)"));
   }
   if (!(*region)->token().Equals(*t)) {
     return absl::PermissionDeniedError(absl::StrCat("dst.token does not match region ", region_id));
@@ -62,14 +59,16 @@ grpc::Status PeerService::OpenRegion(grpc::ServerContext*, const v1::OpenRegionR
   resp->set_size((*region)->size());
   resp->set_kind((*region)->kind() == MemoryKind::kHost ? v1::MEMORY_KIND_HOST : v1::MEMORY_KIND_CUDA);
   if (staging_ != nullptr && staging_->NeedsStaging(**region)) {
-    absl::StatusOr<v1::StagingBuffer> buffer = staging_->Open(*region, {req->initiator_incarnation(), req->initiator_address()});
+    absl::StatusOr<v1::StagingBuffer> buffer =
+        staging_->Open(*region, {req->initiator_incarnation(), req->initiator_address()});
     if (!buffer.ok()) return Reply("peer.OpenRegion", buffer.status());
     *resp->mutable_staging() = std::move(*buffer);
     return grpc::Status::OK;
   }
   if ((*region)->kind() == MemoryKind::kCuda && regs.size() != nics_.size()) {
-    return Reply("peer.OpenRegion", absl::FailedPreconditionError(
-        "the destination is GPU memory, which the target's NICs cannot reach and which it cannot stage"));
+    return Reply("peer.OpenRegion",
+                 absl::FailedPreconditionError(
+                     "the destination is GPU memory, which the target's NICs cannot reach and which it cannot stage"));
   }
   if (regs.size() != nics_.size()) {
     return Reply("peer.OpenRegion", absl::FailedPreconditionError("region is not registered with the fabric"));

@@ -13,8 +13,8 @@
 
 #include "agent/fabric/fabric_nic.h"
 #include "agent/memory/region_table.h"
-#include "agent/peers/staging_provider.h"
 #include "agent/metrics/metrics.h"
+#include "agent/peers/staging_provider.h"
 #include "agent/transfer/transfer.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
 
@@ -22,10 +22,11 @@ namespace ferry {
 
 class PeerService final : public v1::Peer::Service {
  public:
-  PeerService(uint64_t incarnation, std::vector<FabricNic*> nics, RegionTable* regions,
-              TransferManager* transfers, Metrics* metrics);
+  PeerService(uint64_t incarnation, std::vector<FabricNic*> nics, RegionTable* regions, TransferManager* transfers,
+              Metrics* metrics);
 
-  grpc::Status Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req, v1::HandshakeResponse* resp) override;
+  grpc::Status Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req,
+                         v1::HandshakeResponse* resp) override;
   grpc::Status OpenRegion(grpc::ServerContext* ctx, const v1::OpenRegionRequest* req,
                           v1::OpenRegionResponse* resp) override;
   grpc::Status Notify(grpc::ServerContext* ctx, const v1::NotifyRequest* req, v1::NotifyResponse* resp) override;

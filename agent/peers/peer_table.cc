@@ -23,7 +23,7 @@ void SetDeadline(grpc::ClientContext& ctx, absl::Time deadline) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v1::RegionDescriptor& d,
-                                                                           absl::Time deadline, PeerLookup lookup) {
+                                                                         absl::Time deadline, PeerLookup lookup) {
   absl::StatusOr<Token> token = Token::FromBytes(d.token(), "dst.token");
   if (!token.ok()) return token.status();
   {
@@ -115,7 +115,7 @@ PeerTable::~PeerTable() {
 }
 
 absl::StatusOr<v1::HandshakeResponse> PeerTable::Handshake(grpc::Channel& channel, const std::string& address,
-                                                          absl::Time deadline) {
+                                                           absl::Time deadline) {
   auto stub = v1::Peer::NewStub(std::shared_ptr<grpc::Channel>(&channel, [](grpc::Channel*) {}));
   v1::HandshakeRequest req;
   req.set_protocol_version(kPeerProtocolVersion);
@@ -133,8 +133,8 @@ absl::StatusOr<v1::HandshakeResponse> PeerTable::Handshake(grpc::Channel& channe
                                                       resp.protocol_version(), ", this agent ", kPeerProtocolVersion));
   }
   if (resp.provider() != self_.provider) {
-    return absl::FailedPreconditionError(absl::StrCat("agent ", address, " uses fabric provider ", resp.provider(),
-                                                      ", this agent ", self_.provider));
+    return absl::FailedPreconditionError(
+        absl::StrCat("agent ", address, " uses fabric provider ", resp.provider(), ", this agent ", self_.provider));
   }
   if (resp.fabric_addresses_size() == 0) {
     return absl::FailedPreconditionError(absl::StrCat("agent ", address, " has no fabric NICs"));
@@ -187,7 +187,8 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::Reg
     return WouldBlockError(absl::StrCat("agent ", address, " needs a handshake"));
   }
   absl::MutexLock handshake_lock(&handshake_mu_);
-  std::shared_ptr<grpc::Channel> channel = cached ? cached->channel() : grpc::CreateCustomChannel(address, creds_, args_);
+  std::shared_ptr<grpc::Channel> channel =
+      cached ? cached->channel() : grpc::CreateCustomChannel(address, creds_, args_);
   absl::StatusOr<v1::HandshakeResponse> resp = Handshake(*channel, address, deadline);
 
   absl::MutexLock lock(&mu_);

@@ -173,7 +173,7 @@ class PeerTable {
 
  private:
   absl::StatusOr<v1::HandshakeResponse> Handshake(grpc::Channel& channel, const std::string& address,
-                                                 absl::Time deadline);
+                                                  absl::Time deadline);
   absl::StatusOr<std::shared_ptr<PeerConnection>> Connect(const std::string& address,
                                                           std::shared_ptr<grpc::Channel> channel,
                                                           const v1::HandshakeResponse& resp);

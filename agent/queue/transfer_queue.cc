@@ -27,10 +27,9 @@ absl::Status CheckEventFd(int fd, const char* field) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(uint64_t id, uint64_t session_id, UniqueFd ring,
-                                                                   UniqueFd submit_doorbell,
-                                                                   UniqueFd complete_doorbell, uint32_t entries,
-                                                                   std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations) {
+absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(
+    uint64_t id, uint64_t session_id, UniqueFd ring, UniqueFd submit_doorbell, UniqueFd complete_doorbell,
+    uint32_t entries, std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations) {
   if (!queue::ValidEntries(entries)) {
     return absl::InvalidArgumentError(absl::StrCat("entries must be a power of two in [", queue::kMinEntries, ", ",
                                                    queue::kMaxEntries, "], got ", entries));
@@ -46,8 +45,8 @@ absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(uint64_t id, 
   }
   const size_t bytes = queue::RingBytes(entries);
   if (static_cast<uint64_t>(st.st_size) < bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("ring_fd holds ", st.st_size, " bytes; a queue of ", entries,
-                                                   " entries needs ", bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring_fd holds ", st.st_size, " bytes; a queue of ", entries, " entries needs ", bytes));
   }
   std::shared_ptr<TransferQueue> q(new TransferQueue(id, session_id, entries));
   q->map_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ring.get(), 0);

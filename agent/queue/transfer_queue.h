@@ -19,9 +19,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "proto/ferry/wire/ring_layout.h"
 #include "agent/session/session.h"
 #include "proto/ferry/v1/ferry.pb.h"
+#include "proto/ferry/wire/ring_layout.h"
 
 namespace ferry {
 
@@ -29,10 +29,9 @@ class TransferQueue {
  public:
   // Maps `ring` (a memfd of at least queue::RingBytes(entries) whose header the client
   // initialised) and keeps the two eventfds. INVALID_ARGUMENT names what is wrong.
-  static absl::StatusOr<std::shared_ptr<TransferQueue>> Open(uint64_t id, uint64_t session_id, UniqueFd ring,
-                                                             UniqueFd submit_doorbell, UniqueFd complete_doorbell,
-                                                             uint32_t entries,
-                                                             std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations);
+  static absl::StatusOr<std::shared_ptr<TransferQueue>> Open(
+      uint64_t id, uint64_t session_id, UniqueFd ring, UniqueFd submit_doorbell, UniqueFd complete_doorbell,
+      uint32_t entries, std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations);
   ~TransferQueue();
   TransferQueue(const TransferQueue&) = delete;
   TransferQueue& operator=(const TransferQueue&) = delete;
@@ -61,7 +60,8 @@ class TransferQueue {
   void Complete(const queue::CompletionEntry& c);
 
  private:
-  TransferQueue(uint64_t id, uint64_t session_id, uint32_t entries) : id_(id), session_id_(session_id), entries_(entries) {}
+  TransferQueue(uint64_t id, uint64_t session_id, uint32_t entries)
+      : id_(id), session_id_(session_id), entries_(entries) {}
 
   const uint64_t id_;
   const uint64_t session_id_;
@@ -76,9 +76,9 @@ class TransferQueue {
   queue::CompletionEntry* cq_ = nullptr;
 
   // Polling-thread state.
-  uint32_t sq_head_ = 0;    // entries taken
-  uint32_t accepted_ = 0;   // == sq_head_; completions owed in total
-  uint32_t cq_seen_ = 0;    // the client's cq_head, as far as we believe it
+  uint32_t sq_head_ = 0;   // entries taken
+  uint32_t accepted_ = 0;  // == sq_head_; completions owed in total
+  uint32_t cq_seen_ = 0;   // the client's cq_head, as far as we believe it
   bool broken_ = false;
 
   absl::Mutex cq_mu_;

@@ -56,7 +56,9 @@ bool QueueEntries::Handle(const std::shared_ptr<TransferQueue>& q, const queue::
   if (!t.ok() && IsWouldBlock(t.status())) return false;
   if (!t.ok()) return refuse(t.status());
   (*t)->id = transfers_->NextId();
-  (*t)->on_result = [q, user_data = e.user_data](const v1::TransferResult& r) { q->Complete(ToCompletion(user_data, r)); };
+  (*t)->on_result = [q, user_data = e.user_data](const v1::TransferResult& r) {
+    q->Complete(ToCompletion(user_data, r));
+  };
   router_->Launch(std::move(*t));
   return true;
 }

@@ -27,7 +27,8 @@ absl::StatusOr<std::shared_ptr<Region>> OwnedRegion(RegionTable& regions, const 
 absl::StatusOr<std::shared_ptr<Transfer>> TransferRouter::Prepare(const std::shared_ptr<Session>& session,
                                                                   const WriteSpec& spec, PlanChunks plan,
                                                                   bool cached_only) const {
-  absl::StatusOr<std::shared_ptr<Region>> src = OwnedRegion(*deps_.regions, *session, spec.src_region_id, "src_region_id");
+  absl::StatusOr<std::shared_ptr<Region>> src =
+      OwnedRegion(*deps_.regions, *session, spec.src_region_id, "src_region_id");
   if (!src.ok()) return src.status();
   if (spec.dst == nullptr) return absl::InvalidArgumentError("dst: the destination RegionDescriptor is missing");
 
@@ -93,13 +94,13 @@ absl::StatusOr<uint64_t> TransferRouter::Destination(const std::shared_ptr<const
     return (*d)->size();
   }
   if (dst.agent_address().empty() || dst.agent_address() == deps_.advertise_address) {
-    return absl::NotFoundError(absl::StrCat(
-        "dst is a stale descriptor: it names agent incarnation ", dst.agent_incarnation(),
-        ", which no longer runs (the agent restarted); ask the region's owner for a new descriptor"));
+    return absl::NotFoundError(
+        absl::StrCat("dst is a stale descriptor: it names agent incarnation ", dst.agent_incarnation(),
+                     ", which no longer runs (the agent restarted); ask the region's owner for a new descriptor"));
   }
   if (deps_.peers == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dst lives on agent ", dst.agent_address(), " but this agent runs without a fabric (--peer_address unset)"));
+    return absl::FailedPreconditionError(absl::StrCat("dst lives on agent ", dst.agent_address(),
+                                                      " but this agent runs without a fabric (--peer_address unset)"));
   }
   t.dst_descriptor = dst_ptr;
   return dst.size();

@@ -57,10 +57,10 @@ struct TransferRouterDeps {
   TransferExecutor* gpu_local = nullptr;  // GPU memory on either side; null without CUDA
   // Cross-node; all null when the agent runs without fabric/peers.
   PeerTable* peers = nullptr;
-  size_t fabric_nics = 0;               // every host region is registered on each
-  TransferExecutor* fabric = nullptr;   // FabricEngine
-  TransferExecutor* staged = nullptr;   // StagedExecutor
-  bool stage_host_regions = false;      // --stage_host_regions
+  size_t fabric_nics = 0;              // every host region is registered on each
+  TransferExecutor* fabric = nullptr;  // FabricEngine
+  TransferExecutor* staged = nullptr;  // StagedExecutor
+  bool stage_host_regions = false;     // --stage_host_regions
 };
 
 class TransferRouter {

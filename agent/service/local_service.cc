@@ -40,11 +40,11 @@ absl::StatusOr<std::shared_ptr<Session>> LocalService::SessionOf(grpc::ServerCon
 // ---------------------------------------------------------------- RegisterMemory
 
 absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& session,
-                                                                   const v1::RegisterMemoryRequest& req) {
+                                                                    const v1::RegisterMemoryRequest& req) {
   const AgentConfig& cfg = *deps_.config;
   if (req.size() == 0 || req.size() > cfg.max_region_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("size must be 1..", cfg.max_region_bytes,
-                                                   " bytes (--max_region_bytes), got ", req.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("size must be 1..", cfg.max_region_bytes, " bytes (--max_region_bytes), got ", req.size()));
   }
   std::unique_ptr<MemoryBacking> backing;
   switch (req.memory_case()) {
@@ -57,7 +57,8 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
       break;
     }
     case v1::RegisterMemoryRequest::kCudaIpc: {
-      if (deps_.cuda == nullptr) return absl::FailedPreconditionError(absl::StrCat("cuda_ipc: ", deps_.cuda_unavailable.message()));
+      if (deps_.cuda == nullptr)
+        return absl::FailedPreconditionError(absl::StrCat("cuda_ipc: ", deps_.cuda_unavailable.message()));
       absl::StatusOr<std::unique_ptr<MemoryBacking>> b = deps_.cuda->ImportIpc(req.cuda_ipc(), req.size());
       if (!b.ok()) return b.status();
       backing = std::move(*b);
@@ -67,7 +68,8 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
       // Taken first: the fd is consumed whatever happens next.
       absl::StatusOr<UniqueFd> fd = session.TakeFd(req.cuda_fd().fd_handle());
       if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("cuda_fd.", fd.status().message()));
-      if (deps_.cuda == nullptr) return absl::FailedPreconditionError(absl::StrCat("cuda_fd: ", deps_.cuda_unavailable.message()));
+      if (deps_.cuda == nullptr)
+        return absl::FailedPreconditionError(absl::StrCat("cuda_fd: ", deps_.cuda_unavailable.message()));
       absl::StatusOr<std::unique_ptr<MemoryBacking>> b = deps_.cuda->ImportFd(fd->get(), req.cuda_fd(), req.size());
       if (!b.ok()) return b.status();
       backing = std::move(*b);
@@ -141,7 +143,8 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareWrite(const std::
   spec.timeout = absl::Milliseconds(req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms);
   const ChunkLimits limits{deps_.config->max_chunks_per_write};
   return deps_.router->Prepare(
-      session, spec, [&](uint64_t src_size, uint64_t dst_size) { return BuildChunkPlan(req, src_size, dst_size, limits); },
+      session, spec,
+      [&](uint64_t src_size, uint64_t dst_size) { return BuildChunkPlan(req, src_size, dst_size, limits); },
       /*cached_only=*/false);
 }
 
@@ -179,8 +182,8 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
   constexpr int kMaxDestinations = 64;
   if (deps_.queues == nullptr) return absl::FailedPreconditionError("this agent serves no transfer queues");
   if (req.destinations_size() < 1 || req.destinations_size() > kMaxDestinations) {
-    return absl::InvalidArgumentError(absl::StrCat("destinations must hold 1..", kMaxDestinations,
-                                                   " descriptors, got ", req.destinations_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("destinations must hold 1..", kMaxDestinations, " descriptors, got ", req.destinations_size()));
   }
   const uint32_t timeout_ms = req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms;
   // Check every destination now and warm the peer and region caches, so that entries
@@ -199,8 +202,7 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
   }
   absl::StatusOr<UniqueFd> complete = session->TakeFd(req.complete_doorbell_fd());
   if (!complete.ok()) {
-    return absl::Status(complete.status().code(),
-                        absl::StrCat("complete_doorbell_fd: ", complete.status().message()));
+    return absl::Status(complete.status().code(), absl::StrCat("complete_doorbell_fd: ", complete.status().message()));
   }
   const uint64_t id = next_queue_id_.fetch_add(1);
   absl::StatusOr<std::shared_ptr<TransferQueue>> q =

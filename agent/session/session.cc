@@ -30,9 +30,8 @@ Session::Session(uint64_t id, PeerCredentials creds, const SessionLimits& limits
 absl::StatusOr<uint64_t> Session::AddFd(UniqueFd fd) {
   absl::MutexLock lock(&mu_);
   if (fds_.size() >= limits_.max_pending_fds) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the session already holds ", fds_.size(), " unused fds (limit ", limits_.max_pending_fds,
-        "); register or close them first"));
+    return absl::ResourceExhaustedError(absl::StrCat("the session already holds ", fds_.size(), " unused fds (limit ",
+                                                     limits_.max_pending_fds, "); register or close them first"));
   }
   uint64_t handle = next_fd_handle_++;
   fds_.emplace(handle, std::move(fd));
@@ -43,8 +42,8 @@ absl::StatusOr<UniqueFd> Session::TakeFd(uint64_t handle) {
   absl::MutexLock lock(&mu_);
   auto it = fds_.find(handle);
   if (it == fds_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "fd_handle ", handle, " is unknown or already used: send the fd on the session socket first"));
+    return absl::NotFoundError(
+        absl::StrCat("fd_handle ", handle, " is unknown or already used: send the fd on the session socket first"));
   }
   UniqueFd fd = std::move(it->second);
   fds_.erase(it);
@@ -55,9 +54,9 @@ absl::Status Session::BeginTransfer(uint64_t transfer_id) {
   absl::MutexLock lock(&mu_);
   if (closed_) return absl::UnavailableError("the session is closing");
   if (inflight_ >= limits_.max_inflight_transfers) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the session has ", inflight_, " transfers in flight (limit ", limits_.max_inflight_transfers,
-        ", --max_inflight_transfers); wait for some to complete"));
+    return absl::ResourceExhaustedError(absl::StrCat("the session has ", inflight_, " transfers in flight (limit ",
+                                                     limits_.max_inflight_transfers,
+                                                     ", --max_inflight_transfers); wait for some to complete"));
   }
   transfers_.emplace(transfer_id, std::nullopt);
   ++inflight_;
@@ -90,9 +89,10 @@ absl::StatusOr<v1::WaitResponse> Session::Wait(uint64_t transfer_id, absl::Durat
   mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
   auto it = transfers_.find(transfer_id);
   if (it == transfers_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "transfer_id ", transfer_id, " was not started by this session, or its result expired (the "
-        "agent keeps the last ", limits_.max_kept_results, ")"));
+    return absl::NotFoundError(absl::StrCat("transfer_id ", transfer_id,
+                                            " was not started by this session, or its result expired (the "
+                                            "agent keeps the last ",
+                                            limits_.max_kept_results, ")"));
   }
   v1::WaitResponse response;
   response.set_done(it->second.has_value());

@@ -20,7 +20,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::FindByToken(absl::stri
   if (!token.ok()) {
     return absl::UnauthenticatedError(
         "no valid session: connect to the session socket and send its token as gRPC metadata "
-        "'ferry-session' (" + std::string(token.status().message()) + ")");
+        "'ferry-session' (" +
+        std::string(token.status().message()) + ")");
   }
   absl::MutexLock lock(&mu_);
   // Linear in the number of sessions (bounded, small) so that every comparison is

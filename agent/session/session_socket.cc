@@ -21,8 +21,8 @@ namespace ferry {
 absl::Status ClaimSocketPath(const std::string& path) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' must be 1..",
-                                                   sizeof(addr.sun_path) - 1, " characters"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path '", path, "' must be 1..", sizeof(addr.sun_path) - 1, " characters"));
   }
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
@@ -39,7 +39,8 @@ absl::Status ClaimSocketPath(const std::string& path) {
     live = live || connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     close(probe);
   }
-  if (live) return absl::FailedPreconditionError(absl::StrCat("another agent is listening on ", path, "; stop it first"));
+  if (live)
+    return absl::FailedPreconditionError(absl::StrCat("another agent is listening on ", path, "; stop it first"));
   unlink(path.c_str());
   return absl::OkStatus();
 }
@@ -47,8 +48,7 @@ absl::Status ClaimSocketPath(const std::string& path) {
 absl::Status SetSocketPermissions(const std::string& path, mode_t mode, gid_t gid) {
   if (chmod(path.c_str(), mode) != 0 ||
       (gid != static_cast<gid_t>(-1) && chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot set mode/group of ", path, ": ", strerror(errno)));
+    return absl::FailedPreconditionError(absl::StrCat("cannot set mode/group of ", path, ": ", strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -139,15 +139,14 @@ bool ServeFrame(const Connection& conn, SessionRegistry* registry) {
     return false;
   }
   if (fds.size() != 1 || (msg.msg_flags & MSG_CTRUNC)) {
-    FERRY_LOG(WARNING) << "session " << conn.session_id << ": ADD_FD needs exactly one fd, got "
-                       << fds.size() << "; ending session";
+    FERRY_LOG(WARNING) << "session " << conn.session_id << ": ADD_FD needs exactly one fd, got " << fds.size()
+                       << "; ending session";
     return false;
   }
   std::shared_ptr<Session> session = registry->FindById(conn.session_id);
   if (session == nullptr) return false;
   absl::StatusOr<uint64_t> handle = session->AddFd(std::move(fds[0]));
-  return SendFrame(conn.fd, SessionFrameType::kFdAdded, frame.a, handle.ok() ? *handle : 0,
-                   handle.ok() ? 0 : EMFILE);
+  return SendFrame(conn.fd, SessionFrameType::kFdAdded, frame.a, handle.ok() ? *handle : 0, handle.ok() ? 0 : EMFILE);
 }
 
 }  // namespace
@@ -207,8 +206,7 @@ void SessionSocketServer::Loop() {
         close(fd);
         continue;
       }
-      FERRY_LOG(INFO) << "session " << session->id() << " opened by pid " << cred.pid << " uid "
-                      << cred.uid;
+      FERRY_LOG(INFO) << "session " << session->id() << " opened by pid " << cred.pid << " uid " << cred.uid;
       conns.push_back({fd, session->id()});
     }
   }

@@ -38,8 +38,7 @@ class SessionSocketServer {
   // Decides whether a peer may open a session (e.g. a UID allow-list).
   using Admit = std::function<absl::Status(const PeerCredentials&)>;
 
-  SessionSocketServer(SessionRegistry* registry, Admit admit)
-      : registry_(registry), admit_(std::move(admit)) {}
+  SessionSocketServer(SessionRegistry* registry, Admit admit) : registry_(registry), admit_(std::move(admit)) {}
   ~SessionSocketServer() { Stop(); }
 
   absl::Status Start(const std::string& path, mode_t mode, gid_t gid);

@@ -24,7 +24,8 @@ absl::Status CudaStageCopier::ToRegion(const Region& region, const uint8_t* stag
   if (!use.ok()) return use;
   const CUdeviceptr base = reinterpret_cast<CUdeviceptr>(region.data());
   for (const CopyChunk& c : chunks) {
-    FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuMemcpyHtoDAsync(base + c.dst_offset, staging + c.src_offset, c.length, nullptr),
+    FERRY_RETURN_IF_CU_ERROR(cu_,
+                             cu_->cuMemcpyHtoDAsync(base + c.dst_offset, staging + c.src_offset, c.length, nullptr),
                              "staging to GPU (cuMemcpyHtoDAsync)");
   }
   return cu_->Check(cu_->cuStreamSynchronize(nullptr), "staging to GPU");
@@ -36,7 +37,8 @@ absl::Status CudaStageCopier::FromRegion(const Region& region, uint8_t* staging,
   if (!use.ok()) return use;
   const CUdeviceptr base = reinterpret_cast<CUdeviceptr>(region.data());
   for (const CopyChunk& c : chunks) {
-    FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuMemcpyDtoHAsync(staging + c.dst_offset, base + c.src_offset, c.length, nullptr),
+    FERRY_RETURN_IF_CU_ERROR(cu_,
+                             cu_->cuMemcpyDtoHAsync(staging + c.dst_offset, base + c.src_offset, c.length, nullptr),
                              "GPU to staging (cuMemcpyDtoHAsync)");
   }
   return cu_->Check(cu_->cuStreamSynchronize(nullptr), "GPU to staging");

@@ -231,22 +231,20 @@ absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, cons
   // Staged writes are left out of the stale-key guard (see RailWorker): their keys are
   // the target's staging buffer's, which stays registered while the region lives, and a
   // staged transfer is not written again after a drop (it fails UNAVAILABLE).
-  engine_->SubmitTo(sub, peer, keys, region->region_id, absl::InfiniteFuture(),
-                    [=](absl::Status s) {
-                      if (local_slot >= 0) local_slots->Release(local_slot);
-                      if (!s.ok() || commit == nullptr) {
-                        if (remote_slot >= 0) remote_slots->Release(remote_slot);
-                        tracker->Finish(std::move(s));
-                        return;
-                      }
-                      // The call owns `commit` (context, request, response) until it ends.
-                      peer->stub()->async()->CommitStaged(
-                          &commit->ctx, &commit->req, &commit->resp,
-                          [commit, remote_slots, remote_slot, tracker, peer, region](grpc::Status rpc) {
-                            remote_slots->Release(remote_slot);
-                            tracker->Finish(CommitStatus(rpc, *peer, region->region_id));
-                          });
-                    });
+  engine_->SubmitTo(sub, peer, keys, region->region_id, absl::InfiniteFuture(), [=](absl::Status s) {
+    if (local_slot >= 0) local_slots->Release(local_slot);
+    if (!s.ok() || commit == nullptr) {
+      if (remote_slot >= 0) remote_slots->Release(remote_slot);
+      tracker->Finish(std::move(s));
+      return;
+    }
+    // The call owns `commit` (context, request, response) until it ends.
+    peer->stub()->async()->CommitStaged(&commit->ctx, &commit->req, &commit->resp,
+                                        [commit, remote_slots, remote_slot, tracker, peer, region](grpc::Status rpc) {
+                                          remote_slots->Release(remote_slot);
+                                          tracker->Finish(CommitStatus(rpc, *peer, region->region_id));
+                                        });
+  });
   return absl::OkStatus();
 }
 
@@ -258,8 +256,8 @@ absl::Status StagedExecutor::CommitStatus(const grpc::Status& rpc, PeerConnectio
     peer.ForgetRegion(region_id);
     code = absl::StatusCode::kUnavailable;
   }
-  return absl::Status(code, absl::StrCat("committing a stage on agent ", peer.address(), " failed: ",
-                                         rpc.error_message()));
+  return absl::Status(code,
+                      absl::StrCat("committing a stage on agent ", peer.address(), " failed: ", rpc.error_message()));
 }
 
 }  // namespace ferry

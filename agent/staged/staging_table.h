@@ -33,7 +33,7 @@ namespace ferry {
 struct StagingOptions {
   uint64_t buffer_bytes = 32 << 20;  // per buffer (smaller for smaller regions)
   size_t max_buffers = 64;
-  bool stage_host_regions = false;   // --stage_host_regions
+  bool stage_host_regions = false;               // --stage_host_regions
   std::function<void(size_t buffers)> on_count;  // after every change (a metric), may be null
 };
 

@@ -26,16 +26,16 @@ namespace ferry {
 
 struct GpuRail {
   int gpu_index = 0;
-  std::vector<int> nics;  // indices into the NICs given to PlanRails
-  Link link = Link::kSys; // how far those NICs are from the GPU
-  std::vector<int> cpus;  // the NUMA-local cores of those NICs
+  std::vector<int> nics;   // indices into the NICs given to PlanRails
+  Link link = Link::kSys;  // how far those NICs are from the GPU
+  std::vector<int> cpus;   // the NUMA-local cores of those NICs
 };
 
 struct RailPlan {
-  std::vector<GpuRail> gpu_rails;                 // one per topology GPU
-  std::map<int, std::vector<int>> numa_nics;     // NUMA node -> its NICs (nodes that have some)
-  std::vector<std::vector<int>> nic_cpus;         // per NIC; empty: unpinned
-  std::vector<int> all_nics;                      // every fabric NIC: 0 .. n - 1
+  std::vector<GpuRail> gpu_rails;             // one per topology GPU
+  std::map<int, std::vector<int>> numa_nics;  // NUMA node -> its NICs (nodes that have some)
+  std::vector<std::vector<int>> nic_cpus;     // per NIC; empty: unpinned
+  std::vector<int> all_nics;                  // every fabric NIC: 0 .. n - 1
   const Topology* topology = nullptr;
 
   // The NICs a region at `where` is sent over; never empty when all_nics is not. A

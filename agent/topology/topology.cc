@@ -107,7 +107,8 @@ std::vector<GpuDevice> ReadGpus(const fs::path& root, const SysfsReader& reader)
     g.pci = std::move(*loc);
     gpus.push_back(std::move(g));
   }
-  std::sort(gpus.begin(), gpus.end(), [](const GpuDevice& a, const GpuDevice& b) { return a.pci.address < b.pci.address; });
+  std::sort(gpus.begin(), gpus.end(),
+            [](const GpuDevice& a, const GpuDevice& b) { return a.pci.address < b.pci.address; });
   for (size_t i = 0; i < gpus.size(); ++i) gpus[i].index = static_cast<int>(i);
   return gpus;
 }
@@ -128,7 +129,8 @@ std::vector<NicDevice> ReadNics(const fs::path& root, const SysfsReader& reader)
     std::optional<PciLocation> loc = reader.Locate(net / "device");
     if (!loc) continue;  // lo, veth, bridges: no device
     const std::string name = net.filename().string();
-    auto same = std::find_if(nics.begin(), nics.end(), [&](const NicDevice& n) { return n.pci.address == loc->address; });
+    auto same =
+        std::find_if(nics.begin(), nics.end(), [&](const NicDevice& n) { return n.pci.address == loc->address; });
     if (same != nics.end()) {
       if (same->netdev.empty()) same->netdev = name;
       continue;
@@ -233,12 +235,18 @@ Link Classify(const PciLocation& a, const PciLocation& b) {
 
 const char* LinkName(Link link) {
   switch (link) {
-    case Link::kSelf: return "X";
-    case Link::kPix: return "PIX";
-    case Link::kPxb: return "PXB";
-    case Link::kPhb: return "PHB";
-    case Link::kNode: return "NODE";
-    case Link::kSys: return "SYS";
+    case Link::kSelf:
+      return "X";
+    case Link::kPix:
+      return "PIX";
+    case Link::kPxb:
+      return "PXB";
+    case Link::kPhb:
+      return "PHB";
+    case Link::kNode:
+      return "NODE";
+    case Link::kSys:
+      return "SYS";
   }
   return "?";
 }

@@ -9,18 +9,16 @@ namespace ferry {
 namespace {
 
 // Checks that [offset, offset + length) lies in a region of `size` bytes.
-absl::Status CheckRange(const char* what, size_t index, uint64_t offset, uint64_t length,
-                        uint64_t size) {
+absl::Status CheckRange(const char* what, size_t index, uint64_t offset, uint64_t length, uint64_t size) {
   if (offset > size || length > size - offset) {
-    return absl::OutOfRangeError(absl::StrCat(
-        what, " range of chunk ", index, " [", offset, ", ", offset, "+", length,
-        ") is outside the region; allowed: offset + length <= ", size));
+    return absl::OutOfRangeError(absl::StrCat(what, " range of chunk ", index, " [", offset, ", ", offset, "+", length,
+                                              ") is outside the region; allowed: offset + length <= ", size));
   }
   return absl::OkStatus();
 }
 
-absl::Status AddChunk(ChunkPlan& plan, size_t index, uint64_t src, uint64_t dst, uint64_t len,
-                      uint64_t src_size, uint64_t dst_size) {
+absl::Status AddChunk(ChunkPlan& plan, size_t index, uint64_t src, uint64_t dst, uint64_t len, uint64_t src_size,
+                      uint64_t dst_size) {
   if (len == 0) {
     return absl::InvalidArgumentError(absl::StrCat("chunks[", index, "].length must be >= 1"));
   }
@@ -48,9 +46,8 @@ absl::Status CheckDisjointDestinations(std::vector<CopyChunk> chunks) {
     const CopyChunk& prev = chunks[i - 1];
     if (chunks[i].dst_offset < prev.dst_offset + prev.length) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "destination ranges overlap: [", prev.dst_offset, ", +", prev.length, ") and [",
-          chunks[i].dst_offset, ", +", chunks[i].length,
-          "); every destination byte may be written by one chunk only"));
+          "destination ranges overlap: [", prev.dst_offset, ", +", prev.length, ") and [", chunks[i].dst_offset, ", +",
+          chunks[i].length, "); every destination byte may be written by one chunk only"));
     }
   }
   return absl::OkStatus();
@@ -96,8 +93,8 @@ absl::Status CheckDistinctBlocks(const v1::PagedChunks& p, uint64_t dst_size) {
   // descriptor may claim) in 1-byte blocks would wrap it to 0 (found by the fuzzer).
   const uint64_t max_id = (dst_size - std::min(dst_size, p.dst_base())) / p.block_size();
   auto duplicate = [&](uint64_t id) {
-    return absl::InvalidArgumentError(absl::StrCat("paged.dst_blocks: block ", id,
-                                                   " appears twice; every destination block may be written once"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("paged.dst_blocks: block ", id, " appears twice; every destination block may be written once"));
   };
   if (max_id < 64 * n + 4096) {
     std::vector<uint64_t> seen(max_id / 64 + 1, 0);
@@ -125,17 +122,17 @@ absl::StatusOr<ChunkPlan> SingleChunkPlan(const CopyChunk& chunk, uint64_t src_s
   return plan;
 }
 
-absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64_t src_size,
-                                         uint64_t dst_size, const ChunkLimits& limits) {
+absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64_t src_size, uint64_t dst_size,
+                                         const ChunkLimits& limits) {
   ChunkPlan plan;
   switch (request.layout_case()) {
     case v1::WriteRequest::kChunks: {
       const auto& list = request.chunks().chunks();
       if (list.empty()) return absl::InvalidArgumentError("chunks: the chunk list is empty");
       if (static_cast<uint64_t>(list.size()) > limits.max_chunks) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "chunks: ", list.size(), " chunks exceed the limit of ", limits.max_chunks,
-            " per write (--max_chunks_per_write); split the write"));
+        return absl::ResourceExhaustedError(absl::StrCat("chunks: ", list.size(), " chunks exceed the limit of ",
+                                                         limits.max_chunks,
+                                                         " per write (--max_chunks_per_write); split the write"));
       }
       plan.chunks.reserve(list.size());
       for (int i = 0; i < list.size(); ++i) {
@@ -149,15 +146,15 @@ absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64
       const v1::PagedChunks& p = request.paged();
       if (p.block_size() == 0) return absl::InvalidArgumentError("paged.block_size must be >= 1");
       if (p.src_blocks_size() != p.dst_blocks_size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "paged: src_blocks has ", p.src_blocks_size(), " ids but dst_blocks has ",
-            p.dst_blocks_size(), "; they must pair up"));
+        return absl::InvalidArgumentError(absl::StrCat("paged: src_blocks has ", p.src_blocks_size(),
+                                                       " ids but dst_blocks has ", p.dst_blocks_size(),
+                                                       "; they must pair up"));
       }
       if (p.src_blocks_size() == 0) return absl::InvalidArgumentError("paged: no blocks given");
       if (static_cast<uint64_t>(p.src_blocks_size()) > limits.max_chunks) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "paged: ", p.src_blocks_size(), " blocks exceed the limit of ", limits.max_chunks,
-            " per write (--max_chunks_per_write); split the write"));
+        return absl::ResourceExhaustedError(absl::StrCat("paged: ", p.src_blocks_size(), " blocks exceed the limit of ",
+                                                         limits.max_chunks,
+                                                         " per write (--max_chunks_per_write); split the write"));
       }
       if (!PagedPlanInRange(p, src_size, dst_size, plan)) {
         // Some block is out of range: walk them to name the first one that is.
@@ -165,8 +162,7 @@ absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64
           uint64_t src, dst;
           if (!BlockOffset(p.src_base(), p.src_blocks(i), p.block_size(), &src) ||
               !BlockOffset(p.dst_base(), p.dst_blocks(i), p.block_size(), &dst)) {
-            return absl::OutOfRangeError(absl::StrCat(
-                "paged block ", i, ": base + id * block_size overflows 64 bits"));
+            return absl::OutOfRangeError(absl::StrCat("paged block ", i, ": base + id * block_size overflows 64 bits"));
           }
           absl::Status s = AddChunk(plan, i, src, dst, p.block_size(), src_size, dst_size);
           if (!s.ok()) return s;

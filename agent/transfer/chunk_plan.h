@@ -33,8 +33,8 @@ struct ChunkLimits {
   uint64_t max_chunks = 1 << 20;
 };
 
-absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64_t src_size,
-                                         uint64_t dst_size, const ChunkLimits& limits);
+absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64_t src_size, uint64_t dst_size,
+                                         const ChunkLimits& limits);
 
 // The plan of one chunk (a queue entry), checked as BuildChunkPlan checks chunk 0.
 absl::StatusOr<ChunkPlan> SingleChunkPlan(const CopyChunk& chunk, uint64_t src_size, uint64_t dst_size);

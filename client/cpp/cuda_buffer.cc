@@ -119,11 +119,13 @@ absl::StatusOr<int> CudaBuffer::ExportFd() const {
   if (!use.ok()) return use;
   int fd = -1;
   if (kind_ == CudaExport::kPosixFd) {
-    FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuMemExportToShareableHandle(&fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-                             "cuMemExportToShareableHandle");
+    FERRY_RETURN_IF_CU_ERROR(
+        cu_, cu_->cuMemExportToShareableHandle(&fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+        "cuMemExportToShareableHandle");
   } else if (kind_ == CudaExport::kDmaBuf) {
-    FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuMemGetHandleForAddressRange(&fd, ptr_, size_, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
-                             "cuMemGetHandleForAddressRange(DMA_BUF_FD)");
+    FERRY_RETURN_IF_CU_ERROR(
+        cu_, cu_->cuMemGetHandleForAddressRange(&fd, ptr_, size_, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+        "cuMemGetHandleForAddressRange(DMA_BUF_FD)");
   } else {
     return absl::FailedPreconditionError("kIpc buffers export an IPC handle, not an fd");
   }
@@ -151,7 +153,8 @@ absl::StatusOr<v1::RegisterMemoryRequest> CudaRegistration(Client& client, const
   if (!handle.ok()) return handle.status();
   v1::CudaFdMemory* m = req.mutable_cuda_fd();
   m->set_fd_handle(*handle);
-  m->set_fd_kind(buffer.kind() == CudaExport::kPosixFd ? v1::CudaFdMemory::FD_KIND_POSIX : v1::CudaFdMemory::FD_KIND_DMABUF);
+  m->set_fd_kind(buffer.kind() == CudaExport::kPosixFd ? v1::CudaFdMemory::FD_KIND_POSIX
+                                                       : v1::CudaFdMemory::FD_KIND_DMABUF);
   m->set_pci_bus_id(buffer.pci_bus_id());
   m->set_offset(offset);
   m->set_allocation_size(buffer.size());

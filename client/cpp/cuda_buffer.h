@@ -72,8 +72,8 @@ class CudaBuffer {
 absl::StatusOr<v1::RegisterMemoryRequest> CudaRegistration(Client& client, const CudaBuffer& buffer,
                                                            uint64_t offset = 0, uint64_t size = 0);
 // CudaRegistration, sent.
-absl::StatusOr<v1::RegisterMemoryResponse> RegisterCuda(Client& client, const CudaBuffer& buffer,
-                                                        uint64_t offset = 0, uint64_t size = 0);
+absl::StatusOr<v1::RegisterMemoryResponse> RegisterCuda(Client& client, const CudaBuffer& buffer, uint64_t offset = 0,
+                                                        uint64_t size = 0);
 
 }  // namespace ferry
 

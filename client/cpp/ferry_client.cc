@@ -103,7 +103,8 @@ absl::Status Client::Open() {
   }
   absl::StatusOr<SessionFrame> hello = ReadFrame(session_fd_, absl::Seconds(10));
   if (!hello.ok()) return hello.status();
-  if (hello->type != static_cast<uint32_t>(SessionFrameType::kHello)) return absl::UnavailableError("the agent did not greet the session");
+  if (hello->type != static_cast<uint32_t>(SessionFrameType::kHello))
+    return absl::UnavailableError("the agent did not greet the session");
   session_id_ = hello->a;
   char token[16];
   memcpy(token, &hello->b, 8);
@@ -175,7 +176,8 @@ absl::StatusOr<uint64_t> Client::SendFd(int fd) {
   }
   absl::StatusOr<SessionFrame> reply = ReadFrame(session_fd_, absl::Seconds(10));
   if (!reply.ok()) return reply.status();
-  if (reply->type != static_cast<uint32_t>(SessionFrameType::kFdAdded) || reply->a != f.a) return absl::InternalError("unexpected session frame");
+  if (reply->type != static_cast<uint32_t>(SessionFrameType::kFdAdded) || reply->a != f.a)
+    return absl::InternalError("unexpected session frame");
   if (reply->b == 0) {
     return absl::ResourceExhaustedError("the agent refused the fd: too many unused fds in this session");
   }
@@ -235,8 +237,8 @@ absl::StatusOr<uint64_t> Client::Write(uint64_t src_region, const v1::RegionDesc
   return Write(req);
 }
 
-absl::StatusOr<uint64_t> Client::WriteBlocks(uint64_t src_region, const v1::RegionDescriptor& dst,
-                                             uint64_t block_size, const std::vector<uint64_t>& src_blocks,
+absl::StatusOr<uint64_t> Client::WriteBlocks(uint64_t src_region, const v1::RegionDescriptor& dst, uint64_t block_size,
+                                             const std::vector<uint64_t>& src_blocks,
                                              const std::vector<uint64_t>& dst_blocks, bool notify, uint64_t tag) {
   v1::WriteRequest req;
   req.set_src_region_id(src_region);

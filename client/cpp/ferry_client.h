@@ -89,9 +89,8 @@ class Client {
   absl::StatusOr<uint64_t> Write(uint64_t src_region, const v1::RegionDescriptor& dst,
                                  const std::vector<ChunkSpec>& chunks, bool notify = false, uint64_t tag = 0);
   absl::StatusOr<uint64_t> WriteBlocks(uint64_t src_region, const v1::RegionDescriptor& dst, uint64_t block_size,
-                                       const std::vector<uint64_t>& src_blocks,
-                                       const std::vector<uint64_t>& dst_blocks, bool notify = false,
-                                       uint64_t tag = 0);
+                                       const std::vector<uint64_t>& src_blocks, const std::vector<uint64_t>& dst_blocks,
+                                       bool notify = false, uint64_t tag = 0);
   absl::StatusOr<uint64_t> Write(const v1::WriteRequest& request);
   // Waits for a transfer; returns its result (whose code may be an error), or
   // DEADLINE_EXCEEDED if it is still running after `timeout`.

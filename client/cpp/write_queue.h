@@ -23,8 +23,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "proto/ferry/wire/ring_layout.h"
 #include "client/cpp/ferry_client.h"
+#include "proto/ferry/wire/ring_layout.h"
 
 namespace ferry {
 

@@ -7,14 +7,14 @@
 
 #include <string>
 
-#include "agent/common/check.h"
 #include <catch2/catch.hpp>
+#include "agent/common/check.h"
 
 namespace ferry {
 namespace {
 
 struct Exit {
-  int signal = 0;      // what ended the child, 0 if it exited
+  int signal = 0;   // what ended the child, 0 if it exited
   std::string log;  // what it wrote on stderr
 };
 

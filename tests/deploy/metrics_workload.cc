@@ -41,8 +41,8 @@ absl::StatusOr<Pod> Open(const std::string& socket) {
 
 absl::Status Expect(absl::StatusCode want, const absl::Status& got, const char* what) {
   if (got.code() == want) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": expected ", absl::StatusCodeToString(want), ", got ",
-                                          got.ToString()));
+  return absl::InternalError(
+      absl::StrCat(what, ": expected ", absl::StatusCodeToString(want), ", got ", got.ToString()));
 }
 
 absl::Status Round(int round, Pod& a1, Pod& a2, Pod& b) {
@@ -86,7 +86,8 @@ absl::Status Round(int round, Pod& a1, Pod& a2, Pod& b) {
                             a1.client->Write(a1.region.id(), forged, {{0, 0, 64}}).status(), "forged token");
     if (!s.ok()) return s;
     s = Expect(absl::StatusCode::kOutOfRange,
-               a1.client->Write(a1.region.id(), a2.region.descriptor(), {{0, kSize - 8, 64}}).status(), "out of bounds");
+               a1.client->Write(a1.region.id(), a2.region.descriptor(), {{0, kSize - 8, 64}}).status(),
+               "out of bounds");
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

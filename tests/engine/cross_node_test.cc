@@ -13,8 +13,8 @@
 #include "client/cpp/write_queue.h"
 #include "tests/testing/agent_process.h"
 #include "tests/testing/fabric_agent.h"
-#include "tests/testing/test_pod.h"
 #include "tests/testing/netns.h"
+#include "tests/testing/test_pod.h"
 
 namespace ferry {
 namespace {
@@ -23,10 +23,10 @@ using testing::AgentProcess;
 using testing::TestNetwork;
 
 using Pod = testing::TestPod;
-using testing::FillRandom;
 using testing::ChunkWrite;
-using testing::MakePod;
+using testing::FillRandom;
 using testing::KillAndRestart;
+using testing::MakePod;
 using testing::StartFabricAgent;
 
 TEST_CASE("two agents: chunk list and paged writes land byte for byte, notified once, after the data") {
@@ -137,7 +137,8 @@ TEST_CASE("a wrong token or out-of-bounds destination is refused before any byte
   // The right token after a wrong one still works (no poisoned cache), and the wrong one
   // stays wrong once the region is cached.
   REQUIRE(sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 8), absl::Seconds(30)).ok());
-  CHECK(sender.client->Write(ChunkWrite(sender, wrong, 0, 0, 8)).status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(sender.client->Write(ChunkWrite(sender, wrong, 0, 0, 8)).status().code() ==
+        absl::StatusCode::kPermissionDenied);
   for (uint64_t i = 8; i < (1 << 16); ++i) REQUIRE(receiver.buf->data()[i] == 0x22);
 }
 
@@ -271,7 +272,8 @@ TEST_CASE("a restarted peer: old descriptors are stale, new ones work without re
   v1::RegionDescriptor old_descriptor;
   {
     Pod receiver = MakePod(b->socket(), 1 << 20, 0);
-    REQUIRE(sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(30)).ok());
+    REQUIRE(
+        sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(30)).ok());
     old_descriptor = receiver.reg.region();
   }
   KillAndRestart(b, net.host(1));

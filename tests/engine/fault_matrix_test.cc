@@ -25,8 +25,8 @@ namespace ferry {
 namespace {
 
 using testing::AgentProcess;
-using testing::FillRandom;
 using testing::ChunkWrite;
+using testing::FillRandom;
 using testing::MakePod;
 using testing::StartFabricAgent;
 using testing::TestNetwork;
@@ -80,10 +80,10 @@ TEST_CASE("fault 1: a writing client SIGKILLed mid-stream: its regions are recla
   TestPod receiver = MakePod(b->socket(), 64 << 20, 0);
   const std::string dir = a->dir();
   { std::ofstream(dir + "/descriptor", std::ios::binary) << receiver.reg.region().SerializeAsString(); }
-  auto writer = testing::ChildProcess::Spawn({testing::RunfilePath("tools/bench/ferry_bench"), "send",
-                                              "--socket=" + a->socket(), "--dir=" + dir, "--sizes=4194304",
-                                              "--count=100000", "--window=16"},
-                                             dir + "/writer.log");
+  auto writer =
+      testing::ChildProcess::Spawn({testing::RunfilePath("tools/bench/ferry_bench"), "send", "--socket=" + a->socket(),
+                                    "--dir=" + dir, "--sizes=4194304", "--count=100000", "--window=16"},
+                                   dir + "/writer.log");
   REQUIRE(writer.ok());
   auto observer = Client::Connect(a->socket());
   REQUIRE(observer.ok());
@@ -120,7 +120,8 @@ TEST_CASE("fault 7: a deregistered destination is refused; no byte lands after d
   auto b = StartFabricAgent(net.host(1));
   TestPod sender = MakePod(a->socket(), 1 << 20, 0x61);
   TestPod receiver = MakePod(b->socket(), 1 << 20, 0);
-  REQUIRE(sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(20)).ok());
+  REQUIRE(
+      sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(20)).ok());
   REQUIRE(receiver.client->Deregister(receiver.reg.region_id()).ok());
   memset(receiver.buf->data(), 0, 1 << 20);  // the pod's own memory; the agent unmapped its view
   // The initiator may still hold the region's keys: the write must fail, not land.
@@ -139,8 +140,9 @@ TEST_CASE("fault 7: a deregistered destination is refused; no byte lands after d
   StillServes(sender, *b);
 }
 
-TEST_CASE("fault 7b: a destination deregistered while a write streams into it: the target survives, the pod's "
-          "memory is left alone") {
+TEST_CASE(
+    "fault 7b: a destination deregistered while a write streams into it: the target survives, the pod's "
+    "memory is left alone") {
   // A software provider (tcp) copies a write's payload into the region as it arrives
   // from the socket, across many progress calls: closing the MR stops new writes, not one
   // it is already receiving. The agent must neither crash on that receive nor let it

@@ -157,7 +157,8 @@ TEST_CASE("rail worker: a dropped connection fails the op as connection-reset an
   CHECK(posts[2].at - dropped.outcome->at >= RailWorker::kReconnectHold - absl::Milliseconds(5));
 }
 
-TEST_CASE("rail worker: ops whose keys predate a drop are failed, never posted (a stale key breaks the new connection)") {
+TEST_CASE(
+    "rail worker: ops whose keys predate a drop are failed, never posted (a stale key breaks the new connection)") {
   Harness h;
   const absl::Time before_drop = absl::Now();
   h.nic.FailNextCompletion(kPeerA, FI_ECONNRESET);

@@ -28,8 +28,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint64_t total = 0;
   std::vector<ferry::CopyChunk> chunks = plan->chunks;
   for (const ferry::CopyChunk& c : chunks) {
-    if (c.length == 0 || c.src_offset > src_size || c.length > src_size - c.src_offset ||
-        c.dst_offset > dst_size || c.length > dst_size - c.dst_offset) {
+    if (c.length == 0 || c.src_offset > src_size || c.length > src_size - c.src_offset || c.dst_offset > dst_size ||
+        c.length > dst_size - c.dst_offset) {
       abort();
     }
     total += c.length;

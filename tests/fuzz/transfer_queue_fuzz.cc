@@ -1,10 +1,9 @@
 // Fuzz target: a shared-memory write queue written by an untrusted pod.
 //
 // Input: 4 bytes selecting the entry count (and whether to keep the given header), then
-// the bytes of the ring (header, submissions, completions) as the client left them. The agent's side must refuse a bad header with
-// a reason, and on a mapped queue never read or write outside the ring, whatever the
-// cursors say: Take() copies out at most what exists, then the queue either works or
-// reports itself broken.
+// the bytes of the ring (header, submissions, completions) as the client left them. The agent's side must refuse a bad
+// header with a reason, and on a mapped queue never read or write outside the ring, whatever the cursors say: Take()
+// copies out at most what exists, then the queue either works or reports itself broken.
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,8 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "proto/ferry/wire/ring_layout.h"
 #include "agent/queue/transfer_queue.h"
+#include "proto/ferry/wire/ring_layout.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 4) return 0;
@@ -32,9 +31,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint32_t header[2] = {ferry::queue::kRingMagic, entries};
     if (pwrite(ring, header, sizeof(header), 0) != sizeof(header)) abort();
   }
-  absl::StatusOr<std::shared_ptr<ferry::TransferQueue>> q = ferry::TransferQueue::Open(
-      1, 1, ferry::UniqueFd(ring), ferry::UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
-      ferry::UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)), entries, {});
+  absl::StatusOr<std::shared_ptr<ferry::TransferQueue>> q =
+      ferry::TransferQueue::Open(1, 1, ferry::UniqueFd(ring), ferry::UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+                                 ferry::UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)), entries, {});
   if (!q.ok()) {
     if (q.status().message().empty()) abort();
     return 0;

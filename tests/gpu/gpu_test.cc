@@ -5,9 +5,9 @@
 // meaningful on CPU-only CI. Pod stand-ins that must live in their own PID and IPC
 // namespaces are this binary re-executed with --pod (see PodMain).
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -54,9 +54,12 @@ const CudaDriver* GpuOrSkip() {
 
 const char* KindName(CudaExport k) {
   switch (k) {
-    case CudaExport::kIpc: return "ipc";
-    case CudaExport::kPosixFd: return "fd";
-    case CudaExport::kDmaBuf: return "dmabuf";
+    case CudaExport::kIpc:
+      return "ipc";
+    case CudaExport::kPosixFd:
+      return "fd";
+    case CudaExport::kDmaBuf:
+      return "dmabuf";
   }
   return "?";
 }
@@ -211,8 +214,9 @@ TEST_CASE("node-local writes between GPUs, every handle kind, contiguous and pag
 
           // One big chunk (copy engine), odd offsets and a misaligned short chunk.
           v1::WriteRequest big = Contiguous(s.region_id(), d.region(), {{0, 0, 4 << 20}});
-          v1::WriteRequest odd = Contiguous(s.region_id(), d.region(), {{(4 << 20) + 3, (5 << 20) + 7, 100001},
-                                                                        {(6 << 20) + 16, (7 << 20) + 32, 65536 + 48}});
+          v1::WriteRequest odd =
+              Contiguous(s.region_id(), d.region(),
+                         {{(4 << 20) + 3, (5 << 20) + 7, 100001}, {(6 << 20) + 16, (7 << 20) + 32, 65536 + 48}});
           v1::WriteRequest paged = PagedWrite(s.region_id(), d.region(), 512, 4 << 20, 4096, seed);
           for (const v1::WriteRequest* w : {&big, &odd}) {
             WriteOk(*writer, *w);
@@ -292,7 +296,8 @@ void CrossAgentWrites(const CudaDriver* cu, const std::string& provider, v1::Tra
 
   // GPU -> GPU: 13 MiB in one chunk (staged: 13 stages, up to 4 in flight), an odd
   // chunk, then 2,000 scattered 4 KiB blocks; notified once, after the data.
-  v1::WriteRequest big = Contiguous(s.region_id(), d.region(), {{0, 0, 13 << 20}, {(14 << 20) + 3, (15 << 20) + 1, 999}});
+  v1::WriteRequest big =
+      Contiguous(s.region_id(), d.region(), {{0, 0, 13 << 20}, {(14 << 20) + 3, (15 << 20) + 1, 999}});
   big.set_notify(true);
   big.set_tag(5);
   absl::StatusOr<v1::TransferResult> r = writer->WriteAndWait(big, absl::Seconds(60));
@@ -359,7 +364,8 @@ TEST_CASE("staged writes go over the source GPU's rail") {
   const int gpus = std::min(cu->device_count, 2);
   testing::TestNetwork net = testing::TestNetwork::Create(2, gpus);
   if (!net.namespaces()) {
-    printf("SKIPPED %s: needs network namespaces (root and iproute2)\n", Catch::getResultCapture().getCurrentTestName().c_str());
+    printf("SKIPPED %s: needs network namespaces (root and iproute2)\n",
+           Catch::getResultCapture().getCurrentTestName().c_str());
     return;
   }
   std::string spec = "node 0 0-1023\n";
@@ -591,8 +597,8 @@ TEST_CASE("handle kinds across PID and IPC namespaces") {
   for (const char* kind : {"ipc", "fd", "dmabuf"}) {
     std::string log = agent->dir() + "/ns-" + kind + ".log";
     // As two pods on a node: own PID namespace (with its own /proc), own IPC namespace.
-    auto pod = ChildProcess::Spawn({"/usr/bin/unshare", "--pid", "--ipc", "--mount", "--mount-proc", "--fork", g_self, "--pod=cross-ns",
-                                    std::string("--kind=") + kind, "--socket=" + agent->socket()},
+    auto pod = ChildProcess::Spawn({"/usr/bin/unshare", "--pid", "--ipc", "--mount", "--mount-proc", "--fork", g_self,
+                                    "--pod=cross-ns", std::string("--kind=") + kind, "--socket=" + agent->socket()},
                                    log);
     REQUIRE(pod.ok());
     int st = (*pod)->Wait(absl::Seconds(60));

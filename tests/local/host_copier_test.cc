@@ -78,8 +78,7 @@ TEST_CASE("a transfer past its deadline fails with DEADLINE_EXCEEDED") {
   auto dst = MemfdRegion(2, 1 << 16);
   Results results;
   HostCopier copier(1);
-  copier.Submit(MakeTransfer(1, src, dst, {{0, 0, 64}}, absl::ZeroDuration() - absl::Seconds(1)),
-                results.Callback());
+  copier.Submit(MakeTransfer(1, src, dst, {{0, 0, 64}}, absl::ZeroDuration() - absl::Seconds(1)), results.Callback());
   std::vector<absl::Status> done = results.Await(1);
   REQUIRE(done.size() == 1);
   CHECK(absl::IsDeadlineExceeded(done[0]));

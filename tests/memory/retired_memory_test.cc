@@ -3,8 +3,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <vector>
 
@@ -33,7 +33,7 @@ TEST_CASE("DetachMapping: writes after it neither fault nor reach the file; the 
   REQUIRE(p[len - 1] == 0xAB);
 
   REQUIRE(DetachMapping(p, len).ok());
-  CHECK(p[0] == 0);  // fresh anonymous pages
+  CHECK(p[0] == 0);      // fresh anonymous pages
   memset(p, 0xCD, len);  // a late write
   std::vector<uint8_t> file(len);
   REQUIRE(pread(fd, file.data(), len, 0) == static_cast<ssize_t>(len));
@@ -73,7 +73,8 @@ TEST_CASE("RetiredMemory releases each entry once, only after its grace") {
 
 TEST_CASE("RetiredMemory holds at most max_pending, releasing the oldest early") {
   absl::Time now = absl::UnixEpoch();
-  RetiredMemory retired(absl::Seconds(60), [&now] { return now; }, /*max_pending=*/2);
+  RetiredMemory retired(
+      absl::Seconds(60), [&now] { return now; }, /*max_pending=*/2);
   std::vector<int> released;
   for (int i = 0; i < 4; ++i) retired.Add([&released, i] { released.push_back(i); });
   CHECK(released == std::vector<int>{0, 1});

@@ -25,15 +25,15 @@ void Run(const std::string& cmd) {
 
 // A CA in `dir`/`ca`.{pem,key}.
 void MakeCa(const std::string& dir, const std::string& ca) {
-  Run(absl::StrCat("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=",
-                   ca, " -keyout ", dir, "/", ca, ".key -out ", dir, "/", ca, ".pem"));
+  Run(absl::StrCat("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=", ca,
+                   " -keyout ", dir, "/", ca, ".key -out ", dir, "/", ca, ".pem"));
 }
 
 // `name`.{pem,key} signed by `ca`, with the DNS name every agent certificate carries.
 void MakeCert(const std::string& dir, const std::string& ca, const std::string& name) {
   std::ofstream(dir + "/san.ext") << "subjectAltName=DNS:ferry-peer\n";
-  Run(absl::StrCat("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=", name,
-                   " -keyout ", dir, "/", name, ".key -out ", dir, "/", name, ".csr"));
+  Run(absl::StrCat("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=", name, " -keyout ",
+                   dir, "/", name, ".key -out ", dir, "/", name, ".csr"));
   Run(absl::StrCat("openssl x509 -req -days 1 -in ", dir, "/", name, ".csr -CA ", dir, "/", ca, ".pem -CAkey ", dir,
                    "/", ca, ".key -CAcreateserial -extfile ", dir, "/san.ext -out ", dir, "/", name, ".pem"));
 }

@@ -11,9 +11,9 @@
 #include <random>
 
 #include "absl/time/clock.h"
-#include "proto/ferry/wire/ring_layout.h"
 #include "client/cpp/ferry_client.h"
 #include "client/cpp/write_queue.h"
+#include "proto/ferry/wire/ring_layout.h"
 #include "tests/testing/agent_process.h"
 #include "tests/testing/test_pod.h"
 
@@ -98,7 +98,9 @@ TEST_CASE("Reap waits for `min` completions, never for more than are in flight")
   TestPod receiver = MakePod(agent->socket(), kWrite * kWrites, 0);
   auto q = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 16);
   REQUIRE(q.ok());
-  auto post = [&](uint64_t i) { REQUIRE((*q)->Post({sender.reg.region_id(), 0, i * kWrite, i * kWrite, kWrite, i}).ok()); };
+  auto post = [&](uint64_t i) {
+    REQUIRE((*q)->Post({sender.reg.region_id(), 0, i * kWrite, i * kWrite, kWrite, i}).ok());
+  };
 
   // 8 copies of 4 MiB finish one after another (the agent copies on 2 threads), so a
   // Reap that returned at the first completion would come back with fewer.
@@ -149,7 +151,9 @@ TEST_CASE("queue entries are validated like Writes: refusals come back as comple
   const uint64_t src = sender.reg.region_id();
   std::vector<Case> cases = {
       {"unknown destination index", {src, 1, 0, 0, 8}, absl::StatusCode::kInvalidArgument, "dst_index 1"},
-      {"another session's source region", {other.reg.region_id(), 0, 0, 0, 8}, absl::StatusCode::kPermissionDenied,
+      {"another session's source region",
+       {other.reg.region_id(), 0, 0, 0, 8},
+       absl::StatusCode::kPermissionDenied,
        "another session"},
       {"unregistered source region", {987654, 0, 0, 0, 8}, absl::StatusCode::kNotFound, "987654"},
       {"destination out of bounds", {src, 0, 0, (1 << 16) - 4, 8}, absl::StatusCode::kOutOfRange, "destination range"},
@@ -202,7 +206,9 @@ struct RawQueue {
     munmap(map, bytes);
     for (int fd : {ring, submit, complete}) close(fd);
   }
-  queue::SubmitEntry* sq() { return reinterpret_cast<queue::SubmitEntry*>(static_cast<char*>(map) + queue::kSubmitOffset); }
+  queue::SubmitEntry* sq() {
+    return reinterpret_cast<queue::SubmitEntry*>(static_cast<char*>(map) + queue::kSubmitOffset);
+  }
 };
 
 absl::Status Create(Client& c, int ring, int submit, int complete, uint32_t entries,

@@ -24,8 +24,8 @@ namespace {
 using testing::AgentProcess;
 
 using Pod = testing::TestPod;
-using testing::FillRandom;
 using testing::ChunkWrite;
+using testing::FillRandom;
 using testing::MakePod;
 
 std::unique_ptr<AgentProcess> StartAgent(const std::vector<std::string>& flags = {}) {
@@ -342,13 +342,15 @@ TEST_CASE("metrics scraped over HTTP follow the traffic") {
   CHECK(health.ok());
   auto before = testing::HttpGet(agent->metrics_port(), "/metrics");
   REQUIRE(before.ok());
-  CHECK(testing::MetricValue(*before, "ferry_build_info", R"(libfabric_version="1.17",provider="",version="0.1.0")") == 1);
+  CHECK(testing::MetricValue(*before, "ferry_build_info", R"(libfabric_version="1.17",provider="",version="0.1.0")") ==
+        1);
   CHECK(testing::MetricValue(*before, "ferry_sessions") == 0);
 
   Pod a = MakePod(agent->socket(), 1 << 20);
   Pod b = MakePod(agent->socket(), 1 << 20);
   for (int i = 0; i < 3; ++i) {
-    auto r = a.client->WriteAndWait(ChunkRequest(a.reg.region_id(), b.reg.region(), {{0, 0, 1 << 20}}), absl::Seconds(10));
+    auto r =
+        a.client->WriteAndWait(ChunkRequest(a.reg.region_id(), b.reg.region(), {{0, 0, 1 << 20}}), absl::Seconds(10));
     REQUIRE(r.ok());
   }
   auto failed = a.client->Write(ChunkRequest(a.reg.region_id(), b.reg.region(), {{0, 0, 2 << 20}}));

@@ -165,8 +165,8 @@ TEST_CASE("a restarted initiator's staging buffer on the target replaces its old
     {
       Pod sender = MakePod(a->socket(), 1 << 20, static_cast<uint8_t>(0x40 + round));
       for (int i = 0; i < 2; ++i) {
-        auto r = sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 1 << 20),
-                                             absl::Seconds(30));
+        auto r =
+            sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, 1 << 20), absl::Seconds(30));
         INFO(r.status().ToString());
         REQUIRE(r.ok());
         REQUIRE(r->code() == 0);

@@ -35,8 +35,8 @@ absl::StatusOr<pid_t> SpawnWithLog(const std::vector<std::string>& argv, const s
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, (log_path + ".out").c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, (log_path + ".out").c_str(), O_WRONLY | O_CREAT | O_APPEND,
+                                   0644);
   pid_t pid;
   int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
@@ -80,7 +80,8 @@ std::string MakeTempDir(const std::string& prefix) {
 absl::StatusOr<std::string> WaitForFile(const std::string& path, absl::Duration timeout) {
   absl::Time deadline = absl::Now() + timeout;
   while (access(path.c_str(), R_OK) != 0) {
-    if (absl::Now() > deadline) return absl::DeadlineExceededError(absl::StrCat("no ", path, " after ", absl::FormatDuration(timeout)));
+    if (absl::Now() > deadline)
+      return absl::DeadlineExceededError(absl::StrCat("no ", path, " after ", absl::FormatDuration(timeout)));
     absl::SleepFor(absl::Milliseconds(10));
   }
   std::ifstream in(path);
@@ -98,8 +99,8 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const std::vec
   std::string ready_file = a->dir_ + "/ready";
   unlink(ready_file.c_str());
   std::vector<std::string> argv = wrapper;
-  argv.insert(argv.end(), {RunfilePath("agent/main/ferryd"), "--socket=" + a->socket(),
-                           "--metrics_address=127.0.0.1:0", "--ready_file=" + ready_file});
+  argv.insert(argv.end(), {RunfilePath("agent/main/ferryd"), "--socket=" + a->socket(), "--metrics_address=127.0.0.1:0",
+                           "--ready_file=" + ready_file});
   argv.insert(argv.end(), flags.begin(), flags.end());
   absl::StatusOr<pid_t> pid = SpawnWithLog(argv, a->dir_ + "/ferryd.log");
   if (!pid.ok()) return pid.status();

@@ -22,8 +22,7 @@ namespace ferry::testing {
 // `dir`: reuse a directory (to restart on the same socket); empty = a new one.
 // `peer_port`: the peer API's port ("0": any free one).
 inline std::unique_ptr<AgentProcess> StartFabricAgent(const TestHost& host, std::vector<std::string> flags = {},
-                                                      const std::string& dir = "",
-                                                      const std::string& peer_port = "0") {
+                                                      const std::string& dir = "", const std::string& peer_port = "0") {
   flags.push_back("--peer_address=" + host.nics[0] + ":" + peer_port);
   flags.push_back("--fabric_iface=" + absl::StrJoin(host.nics, ","));
   flags.push_back("--fabric_provider=tcp;ofi_rxm");

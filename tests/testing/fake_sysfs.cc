@@ -59,11 +59,11 @@ absl::Status WriteFakeSysfs(absl::string_view spec, const std::string& root_dir)
     const std::string address = fs::path(path).filename().string();
     const std::string vendor = gpu ? "0x10de" : "0x15b3";
     const std::string cls = gpu ? "0x030200" : (f[0] == "ib" ? "0x020700" : "0x020000");
-    for (const auto& [file, text] : std::map<std::string, std::string>{
-             {"numa_node", opt.count("numa") ? opt["numa"] : "-1"},
-             {"vendor", vendor},
-             {"class", cls},
-             {"device", opt.count("device") ? opt["device"] : "0x1021"}}) {
+    for (const auto& [file, text] :
+         std::map<std::string, std::string>{{"numa_node", opt.count("numa") ? opt["numa"] : "-1"},
+                                            {"vendor", vendor},
+                                            {"class", cls},
+                                            {"device", opt.count("device") ? opt["device"] : "0x1021"}}) {
       absl::Status s = WriteFile(dev / file, text);
       if (!s.ok()) return s;
     }

@@ -53,8 +53,9 @@ TestNetwork TestNetwork::Create(int hosts, int nics_per_host) {
   }
   net.description_ = ok ? absl::StrCat(hosts, " hosts in network namespaces, ", nics_per_host,
                                        " veth NIC(s) each, bridged in namespace ", net.hub_)
-                        : absl::StrCat(hosts, " hosts on loopback with distinct 127.0.<nic>.<host> addresses "
-                                              "(no root or no iproute2: network namespaces unavailable)");
+                        : absl::StrCat(hosts,
+                                       " hosts on loopback with distinct 127.0.<nic>.<host> addresses "
+                                       "(no root or no iproute2: network namespaces unavailable)");
   fprintf(stderr, "test network: %s\n", net.description_.c_str());
   return net;
 }

@@ -6,8 +6,8 @@
 #ifndef FERRY_TESTS_TESTING_TEST_POD_H_
 #define FERRY_TESTS_TESTING_TEST_POD_H_
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
 #include <random>

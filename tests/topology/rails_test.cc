@@ -57,11 +57,11 @@ TEST_CASE("host regions go over their client's NUMA node's NICs; workers pinned;
   // NUMA node 0 is the first CPU, node 1 the rest. eth1 shares a PCIe switch with a GPU.
   const std::vector<int> node0 = {cpus[0]}, node1(cpus.begin() + 1, cpus.end());
   const std::string root = testing::MakeTempDir("sysfs");
-  const std::string spec = absl::StrCat(
-      "node 0 ", FormatCpuList(node0), "\nnode 1 ", FormatCpuList(node1),
-      "\nnet eth0 pci0000:10/0000:10:01.0/0000:11:00.0 numa 0"
-      "\nnet eth1 pci0000:20/0000:20:01.0/0000:21:00.0/0000:22:01.0/0000:23:00.0 numa 1"
-      "\ngpu pci0000:20/0000:20:01.0/0000:21:00.0/0000:22:00.0/0000:24:00.0 numa 1\n");
+  const std::string spec =
+      absl::StrCat("node 0 ", FormatCpuList(node0), "\nnode 1 ", FormatCpuList(node1),
+                   "\nnet eth0 pci0000:10/0000:10:01.0/0000:11:00.0 numa 0"
+                   "\nnet eth1 pci0000:20/0000:20:01.0/0000:21:00.0/0000:22:01.0/0000:23:00.0 numa 1"
+                   "\ngpu pci0000:20/0000:20:01.0/0000:21:00.0/0000:22:00.0/0000:24:00.0 numa 1\n");
   REQUIRE(testing::WriteFakeSysfs(spec, root).ok());
   auto a = StartFabricAgent(net.host(0), {"--sysfs_root=" + root, "--fabric_max_op_bytes=1048576"});
   auto b = StartFabricAgent(net.host(1));
@@ -83,7 +83,8 @@ TEST_CASE("host regions go over their client's NUMA node's NICs; workers pinned;
     TestPod sender = MakePod(a->socket(), kSize, 0);
     FillRandom(sender.buf->data(), kSize, 7);
     const std::vector<uint64_t> before = TxBytes(sender);
-    REQUIRE(sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, kSize), absl::Seconds(60)).ok());
+    REQUIRE(
+        sender.client->WriteAndWait(ChunkWrite(sender, receiver.reg.region(), 0, 0, kSize), absl::Seconds(60)).ok());
     CHECK(memcmp(receiver.buf->data(), sender.buf->data(), kSize) == 0);
     const std::vector<uint64_t> after = TxBytes(sender);
     REQUIRE(after.size() == 2);

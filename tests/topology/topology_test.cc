@@ -3,11 +3,11 @@
 #include <filesystem>
 #include <string>
 
+#include <catch2/catch.hpp>
 #include "absl/strings/str_cat.h"
 #include "agent/topology/cpu_list.h"
 #include "agent/topology/rails.h"
 #include "agent/topology/topology.h"
-#include <catch2/catch.hpp>
 #include "tests/testing/agent_process.h"
 #include "tests/testing/fake_sysfs.h"
 
@@ -113,7 +113,7 @@ TEST_CASE("p5.48xlarge: four EFA devices per GPU, behind its switch") {
   std::vector<const NicDevice*> nics = RdmaNics(t);
   REQUIRE(nics.size() == 32);
   for (const NicDevice* n : nics) CHECK(n->netdev.empty());  // EFA has no netdev
-  CHECK(t.FindNic("rdmap20s0-rdm") == nics[0]);             // libfabric's efa domain name
+  CHECK(t.FindNic("rdmap20s0-rdm") == nics[0]);              // libfabric's efa domain name
   RailPlan plan = PlanRails(t, nics);
   for (int g = 0; g < 8; ++g) {
     INFO("gpu " << g);
@@ -156,8 +156,11 @@ TEST_CASE("an asymmetric box: nearest NICs at every distance") {
     Link link;
     const char* cpus;
   };
-  const Want want[] = {{{0}, Link::kPix, "0-3"}, {{0}, Link::kPhb, "0-3"}, {{0}, Link::kNode, "0-3"},
-                       {{2}, Link::kNode, "4-7"}, {{2}, Link::kPxb, "4-7"}};
+  const Want want[] = {{{0}, Link::kPix, "0-3"},
+                       {{0}, Link::kPhb, "0-3"},
+                       {{0}, Link::kNode, "0-3"},
+                       {{2}, Link::kNode, "4-7"},
+                       {{2}, Link::kPxb, "4-7"}};
   for (int g = 0; g < 5; ++g) {
     INFO("gpu " << g << " " << t.gpus[g].pci.address);
     CHECK(plan.gpu_rails[g].nics == want[g].nics);

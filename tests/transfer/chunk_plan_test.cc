@@ -88,16 +88,14 @@ TEST_CASE("destination overlaps are refused, adjacency is fine") {
   CHECK(BuildChunkPlan(Chunks({{0, 0, 10}, {0, 10, 10}}), 100, 100, {}).ok());
   CHECK(BuildChunkPlan(Chunks({{0, 0, 10}, {0, 9, 10}}), 100, 100, {}).status().code() ==
         absl::StatusCode::kInvalidArgument);
-  CHECK(BuildChunkPlan(Paged(10, {0, 1}, {2, 2}), 100, 100, {}).status().code() ==
-        absl::StatusCode::kInvalidArgument);
+  CHECK(BuildChunkPlan(Paged(10, {0, 1}, {2, 2}), 100, 100, {}).status().code() == absl::StatusCode::kInvalidArgument);
   // Ids spread over a huge region (the sort fallback rather than the bitmap).
   CHECK(BuildChunkPlan(Paged(8, {0, 1}, {1ull << 40, 1ull << 40}), 100, ~0ull, {}).status().code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(BuildChunkPlan(Paged(8, {0, 1}, {1ull << 40, 3}), 100, ~0ull, {}).ok());
   // 1-byte blocks over a region claiming 2^64 - 1 bytes: the id range must not wrap
   // (it did, to an empty bitmap written out of bounds; found by the fuzzer).
-  CHECK(BuildChunkPlan(Paged(1, {0, 1}, {5, 5}), 100, ~0ull, {}).status().code() ==
-        absl::StatusCode::kInvalidArgument);
+  CHECK(BuildChunkPlan(Paged(1, {0, 1}, {5, 5}), 100, ~0ull, {}).status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(BuildChunkPlan(Paged(1, {0, 1}, {~0ull - 1, 5}), 100, ~0ull, {}).ok());
   // The bitmap's last word: the highest id that fits.
   CHECK(BuildChunkPlan(Paged(1, {0, 1}, {63, 0}), 100, 64, {}).ok());

@@ -57,7 +57,8 @@ std::vector<CopyPiece> Pieces(CUdeviceptr src, CUdeviceptr dst, const std::vecto
   std::vector<CopyPiece> out;
   for (size_t i = 0; i < sb.size(); ++i) {
     for (uint64_t off = 0; off < block; off += kCopyPieceBytes) {
-      out.push_back(CopyPiece{src + sb[i] * block + off, dst + db[i] * block + off, std::min(kCopyPieceBytes, block - off)});
+      out.push_back(
+          CopyPiece{src + sb[i] * block + off, dst + db[i] * block + off, std::min(kCopyPieceBytes, block - off)});
     }
   }
   return out;
@@ -130,12 +131,13 @@ int Main() {
   cu->cuEventCreate(&a, 0);
   cu->cuEventCreate(&b, 0);
 
-  printf("# copy kernel alone, GPU %d (%d SMs): N blocks scattered at random over 1 GiB on both sides;\n"
-         "# raw = one cuMemcpyAsync of N*block contiguous bytes; kernel = one launch, piece list already on the GPU\n",
-         device, sms);
+  printf(
+      "# copy kernel alone, GPU %d (%d SMs): N blocks scattered at random over 1 GiB on both sides;\n"
+      "# raw = one cuMemcpyAsync of N*block contiguous bytes; kernel = one launch, piece list already on the GPU\n",
+      device, sms);
   printf("%8s %10s %10s %12s %12s %8s\n", "blocks", "block(B)", "pieces", "raw(GB/s)", "kernel(GB/s)", "ratio");
-  const std::pair<uint64_t, uint64_t> rows[] = {{16384, 4 << 10},   {16384, 16 << 10}, {16384, 32 << 10},
-                                                {4096, 128 << 10},  {1024, 512 << 10}, {512, 1 << 20}};
+  const std::pair<uint64_t, uint64_t> rows[] = {{16384, 4 << 10},  {16384, 16 << 10}, {16384, 32 << 10},
+                                                {4096, 128 << 10}, {1024, 512 << 10}, {512, 1 << 20}};
   for (auto [n, block] : rows) {
     std::mt19937_64 rng(n * block);
     std::vector<uint64_t> sb(kSpan / block), db(kSpan / block);

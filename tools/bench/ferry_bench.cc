@@ -8,12 +8,12 @@
 // `send` keeps `window` transfers in flight (Write without waiting; completions from
 // WatchCompletions) and prints "size count time_us algbw_GBps" lines. The paged layout
 // moves each size as 4 KiB blocks scattered at random on both sides.
+#include <sched.h>
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <numeric>
 #include <random>
-#include <sched.h>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -122,9 +122,9 @@ int SendQueue(Sender& s, const std::vector<uint64_t>& sizes, int window) {
   if (!q.ok()) return Fail(q.status());
   std::vector<ferry::WriteQueue::Completion> done;
   const absl::Duration spin = ReapSpin();
-  const int reap_min = absl::GetFlag(FLAGS_reap_min) > 0  ? absl::GetFlag(FLAGS_reap_min)
-                       : spin > absl::ZeroDuration() ? 1
-                                                      : std::max(1, window / 2);
+  const int reap_min = absl::GetFlag(FLAGS_reap_min) > 0 ? absl::GetFlag(FLAGS_reap_min)
+                       : spin > absl::ZeroDuration()     ? 1
+                                                         : std::max(1, window / 2);
   auto run = [&](uint64_t size, int n) -> absl::Status {
     ferry::WriteQueue::Entry e;
     e.src_region = s.region;
@@ -189,7 +189,8 @@ int Send() {
     }
   });
   // Warm up: connection, handshake, region open.
-  if (auto w = s->client->WriteAndWait(Request(*s, 4096, false, rng), absl::Seconds(30)); !w.ok()) return Fail(w.status());
+  if (auto w = s->client->WriteAndWait(Request(*s, 4096, false, rng), absl::Seconds(30)); !w.ok())
+    return Fail(w.status());
   {
     absl::MutexLock lock(&mu);
     auto one = [&]() { return completed >= 1; };
@@ -213,7 +214,8 @@ int Send() {
     {
       absl::MutexLock lock(&mu);
       auto all = [&]() { return completed >= base + n; };
-      if (!mu.AwaitWithTimeout(absl::Condition(&all), absl::Minutes(5))) return Fail(absl::DeadlineExceededError("stuck"));
+      if (!mu.AwaitWithTimeout(absl::Condition(&all), absl::Minutes(5)))
+        return Fail(absl::DeadlineExceededError("stuck"));
     }
     double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
     base += n;

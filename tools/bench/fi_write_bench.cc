@@ -10,8 +10,8 @@
 // writes of each size (at most --row_bytes, default 1 GiB, per size) with `window` in
 // flight after an untimed warm-up (2 * `window` writes or 64 MiB, whichever is less),
 // prints "size count time_us algbw_GBps", then 8-byte write latencies when --lat_iters
-// > 0. Addresses and keys are exchanged through files in --dir. Controls: --memory=memfd (buffers in a shared memfd mapping, as pods
-// hand the agent), --threading=safe and --cq_wait=fd (ferry's endpoint settings).
+// > 0. Addresses and keys are exchanged through files in --dir. Controls: --memory=memfd (buffers in a shared memfd
+// mapping, as pods hand the agent), --threading=safe and --cq_wait=fd (ferry's endpoint settings).
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -40,13 +40,13 @@ std::string Arg(int argc, char** argv, const std::string& name, const std::strin
   return def;
 }
 
-#define CHECK_FI(call)                                                          \
-  do {                                                                          \
-    int rc_ = (call);                                                           \
-    if (rc_) {                                                                  \
-      fprintf(stderr, "%s: %s (%d)\n", #call, fi_strerror(-rc_), rc_);          \
-      exit(1);                                                                  \
-    }                                                                           \
+#define CHECK_FI(call)                                                 \
+  do {                                                                 \
+    int rc_ = (call);                                                  \
+    if (rc_) {                                                         \
+      fprintf(stderr, "%s: %s (%d)\n", #call, fi_strerror(-rc_), rc_); \
+      exit(1);                                                         \
+    }                                                                  \
   } while (0)
 
 struct Endpoint {

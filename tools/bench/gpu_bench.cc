@@ -10,8 +10,8 @@
 //     the raw contiguous copy of the same number of bytes.
 // Buffers are cuMemCreate allocations exported as POSIX fds, as pods would register.
 #include <algorithm>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <numeric>
 #include <random>
@@ -193,8 +193,10 @@ int Staged(const CudaDriver* cu, int sd, int dd) {
   if (!use.ok()) return Fail(use);
   if (cu->cuMemHostAlloc(&pinned, kMax, 0) != CUDA_SUCCESS) return Fail(absl::ResourceExhaustedError("pinned"));
   if (absl::Status f = FillRandom(cu, src->ptr(), kMax); !f.ok()) return Fail(f);
-  printf("# cross-agent: GPU%d on agent A -> GPU%d on agent B, %s; one Write at a time (time, algbw) and 4 in "
-         "flight (algbw_4); check: the destination read back and compared\n", sd, dd, absl::GetFlag(FLAGS_transport).c_str());
+  printf(
+      "# cross-agent: GPU%d on agent A -> GPU%d on agent B, %s; one Write at a time (time, algbw) and 4 in "
+      "flight (algbw_4); check: the destination read back and compared\n",
+      sd, dd, absl::GetFlag(FLAGS_transport).c_str());
   printf("# pcie: raw cuMemcpyDtoH GPU%d -> pinned host of the same size (the staged path's first hop)\n", sd);
   printf("%12s %6s %12s %12s %12s %12s  %s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "algbw_4(GB/s)",
          "pcie(GB/s)", "check");
@@ -252,9 +254,10 @@ int Main() {
 
   printf("# ferry GPU benchmark: node-local GPU%d -> GPU%d, %d peers reachable from GPU%d\n", sd, dd, *peers, sd);
   if (!absl::GetFlag(FLAGS_paged_only)) {
-    printf("# contiguous: ferry Write+Wait with 8 in flight, and the write queue with %d in flight (queue), vs raw\n"
-           "# cuMemcpyAsync back to back (CUDA events); time and algbw are the Write rows'\n",
-           absl::GetFlag(FLAGS_queue_window));
+    printf(
+        "# contiguous: ferry Write+Wait with 8 in flight, and the write queue with %d in flight (queue), vs raw\n"
+        "# cuMemcpyAsync back to back (CUDA events); time and algbw are the Write rows'\n",
+        absl::GetFlag(FLAGS_queue_window));
     printf("%12s %6s %12s %12s %12s %8s %12s %8s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "raw(GB/s)",
            "ratio", "queue(GB/s)", "q_ratio");
   }
@@ -268,7 +271,8 @@ int Main() {
     ch->set_length(size);
     absl::StatusOr<double> f = FerryWrites(**c, req, count, 8);
     if (!f.ok()) return Fail(f.status());
-    absl::StatusOr<double> fq = FerryQueueWrites(**c, s->region_id(), d->region(), size, count, absl::GetFlag(FLAGS_queue_window));
+    absl::StatusOr<double> fq =
+        FerryQueueWrites(**c, s->region_id(), d->region(), size, count, absl::GetFlag(FLAGS_queue_window));
     if (!fq.ok()) return Fail(fq.status());
     absl::StatusOr<double> raw = RawCopy(*cu, dst->ptr(), src->ptr(), size, count);
     if (!raw.ok()) return Fail(raw.status());
@@ -279,13 +283,16 @@ int Main() {
 
   if (absl::Status f = FillRandom(*cu, src->ptr(), kMax); !f.ok()) return Fail(f);
   constexpr int kClients = 4;
-  printf("# paged: one Write of N blocks scattered at random over 1 GiB on both sides vs raw contiguous copy of N*block bytes;\n"
-         "# one client, 2 writes in flight (time, algbw, ratio; submit = mean time of one Write RPC), and %d clients\n"
-         "# submitting at once, 2 in flight each (algbw_%dc, ratio_%dc); check: the one-client writes' blocks read back\n",
-         kClients, kClients, kClients);
+  printf(
+      "# paged: one Write of N blocks scattered at random over 1 GiB on both sides vs raw contiguous copy of N*block "
+      "bytes;\n"
+      "# one client, 2 writes in flight (time, algbw, ratio; submit = mean time of one Write RPC), and %d clients\n"
+      "# submitting at once, 2 in flight each (algbw_%dc, ratio_%dc); check: the one-client writes' blocks read back\n",
+      kClients, kClients, kClients);
   printf("%8s %10s %12s %12s %12s %12s %8s %12s %8s  %s\n", "blocks", "block(B)", "time(us)", "submit(us)",
          "algbw(GB/s)", "raw(GB/s)", "ratio", "algbw_4c", "ratio_4c", "check");
-  for (auto [n, block] : {std::pair<uint64_t, uint64_t>{16384, 4 << 10}, {16384, 16 << 10}, {16384, 32 << 10}, {4096, 128 << 10}}) {
+  for (auto [n, block] :
+       {std::pair<uint64_t, uint64_t>{16384, 4 << 10}, {16384, 16 << 10}, {16384, 32 << 10}, {4096, 128 << 10}}) {
     std::mt19937_64 rng(n);
     std::vector<uint64_t> sb(kMax / block), db(kMax / block);
     std::iota(sb.begin(), sb.end(), 0);
@@ -310,8 +317,8 @@ int Main() {
     absl::StatusOr<double> raw = RawCopy(*cu, dst->ptr(), src->ptr(), n * block, count);
     if (!raw.ok()) return Fail(raw.status());
     double bw = n * block / *f / 1e9, rbw = n * block / *raw / 1e9, cbw = n * block / *fc / 1e9;
-    printf("%8lu %10lu %12.1f %12.1f %12.1f %12.1f %8.2f %12.1f %8.2f  %s\n", n, block, *f * 1e6, submit * 1e6, bw,
-           rbw, bw / rbw, cbw, cbw / rbw, check);
+    printf("%8lu %10lu %12.1f %12.1f %12.1f %12.1f %8.2f %12.1f %8.2f  %s\n", n, block, *f * 1e6, submit * 1e6, bw, rbw,
+           bw / rbw, cbw, cbw / rbw, check);
   }
   return 0;
 }

@@ -246,7 +246,8 @@ int Send() {
       // As fi_write_bench counts and warms up, so that the two rows compare.
       count = static_cast<int>(std::max<uint64_t>(
           4, std::min<uint64_t>(absl::GetFlag(FLAGS_count), (absl::GetFlag(FLAGS_row_mib) << 20) / size)));
-      const int warm_up = static_cast<int>(std::clamp<uint64_t>((64u << 20) / size, 1, 2 * absl::GetFlag(FLAGS_window)));
+      const int warm_up =
+          static_cast<int>(std::clamp<uint64_t>((64u << 20) / size, 1, 2 * absl::GetFlag(FLAGS_window)));
       if (absl::StatusOr<double> w = QueueWrites(*s, size, warm_up, 0); !w.ok()) return Die("warm-up", w.status());
       absl::StatusOr<double> t = QueueWrites(*s, size, count, tag);
       if (!t.ok()) return Die(absl::StrFormat("queued writes of %d bytes", size), t.status());
@@ -271,7 +272,8 @@ int Kv() {
   if (!s.ok()) return Die("connect", s.status());
   if (s->dst.size() < kKvRegionBytes) {
     return Die("kv", absl::InvalidArgumentError(absl::StrFormat("the receiver's region holds %d bytes, the KV "
-                                                                "cache needs %d", s->dst.size(), kKvRegionBytes)));
+                                                                "cache needs %d",
+                                                                s->dst.size(), kKvRegionBytes)));
   }
   std::mt19937_64 rng(absl::ToUnixNanos(absl::Now()));
   Fill(s->buf.data(), kKvRegionBytes, rng);

@@ -113,8 +113,9 @@ int Topology(Agent::Stub& stub, grpc::ClientContext& ctx) {
       for (const std::string& l : g.nic_links()) printf(" %-10s", l.c_str());
       printf(" %-5s %s\n", Numa(g.numa_node()).c_str(), g.pcie_root().c_str());
     }
-    printf("\nLegend: PIX = one PCIe switch between them; PXB = several switches; PHB = through the PCIe host\n"
-           "bridge; NODE = across root complexes of one NUMA node; SYS = across NUMA nodes, or place unknown\n");
+    printf(
+        "\nLegend: PIX = one PCIe switch between them; PXB = several switches; PHB = through the PCIe host\n"
+        "bridge; NODE = across root complexes of one NUMA node; SYS = across NUMA nodes, or place unknown\n");
   }
   if (t.nics_size() > 0) {
     printf("\n%-10s %-12s %-12s %-13s %-11s %-5s %-24s %s\n", "NIC", "RDMA device", "netdev", "PCI", "PCIe root",

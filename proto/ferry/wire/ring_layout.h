@@ -40,8 +40,8 @@ struct alignas(64) Cursor {
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "cursors are shared between processes");
 
 struct RingHeader {
-  uint32_t magic;    // kRingMagic, written by the client before CreateQueue
-  uint32_t entries;  // power of two in [kMinEntries, kMaxEntries]
+  uint32_t magic;         // kRingMagic, written by the client before CreateQueue
+  uint32_t entries;       // power of two in [kMinEntries, kMaxEntries]
   Cursor sq_tail;         // client: entries submitted
   Cursor sq_head;         // agent: entries consumed (their slots may be reused)
   Cursor cq_tail;         // agent: completions written
@@ -71,15 +71,17 @@ struct CompletionEntry {
   uint64_t transfer_id;  // 0 when the entry was refused before it started
   uint64_t bytes;
   uint64_t duration_ns;
-  int32_t code;    // absl / gRPC status code; 0 = OK
-  uint32_t path;   // ferry.v1.TransferPath
+  int32_t code;       // absl / gRPC status code; 0 = OK
+  uint32_t path;      // ferry.v1.TransferPath
   char message[216];  // NUL-terminated error message (truncated)
 };
 static_assert(sizeof(CompletionEntry) == 256, "ABI");
 
 inline constexpr size_t kSubmitOffset = sizeof(RingHeader);
 inline size_t CompletionOffset(uint32_t entries) { return kSubmitOffset + size_t{entries} * sizeof(SubmitEntry); }
-inline size_t RingBytes(uint32_t entries) { return CompletionOffset(entries) + size_t{entries} * sizeof(CompletionEntry); }
+inline size_t RingBytes(uint32_t entries) {
+  return CompletionOffset(entries) + size_t{entries} * sizeof(CompletionEntry);
+}
 inline bool ValidEntries(uint32_t n) { return n >= kMinEntries && n <= kMaxEntries && (n & (n - 1)) == 0; }
 
 }  // namespace ferry::queue
