@@ -53,9 +53,11 @@ absl::Status ConnectionResetError(absl::string_view message) {
 
 bool IsConnectionReset(const absl::Status& status) { return status.GetPayload(kConnectionResetPayload).has_value(); }
 
-RailWorker::RailWorker(NicInterface* nic, Metrics* metrics, absl::Duration spin, std::vector<int> cpus)
+RailWorker::RailWorker(NicInterface* nic, Metrics* metrics, absl::Duration spin, std::vector<int> cpus,
+                       absl::Duration stop_grace)
     : nic_(nic),
       spin_(spin),
+      stop_grace_(stop_grace),
       cpus_(std::move(cpus)),
       tx_counter_(metrics->transfer_bytes("tx", "fabric", nic->name())),
       op_duration_(metrics->op_duration(nic->name())),
@@ -344,7 +346,7 @@ bool RailWorker::StopNow() {
   if (!stopping_.load(std::memory_order_acquire)) return false;
   {
     absl::MutexLock lock(&mu_);
-    if (stop_deadline_ == absl::InfiniteFuture()) stop_deadline_ = absl::Now() + absl::Seconds(2);
+    if (stop_deadline_ == absl::InfiniteFuture()) stop_deadline_ = absl::Now() + stop_grace_;
     for (const WriteOp& op : incoming_) Enqueue(op);
     incoming_.clear();
   }

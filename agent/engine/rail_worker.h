@@ -70,7 +70,10 @@ class RailWorker {
   // blocks on the CQ's fd. Long enough to ride a stream of incoming writes (rxm/tcp move
   // data only while the target polls); short enough that an idle agent sleeps at once.
   // A dedicated progress core may spin far longer (--fabric_spin_us).
-  RailWorker(NicInterface* nic, Metrics* metrics, absl::Duration spin, std::vector<int> cpus = {});
+  // `stop_grace`: how long Stop() lets queued and posted ops finish before it fails the
+  // queued ones.
+  RailWorker(NicInterface* nic, Metrics* metrics, absl::Duration spin, std::vector<int> cpus = {},
+             absl::Duration stop_grace = absl::Seconds(2));
   ~RailWorker();
 
   void Start();
@@ -109,12 +112,13 @@ class RailWorker {
   void FlushLatencies();
   // Blocks until there may be work; true if woken by activity rather than the timeout.
   bool Sleep(bool busy);
-  // During Stop(): true once everything drained or the 2 s grace period is over.
+  // During Stop(): true once everything drained or the grace period is over.
   bool StopNow();
   void Wake();
 
   NicInterface* nic_;
   const absl::Duration spin_;
+  const absl::Duration stop_grace_;
   std::vector<int> cpus_;
   prometheus::Counter& tx_counter_;
   prometheus::Histogram& op_duration_;

@@ -111,10 +111,15 @@ absl::Status Agent::Init() {
   config_.metrics_address =
       absl::StrCat(config_.metrics_address.substr(0, config_.metrics_address.rfind(':')), ":", metrics_server_->port());
 
+  StartTransferPaths();
+  return StartLocalApi();
+}
+
+void Agent::StartTransferPaths() {
   TransferRouterDeps route;
   route.incarnation = incarnation_;
   route.advertise_address = advertise_address_;
-  route.regions = regions;
+  route.regions = regions_.get();
   route.transfers = transfers_.get();
   route.local = local_copier_.get();
   route.gpu_local = gpu_copier_.get();
@@ -126,17 +131,19 @@ absl::Status Agent::Init() {
     route.stage_host_regions = config_.stage_host_regions;
   }
   router_ = std::make_unique<TransferRouter>(std::move(route));
-  queue_entries_ = std::make_unique<QueueEntries>(router_.get(), sessions_.get(), transfers_.get(), m);
+  queue_entries_ = std::make_unique<QueueEntries>(router_.get(), sessions_.get(), transfers_.get(), metrics_.get());
   queue_poller_ = std::make_unique<QueuePoller>(
       [e = queue_entries_.get()](const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& entry,
                                  bool may_block) { return e->Handle(q, entry, may_block); });
+}
 
+absl::Status Agent::StartLocalApi() {
   LocalServiceDeps deps;
   deps.config = &config_;
   deps.incarnation = incarnation_;
   deps.advertise_address = advertise_address_;
-  deps.metrics = m;
-  deps.regions = regions;
+  deps.metrics = metrics_.get();
+  deps.regions = regions_.get();
   deps.sessions = sessions_.get();
   deps.transfers = transfers_.get();
   deps.router = router_.get();

@@ -52,6 +52,10 @@ class Agent {
   absl::Status Init();
   // Opens the NICs and serves the peer API; sets advertise_address_.
   absl::Status StartFabric();
+  // The router, and the shared-memory queues' entries handed to it.
+  void StartTransferPaths();
+  // The local gRPC API (with health and reflection) and the session socket.
+  absl::Status StartLocalApi();
   // OK when the agent takes work: initialised, not draining, socket in place, fabric up.
   absl::Status Readiness() const;
 

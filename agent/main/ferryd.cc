@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -93,23 +94,10 @@ int Fail(const std::string& message) {
   return 2;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "ferry node agent: moves registered GPU/host memory between pods and nodes.\n"
-      "Usage: ferryd [--socket=/run/ferry/ferry.sock] [--peer_address=HOST:PORT --fabric_iface=ADDR] ...");
-  absl::ParseCommandLine(argc, argv);
-  // Debian's Abseil checks every Mutex acquisition for lock-order cycles; that costs
-  // more than the agent's per-transfer work. The tsan build is the place for such checks.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  // A paged write of 16,384 KV blocks allocates a few hundred KiB per request (its
-  // message, chunk plan and piece list) on gRPC's threads. glibc would hand such blocks
-  // back to the kernel on every free (mmap above 128 KiB, arena trimming), so each
-  // request paid a few hundred page faults: keep them in the heap instead.
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
-
+// The agent's configuration from its flags (every flag is defined above, and only
+// here), and the log level; an error names the flag to fix.
+absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
+  ferry::AgentConfig config;
   const std::string level = absl::GetFlag(FLAGS_log_level);
   if (level == "debug")
     ferry::SetMinLogLevel(ferry::LogLevel::kDebug);
@@ -118,17 +106,16 @@ int main(int argc, char** argv) {
   else if (level == "error")
     ferry::SetMinLogLevel(ferry::LogLevel::kError);
   else if (level != "info")
-    return Fail("--log_level must be debug, info, warning or error");
+    return absl::InvalidArgumentError("--log_level must be debug, info, warning or error");
 
-  ferry::AgentConfig config;
   config.socket = absl::GetFlag(FLAGS_socket);
   unsigned long mode = 0;
   try {
     mode = std::stoul(absl::GetFlag(FLAGS_socket_mode), nullptr, 8);
   } catch (...) {
-    return Fail("--socket_mode must be an octal mode such as 0660");
+    return absl::InvalidArgumentError("--socket_mode must be an octal mode such as 0660");
   }
-  if (mode > 0777) return Fail("--socket_mode must be within 0000..0777");
+  if (mode > 0777) return absl::InvalidArgumentError("--socket_mode must be within 0000..0777");
   config.socket_mode = static_cast<mode_t>(mode);
   const std::string group = absl::GetFlag(FLAGS_socket_group);
   if (!group.empty()) {
@@ -138,12 +125,12 @@ int main(int argc, char** argv) {
     } else if (struct group* g = getgrnam(group.c_str())) {
       config.socket_gid = g->gr_gid;
     } else {
-      return Fail("--socket_group: no group named '" + group + "'");
+      return absl::InvalidArgumentError("--socket_group: no group named '" + group + "'");
     }
   }
   for (absl::string_view uid : absl::StrSplit(absl::GetFlag(FLAGS_allowed_uids), ',', absl::SkipEmpty())) {
     uint32_t v;
-    if (!absl::SimpleAtoi(uid, &v)) return Fail("--allowed_uids must be comma-separated numbers");
+    if (!absl::SimpleAtoi(uid, &v)) return absl::InvalidArgumentError("--allowed_uids must be comma-separated numbers");
     config.allowed_uids.push_back(v);
   }
   config.metrics_address = absl::GetFlag(FLAGS_metrics_address);
@@ -177,19 +164,42 @@ int main(int argc, char** argv) {
   config.max_staging_buffers = absl::GetFlag(FLAGS_max_staging_buffers);
   config.stage_host_regions = absl::GetFlag(FLAGS_stage_host_regions);
   if (config.staging_buffer_bytes < 4096 || config.staging_buffer_bytes > (1ull << 32)) {
-    return Fail("--staging_buffer_bytes must be 4096..4294967296");
+    return absl::InvalidArgumentError("--staging_buffer_bytes must be 4096..4294967296");
   }
   if (config.stage_bytes < 4096 || config.stage_bytes > (1ull << 32)) {
-    return Fail("--stage_bytes must be 4096..4294967296");
+    return absl::InvalidArgumentError("--stage_bytes must be 4096..4294967296");
   }
   config.shutdown_grace_ms = absl::GetFlag(FLAGS_shutdown_grace_ms);
   if (config.local_copy_threads < 1 || config.local_copy_threads > 64) {
-    return Fail("--local_copy_threads must be 1..64");
+    return absl::InvalidArgumentError("--local_copy_threads must be 1..64");
   }
-  if (config.transfer_timeout_ms == 0) return Fail("--transfer_timeout_ms must be >= 1");
+  if (config.transfer_timeout_ms == 0) return absl::InvalidArgumentError("--transfer_timeout_ms must be >= 1");
   if (!config.peer_address.empty() && config.fabric_ifaces.empty()) {
-    return Fail("--peer_address needs --fabric_iface (e.g. 127.0.0.1 for a loopback test)");
+    return absl::InvalidArgumentError("--peer_address needs --fabric_iface (e.g. 127.0.0.1 for a loopback test)");
   }
+  return config;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "ferry node agent: moves registered GPU/host memory between pods and nodes.\n"
+      "Usage: ferryd [--socket=/run/ferry/ferry.sock] [--peer_address=HOST:PORT --fabric_iface=ADDR] ...");
+  absl::ParseCommandLine(argc, argv);
+  // Debian's Abseil checks every Mutex acquisition for lock-order cycles; that costs
+  // more than the agent's per-transfer work. The tsan build is the place for such checks.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // A paged write of 16,384 KV blocks allocates a few hundred KiB per request (its
+  // message, chunk plan and piece list) on gRPC's threads. glibc would hand such blocks
+  // back to the kernel on every free (mmap above 128 KiB, arena trimming), so each
+  // request paid a few hundred page faults: keep them in the heap instead.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+
+  absl::StatusOr<ferry::AgentConfig> parsed = ConfigFromFlags();
+  if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+  const ferry::AgentConfig& config = *parsed;
 
   // Block the stop signals before any thread starts, then wait for them here.
   sigset_t stop_signals;

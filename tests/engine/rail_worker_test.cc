@@ -222,7 +222,7 @@ TEST_CASE("rail worker: Stop fails what the provider never accepted, after a gra
   Metrics metrics;
   FakeNic nic;
   nic.set_capacity(0);  // everything answers -FI_EAGAIN
-  RailWorker worker(&nic, &metrics, absl::Microseconds(50));
+  RailWorker worker(&nic, &metrics, absl::Microseconds(50), {}, /*stop_grace=*/absl::Milliseconds(100));
   worker.Start();
   Transfer_ t = NewTransfer(3, 1);
   worker.Submit({MakeOp(t, kPeerA, 0), MakeOp(t, kPeerA, 1), MakeOp(t, kPeerB, 2)});
@@ -230,6 +230,7 @@ TEST_CASE("rail worker: Stop fails what the provider never accepted, after a gra
   worker.Stop();
   REQUIRE(t.outcome->done.HasBeenNotified());
   CHECK(t.outcome->status.message().find("shutting down") != std::string::npos);
+  CHECK(absl::Now() - stop >= absl::Milliseconds(100));  // the grace period was given
   CHECK(absl::Now() - stop < absl::Seconds(5));
   CHECK(nic.posts().empty());
 }
