@@ -244,6 +244,8 @@ void FabricEngine::SendNotify(const std::shared_ptr<Transfer>& t, const std::vec
   req.set_tag(t->tag);
   req.set_bytes(t->plan.total_bytes);
   req.set_deliver(true);
+  req.set_payload(t->notify_payload);
+  req.set_kind(v1::NOTIFICATION_KIND_WRITE);
   for (uint64_t b : nic_bytes) req.add_nic_bytes(b);
   v1::NotifyResponse resp;
   grpc::ClientContext ctx;

@@ -88,6 +88,10 @@ grpc::Status PeerService::Notify(grpc::ServerContext*, const v1::NotifyRequest* 
   for (int i = 0; i < req->nic_bytes_size() && i < static_cast<int>(rx_bytes_.size()); ++i) {
     rx_bytes_[i]->Increment(static_cast<double>(req->nic_bytes(i)));
   }
+  if (req->payload().size() > kMaxNotifyPayloadBytes) {
+    return Reply("peer.Notify", absl::InvalidArgumentError(absl::StrCat("payload is ", req->payload().size(),
+                                                                        " bytes; at most ", kMaxNotifyPayloadBytes)));
+  }
   if (req->deliver()) {
     v1::Notification n;
     n.set_region_id(req->region_id());
@@ -95,7 +99,12 @@ grpc::Status PeerService::Notify(grpc::ServerContext*, const v1::NotifyRequest* 
     n.set_transfer_id(req->transfer_id());
     n.set_source_incarnation(req->source_incarnation());
     n.set_bytes(req->bytes());
-    transfers_->Notify(**region, n);
+    n.set_payload(req->payload());
+    const bool message = req->kind() == v1::NOTIFICATION_KIND_MESSAGE;
+    n.set_kind(message ? v1::NOTIFICATION_KIND_MESSAGE : v1::NOTIFICATION_KIND_WRITE);
+    absl::Status delivered = transfers_->Notify(**region, n);
+    // A message's sender learns it was not delivered; a write's bytes landed regardless.
+    if (message) return Reply("peer.Notify", delivered);
   }
   return grpc::Status::OK;
 }

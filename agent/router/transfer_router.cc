@@ -32,11 +32,20 @@ absl::StatusOr<std::shared_ptr<Transfer>> TransferRouter::Prepare(const std::sha
   if (!src.ok()) return src.status();
   if (spec.dst == nullptr) return absl::InvalidArgumentError("dst: the destination RegionDescriptor is missing");
 
+  if (spec.notify_payload.size() > kMaxNotifyPayloadBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("notify_payload is ", spec.notify_payload.size(), " bytes; at most ", kMaxNotifyPayloadBytes));
+  }
+  if (!spec.notify && !spec.notify_payload.empty()) {
+    return absl::InvalidArgumentError("notify_payload needs notify: nobody would receive it");
+  }
+
   auto t = std::make_shared<Transfer>();
   t->session = session;
   t->src = *src;
   t->notify = spec.notify;
   t->tag = spec.tag;
+  t->notify_payload = spec.notify_payload;
   t->submitted = absl::Now();
   t->cached_only = cached_only;
   t->deadline = t->submitted + spec.timeout;
@@ -66,6 +75,46 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
   manager->Begin(*t);
   TransferExecutor* executor = t->executor;
   executor->Submit(t, [manager, t](absl::Status s) { manager->Finish(*t, s); });
+}
+
+absl::Status TransferRouter::SendMessage(const std::shared_ptr<const v1::RegionDescriptor>& dst, uint64_t tag,
+                                         const std::string& payload, absl::Time deadline) const {
+  if (payload.size() > kMaxNotifyPayloadBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload is ", payload.size(), " bytes; at most ", kMaxNotifyPayloadBytes));
+  }
+  Transfer probe;
+  probe.deadline = deadline;
+  absl::StatusOr<uint64_t> size = Destination(dst, probe);
+  if (!size.ok()) return size.status();
+  if (probe.dst != nullptr) {  // this agent's region: its token was checked
+    v1::Notification n;
+    n.set_region_id(probe.dst->id());
+    n.set_tag(tag);
+    n.set_source_incarnation(deps_.incarnation);
+    n.set_payload(payload);
+    n.set_kind(v1::NOTIFICATION_KIND_MESSAGE);
+    return deps_.transfers->Notify(*probe.dst, n);
+  }
+  absl::StatusOr<std::shared_ptr<PeerConnection>> peer = deps_.peers->Resolve(*dst, deadline);
+  if (!peer.ok()) return peer.status();
+  v1::NotifyRequest req;
+  req.set_target_incarnation(dst->agent_incarnation());
+  req.set_region_id(dst->region_id());
+  req.set_token(dst->token());
+  req.set_source_incarnation(deps_.incarnation);
+  req.set_tag(tag);
+  req.set_deliver(true);
+  req.set_payload(payload);
+  req.set_kind(v1::NOTIFICATION_KIND_MESSAGE);
+  v1::NotifyResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  grpc::Status s = (*peer)->stub()->Notify(&ctx, req, &resp);
+  if (s.ok()) return absl::OkStatus();
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) (*peer)->MarkSuspect();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat("agent ", dst->agent_address(), ": ", s.error_message()));
 }
 
 absl::StatusOr<uint64_t> TransferRouter::Destination(const std::shared_ptr<const v1::RegionDescriptor>& dst_ptr,

@@ -41,7 +41,8 @@ struct WriteSpec {
   std::shared_ptr<const v1::RegionDescriptor> dst;  // null: the request has none
   bool notify = false;
   uint64_t tag = 0;
-  absl::Duration timeout;  // until the transfer's deadline
+  std::string notify_payload;  // only with notify; at most kMaxNotifyPayloadBytes
+  absl::Duration timeout;      // until the transfer's deadline
 };
 
 // Lays out the chunks once both regions' sizes are known.
@@ -77,6 +78,11 @@ class TransferRouter {
   absl::Status CheckDestination(const std::shared_ptr<const v1::RegionDescriptor>& dst, absl::Time deadline) const;
   // Starts a prepared transfer whose id is set; TransferManager::Finish ends it.
   void Launch(std::shared_ptr<Transfer> t) const;
+
+  // Delivers a message (no bytes written) to the owner of `dst`'s region, on this agent
+  // or through its own agent, which checks the token. Returns once that agent queued it.
+  absl::Status SendMessage(const std::shared_ptr<const v1::RegionDescriptor>& dst, uint64_t tag,
+                           const std::string& payload, absl::Time deadline) const;
 
  private:
   // Fills t's destination from its descriptor: this agent's region (path LOCAL), or

@@ -140,6 +140,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareWrite(const std::
   if (req.has_dst()) spec.dst = std::make_shared<const v1::RegionDescriptor>(req.dst());
   spec.notify = req.notify();
   spec.tag = req.tag();
+  spec.notify_payload = req.notify_payload();
   spec.timeout = absl::Milliseconds(req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms);
   const ChunkLimits limits{deps_.config->max_chunks_per_write};
   return deps_.router->Prepare(
@@ -160,6 +161,20 @@ grpc::Status LocalService::Write(grpc::ServerContext* ctx, const v1::WriteReques
   deps_.router->Launch(*t);
   resp->set_transfer_id((*t)->id);
   return grpc::Status::OK;
+}
+
+grpc::Status LocalService::SendMessage(grpc::ServerContext* ctx, const v1::SendMessageRequest* req,
+                                       v1::SendMessageResponse*) {
+  absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
+  if (!session.ok()) return Reply("SendMessage", session.status());
+  if (shutting_down_.load()) return Reply("SendMessage", absl::UnavailableError("the agent is shutting down"));
+  if (!req->has_dst()) {
+    return Reply("SendMessage", absl::InvalidArgumentError("dst: the destination RegionDescriptor is missing"));
+  }
+  const uint32_t timeout_ms = req->timeout_ms() != 0 ? req->timeout_ms() : deps_.config->transfer_timeout_ms;
+  return Reply("SendMessage",
+               deps_.router->SendMessage(std::make_shared<const v1::RegionDescriptor>(req->dst()), req->tag(),
+                                         req->payload(), absl::Now() + absl::Milliseconds(timeout_ms)));
 }
 
 grpc::Status LocalService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req, v1::WaitResponse* resp) {

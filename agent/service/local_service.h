@@ -76,6 +76,8 @@ class LocalService final : public v1::Agent::Service {
                          v1::GetStatusResponse* resp) override;
   grpc::Status GetTopology(grpc::ServerContext* ctx, const v1::GetTopologyRequest* req,
                            v1::GetTopologyResponse* resp) override;
+  grpc::Status SendMessage(grpc::ServerContext* ctx, const v1::SendMessageRequest* req,
+                           v1::SendMessageResponse* resp) override;
 
  private:
   absl::StatusOr<std::shared_ptr<Session>> SessionOf(grpc::ServerContext* ctx) const;

@@ -1,5 +1,6 @@
 #include "agent/transfer/transfer.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/check.h"
 
@@ -63,7 +64,10 @@ void TransferManager::Finish(const Transfer& t, const absl::Status& status) {
     n.set_transfer_id(t.id);
     n.set_source_incarnation(incarnation_);
     n.set_bytes(t.plan.total_bytes);
-    Notify(*t.dst, n);
+    n.set_payload(t.notify_payload);
+    n.set_kind(v1::NOTIFICATION_KIND_WRITE);
+    // The bytes landed: the write succeeded even if its receiver is gone or not reading.
+    Notify(*t.dst, n).IgnoreError();
   }
   if (t.on_result) {
     t.on_result(result);
@@ -72,10 +76,17 @@ void TransferManager::Finish(const Transfer& t, const absl::Status& status) {
   }
 }
 
-void TransferManager::Notify(const Region& region, const v1::Notification& n) {
+absl::Status TransferManager::Notify(const Region& region, const v1::Notification& n) {
   std::shared_ptr<Session> owner = sessions_->FindById(region.owner_session());
-  if (owner == nullptr) return;  // the receiver is gone; its region goes with it
-  if (owner->notifications().Push(n)) metrics_->notifications().Increment();
+  if (owner == nullptr) {  // the receiver is gone; its region goes with it
+    return absl::UnavailableError(absl::StrCat("the owner of region ", region.id(), " has ended its session"));
+  }
+  if (!owner->notifications().Push(n)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the owner of region ", region.id(), " is not reading its notifications and its queue is full"));
+  }
+  metrics_->notifications().Increment();
+  return absl::OkStatus();
 }
 
 }  // namespace ferry

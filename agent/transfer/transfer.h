@@ -39,6 +39,7 @@ struct Transfer {
   ChunkPlan plan;
   bool notify = false;
   uint64_t tag = 0;
+  std::string notify_payload;  // with notify: handed to the destination's owner
   absl::Time submitted;
   absl::Time deadline;
   // Node-local destination (path LOCAL).
@@ -66,6 +67,10 @@ struct Transfer {
   mutable std::atomic<bool> finished{false};
 };
 
+// The most bytes a Notification's payload may carry (WriteRequest.notify_payload,
+// SendMessageRequest.payload); checked by the writer's agent and again by the receiver's.
+inline constexpr size_t kMaxNotifyPayloadBytes = 4096;
+
 const char* PathLabel(v1::TransferPath path);  // "local", "fabric", "staged"
 
 class TransferManager {
@@ -76,8 +81,10 @@ class TransferManager {
   void Begin(const Transfer& t) { inflight_.fetch_add(1); }
   void Finish(const Transfer& t, const absl::Status& status);
 
-  // Delivers a notification to the owner of `region` if it still has a session.
-  void Notify(const Region& region, const v1::Notification& n);
+  // Delivers a notification to the owner of `region`. UNAVAILABLE when the owner's
+  // session has ended, RESOURCE_EXHAUSTED when it is not reading its notifications and
+  // its queue is full (the notification is dropped and counted either way).
+  absl::Status Notify(const Region& region, const v1::Notification& n);
 
   uint64_t inflight() const { return inflight_.load(); }
   uint64_t completed() const { return completed_.load(); }

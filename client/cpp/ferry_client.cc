@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -279,6 +280,18 @@ absl::StatusOr<v1::TransferResult> Client::WriteAndWait(const v1::WriteRequest& 
   absl::Status s = ResultStatus(*r);
   if (!s.ok()) return s;
   return r;
+}
+
+absl::Status Client::SendMessage(const v1::RegionDescriptor& dst, uint64_t tag, absl::string_view payload,
+                                 absl::Duration timeout) {
+  v1::SendMessageRequest req;
+  *req.mutable_dst() = dst;
+  req.set_tag(tag);
+  req.set_payload(std::string(payload));
+  req.set_timeout_ms(static_cast<uint32_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout))));
+  v1::SendMessageResponse resp;
+  auto ctx = NewContext(timeout + absl::Seconds(1));
+  return Checked(stub_->SendMessage(ctx.get(), req, &resp));
 }
 
 absl::StatusOr<v1::GetStatusResponse> Client::GetStatus() {

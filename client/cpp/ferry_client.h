@@ -24,6 +24,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "proto/ferry/v1/ferry.grpc.pb.h"
 
@@ -97,6 +98,12 @@ class Client {
   absl::StatusOr<v1::TransferResult> Wait(uint64_t transfer_id, absl::Duration timeout);
   // Write + Wait; the transfer's own error becomes the returned status.
   absl::StatusOr<v1::TransferResult> WriteAndWait(const v1::WriteRequest& request, absl::Duration timeout);
+
+  // Sends `payload` (at most 4 KiB) with `tag` to the owner of `dst`'s region, which
+  // receives it on WatchNotifications as a Notification of kind MESSAGE. Returns once
+  // the region's agent has queued it.
+  absl::Status SendMessage(const v1::RegionDescriptor& dst, uint64_t tag, absl::string_view payload,
+                           absl::Duration timeout = absl::Seconds(30));
 
   absl::StatusOr<v1::GetStatusResponse> GetStatus();
   // GPUs, NICs, NUMA nodes, their links and the rails (what `ferryctl topology` prints).

@@ -142,6 +142,72 @@ TEST_CASE("a wrong token or out-of-bounds destination is refused before any byte
   for (uint64_t i = 8; i < (1 << 16); ++i) REQUIRE(receiver.buf->data()[i] == 0x22);
 }
 
+TEST_CASE("messages and notify payloads reach a region's owner, across agents and on one, token-checked") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartFabricAgent(net.host(0));
+  auto b = StartFabricAgent(net.host(1));
+  Pod sender = MakePod(a->socket(), 1 << 16, 0x11);
+  Pod neighbour = MakePod(b->socket(), 1 << 16, 0x33);  // on the receiver's own agent
+  Pod receiver = MakePod(b->socket(), 1 << 16, 0x22);
+  auto ctx = receiver.client->NewContext(absl::Seconds(60));
+  auto stream = receiver.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
+  v1::Notification n;
+
+  // Across agents: a message, then a notified write carrying a payload.
+  REQUIRE(sender.client->SendMessage(receiver.reg.region(), 42, "fill blocks 3,4,5").ok());
+  REQUIRE(stream->Read(&n));
+  CHECK(n.kind() == v1::NOTIFICATION_KIND_MESSAGE);
+  CHECK(n.region_id() == receiver.reg.region_id());
+  CHECK(n.tag() == 42);
+  CHECK(n.payload() == "fill blocks 3,4,5");
+  CHECK(n.bytes() == 0);
+  CHECK(n.transfer_id() == 0);
+  CHECK(n.source_incarnation() == std::stoull(a->ready("incarnation")));
+  for (uint64_t i = 0; i < (1 << 16); ++i) REQUIRE(receiver.buf->data()[i] == 0x22);  // nothing written
+
+  v1::WriteRequest w = ChunkWrite(sender, receiver.reg.region(), 0, 0, 4096);
+  w.set_notify(true);
+  w.set_tag(7);
+  w.set_notify_payload(std::string("request-17\0with a zero", 23));
+  REQUIRE(sender.client->WriteAndWait(w, absl::Seconds(30)).ok());
+  REQUIRE(stream->Read(&n));
+  CHECK(n.kind() == v1::NOTIFICATION_KIND_WRITE);
+  CHECK(n.payload() == std::string("request-17\0with a zero", 23));
+  CHECK(n.bytes() == 4096);
+
+  // On one agent: the same, without a peer in between.
+  REQUIRE(neighbour.client->SendMessage(receiver.reg.region(), 43, std::string(4096, 'x')).ok());
+  REQUIRE(stream->Read(&n));
+  CHECK(n.kind() == v1::NOTIFICATION_KIND_MESSAGE);
+  CHECK(n.tag() == 43);
+  CHECK(n.payload() == std::string(4096, 'x'));
+
+  // Refused, and nothing delivered: a wrong token (from either agent), a payload over
+  // 4 KiB, a payload without notify, no destination.
+  v1::RegionDescriptor wrong = receiver.reg.region();
+  wrong.set_token(std::string(16, '\x01'));
+  CHECK(sender.client->SendMessage(wrong, 1, "x").code() == absl::StatusCode::kPermissionDenied);
+  CHECK(neighbour.client->SendMessage(wrong, 1, "x").code() == absl::StatusCode::kPermissionDenied);
+  absl::Status big = sender.client->SendMessage(receiver.reg.region(), 1, std::string(4097, 'x'));
+  CHECK(big.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(big.message()).find("4096") != std::string::npos);
+  w.set_notify_payload(std::string(4097, 'x'));
+  CHECK(sender.client->Write(w).status().code() == absl::StatusCode::kInvalidArgument);
+  w.set_notify(false);
+  w.set_notify_payload("orphan");
+  absl::Status orphan = sender.client->Write(w).status();
+  CHECK(orphan.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(orphan.message()).find("notify_payload needs notify") != std::string::npos);
+  v1::SendMessageRequest no_dst;
+  v1::SendMessageResponse resp;
+  auto call = sender.client->NewContext();
+  CHECK(sender.client->stub()->SendMessage(call.get(), no_dst, &resp).error_code() ==
+        grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(sender.client->SendMessage(receiver.reg.region(), 44, "last").ok());
+  REQUIRE(stream->Read(&n));
+  CHECK(n.tag() == 44);  // none of the refused ones came through
+}
+
 TEST_CASE("two NICs per agent: transfers stripe over both (per-NIC byte counters)") {
   TestNetwork net = TestNetwork::Create(2, 2);
   auto a = StartFabricAgent(net.host(0), {"--fabric_max_op_bytes=1048576"});

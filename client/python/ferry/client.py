@@ -147,9 +147,11 @@ class TransferResult:
 class Notification:
     region_id: int  # the receiving region (this client's)
     tag: int
-    transfer_id: int
-    bytes: int
+    transfer_id: int  # 0 for a message
+    bytes: int  # bytes written; 0 for a message
     source_incarnation: int
+    payload: bytes = b""  # the writer's notify_payload, or the message's payload
+    kind: str = "write"  # "write" (a notified write landed) or "message" (send_message)
 
 
 class TransferFuture:
@@ -304,19 +306,21 @@ class Client:
     # ------------------------------------------------------------------ writes
 
     def write(self, src: Region, dst: Union[RegionDescriptor, bytes], chunks: Sequence[Chunk], *, tag: int = 0,
-              notify: bool = False, timeout: Optional[float] = None) -> TransferFuture:
-        """Writes ``chunks`` = [(src_offset, dst_offset, length), ...] of ``src`` into ``dst``."""
-        req = self._write_request(src, dst, tag, notify, timeout)
+              notify: bool = False, notify_payload: bytes = b"", timeout: Optional[float] = None) -> TransferFuture:
+        """Writes ``chunks`` = [(src_offset, dst_offset, length), ...] of ``src`` into ``dst``.
+        With ``notify``, dst's owner gets a Notification with ``tag`` and ``notify_payload``
+        (at most 4 KiB) once every byte landed."""
+        req = self._write_request(src, dst, tag, notify, notify_payload, timeout)
         for s, d, n in chunks:
             req.chunks.chunks.add(src_offset=s, dst_offset=d, length=n)
         return TransferFuture(self, self._call("Write", req).transfer_id)
 
     def write_blocks(self, src: Region, dst: Union[RegionDescriptor, bytes], block_size: int,
                      src_ids: Iterable[int], dst_ids: Iterable[int], *, tag: int = 0, notify: bool = False,
-                     timeout: Optional[float] = None) -> TransferFuture:
+                     notify_payload: bytes = b"", timeout: Optional[float] = None) -> TransferFuture:
         """Paged form: block src_ids[i] of ``src`` to block dst_ids[i] of ``dst``, all
         ``block_size`` bytes, in one request (10,000s of blocks are fine)."""
-        req = self._write_request(src, dst, tag, notify, timeout)
+        req = self._write_request(src, dst, tag, notify, notify_payload, timeout)
         req.paged.block_size = block_size
         req.paged.src_blocks.extend(int(i) for i in src_ids)
         req.paged.dst_blocks.extend(int(i) for i in dst_ids)
@@ -329,9 +333,23 @@ class Client:
         deadline of each write in seconds (None: the agent's default)."""
         return WriteQueue(self, destinations, entries, timeout)
 
-    def _write_request(self, src: Region, dst, tag: int, notify: bool, timeout: Optional[float]):
+    def send_message(self, dst: Union[RegionDescriptor, bytes], payload: bytes = b"", *, tag: int = 0,
+                     timeout: Optional[float] = None) -> None:
+        """Sends ``payload`` (at most 4 KiB) and ``tag`` to the owner of ``dst``'s region,
+        on this node or another, without writing into it: the owner's notifications()
+        yields it with kind "message". Returns once the region's agent queued it."""
+        req = ferry_pb2.SendMessageRequest(dst=self._descriptor(dst)._proto, tag=tag, payload=bytes(payload),
+                                           timeout_ms=self._timeout_ms(timeout))
+        self._call("SendMessage", req)
+
+    def _write_request(self, src: Region, dst, tag: int, notify: bool, notify_payload: bytes,
+                       timeout: Optional[float]):
         return ferry_pb2.WriteRequest(src_region_id=src.id, dst=self._descriptor(dst)._proto, tag=tag, notify=notify,
-                                      timeout_ms=0 if timeout is None else max(1, int(timeout * 1000)))
+                                      notify_payload=bytes(notify_payload), timeout_ms=self._timeout_ms(timeout))
+
+    @staticmethod
+    def _timeout_ms(timeout: Optional[float]) -> int:
+        return 0 if timeout is None else max(1, int(timeout * 1000))
 
     @staticmethod
     def _descriptor(dst) -> RegionDescriptor:
@@ -345,12 +363,14 @@ class Client:
 
     def notifications(self, timeout: Optional[float] = None) -> Iterator[Notification]:
         """Yields a Notification for each write into this client's regions that asked for
-        one, after its bytes landed. Ends after ``timeout`` seconds (None: never)."""
+        one, after its bytes landed, and for each message sent to them (send_message).
+        Ends after ``timeout`` seconds (None: never)."""
         call = self._stub.WatchNotifications(ferry_pb2.WatchNotificationsRequest(), metadata=self._metadata,
                                              timeout=timeout)
         try:
             for n in call:
-                yield Notification(n.region_id, n.tag, n.transfer_id, n.bytes, n.source_incarnation)
+                kind = "message" if n.kind == ferry_pb2.NOTIFICATION_KIND_MESSAGE else "write"
+                yield Notification(n.region_id, n.tag, n.transfer_id, n.bytes, n.source_incarnation, n.payload, kind)
         except grpc.RpcError as e:
             if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
                 return

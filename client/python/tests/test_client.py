@@ -9,6 +9,7 @@ import time
 import pytest
 
 import ferry
+from ferry._proto import ferry_pb2
 
 
 def test_write_between_two_clients_lands_and_notifies(agent):
@@ -123,6 +124,29 @@ def test_cross_agent_write_through_the_fabric(fabric_agents):
         assert r.path == "fabric"
         assert dst.buffer == src.buffer
         assert [n.tag for n in cb.notifications(timeout=2)] == [3]
+
+
+def test_messages_and_notify_payloads_reach_the_regions_owner(fabric_agents):
+    a, b = fabric_agents
+    with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb, ferry.Client(b.socket) as neighbour:
+        src = ca.register_host(1 << 16)
+        dst = cb.register_host(1 << 16)
+        ca.send_message(dst.descriptor(), b"blocks 1,2,3", tag=5)  # across agents
+        neighbour.send_message(dst.descriptor(), tag=6)  # on the owner's own agent, empty payload
+        ca.write(src, dst.descriptor(), [(0, 0, 4096)], notify=True, tag=7, notify_payload=b"req-9").result(30)
+        got = [(n.kind, n.tag, n.payload, n.bytes, n.region_id) for n in cb.notifications(timeout=2)]
+        assert got == [("message", 5, b"blocks 1,2,3", 0, dst.id), ("message", 6, b"", 0, dst.id),
+                       ("write", 7, b"req-9", 4096, dst.id)]
+
+        with pytest.raises(ferry.InvalidArgument, match="4096"):
+            ca.send_message(dst.descriptor(), b"x" * 4097)
+        with pytest.raises(ferry.InvalidArgument, match="notify_payload needs notify"):
+            ca.write(src, dst.descriptor(), [(0, 0, 8)], notify_payload=b"orphan")
+        forged = ferry_pb2.RegionDescriptor.FromString(dst.descriptor())
+        forged.token = b"\x01" * 16
+        with pytest.raises(ferry.PermissionDenied):
+            ca.send_message(forged.SerializeToString(), b"x")
+        assert list(cb.notifications(timeout=0.5)) == []
 
 
 def test_agent_restart_gives_unavailable_and_reconnect_registers_again(agent_factory):
