@@ -235,17 +235,8 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
 
 void FabricEngine::SendNotify(const std::shared_ptr<Transfer>& t, const std::vector<uint64_t>& nic_bytes, Done done) {
   const v1::RegionDescriptor& d = *t->dst_descriptor;
-  v1::NotifyRequest req;
-  req.set_target_incarnation(d.agent_incarnation());
-  req.set_region_id(d.region_id());
-  req.set_token(d.token());
-  req.set_transfer_id(t->id);
-  req.set_source_incarnation(options_.incarnation);
-  req.set_tag(t->tag);
-  req.set_bytes(t->plan.total_bytes);
-  req.set_deliver(true);
-  req.set_payload(t->notify_payload);
-  req.set_kind(v1::NOTIFICATION_KIND_WRITE);
+  v1::NotifyRequest req = DeliverNotifyRequest(d, options_.incarnation, v1::NOTIFICATION_KIND_WRITE, t->id, t->tag,
+                                               t->plan.total_bytes, t->notify_payload);
   for (uint64_t b : nic_bytes) req.add_nic_bytes(b);
   v1::NotifyResponse resp;
   grpc::ClientContext ctx;

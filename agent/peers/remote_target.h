@@ -11,13 +11,30 @@
 #ifndef FERRY_AGENT_PEERS_REMOTE_TARGET_H_
 #define FERRY_AGENT_PEERS_REMOTE_TARGET_H_
 
+#include <functional>
+#include <memory>
+#include <string>
+
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "agent/peers/peer_table.h"
 #include "agent/transfer/transfer.h"
 
 namespace ferry {
 
 absl::Status ResolveRemoteTarget(PeerTable& peers, Transfer& t);
+
+// The peer Notify that has `d`'s agent deliver a Notification (deliver = true) to the
+// region's owner: after a write landed (kind WRITE, its transfer id and bytes) or for a
+// message (kind MESSAGE, no transfer, 0 bytes).
+v1::NotifyRequest DeliverNotifyRequest(const v1::RegionDescriptor& d, uint64_t source_incarnation,
+                                       v1::NotificationKind kind, uint64_t transfer_id, uint64_t tag, uint64_t bytes,
+                                       const std::string& payload);
+
+// Sends `req` to `peer` without blocking; `done` gets the outcome, with the agent named,
+// on a gRPC thread.
+void SendNotifyAsync(std::shared_ptr<PeerConnection> peer, v1::NotifyRequest req, absl::Time deadline,
+                     std::function<void(absl::Status)> done);
 
 }  // namespace ferry
 

@@ -1,7 +1,9 @@
 #include "agent/router/transfer_router.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "agent/common/check.h"
 #include "agent/common/token.h"
 #include "agent/peers/remote_target.h"
 
@@ -32,13 +34,8 @@ absl::StatusOr<std::shared_ptr<Transfer>> TransferRouter::Prepare(const std::sha
   if (!src.ok()) return src.status();
   if (spec.dst == nullptr) return absl::InvalidArgumentError("dst: the destination RegionDescriptor is missing");
 
-  if (spec.notify_payload.size() > kMaxNotifyPayloadBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("notify_payload is ", spec.notify_payload.size(), " bytes; at most ", kMaxNotifyPayloadBytes));
-  }
-  if (!spec.notify && !spec.notify_payload.empty()) {
-    return absl::InvalidArgumentError("notify_payload needs notify: nobody would receive it");
-  }
+  absl::Status payload = CheckNotifyPayload(spec.notify, spec.notify_payload);
+  if (!payload.ok()) return payload;
 
   auto t = std::make_shared<Transfer>();
   t->session = session;
@@ -70,11 +67,91 @@ absl::Status TransferRouter::CheckDestination(const std::shared_ptr<const v1::Re
   return probe.dst_descriptor != nullptr ? RouteRemote(probe) : absl::OkStatus();
 }
 
+absl::Status TransferRouter::CheckNotifyPayload(bool notify, const std::string& payload) {
+  if (payload.size() > kMaxNotifyPayloadBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("notify_payload is ", payload.size(), " bytes; at most ", kMaxNotifyPayloadBytes));
+  }
+  if (!notify && !payload.empty()) {
+    return absl::InvalidArgumentError("notify_payload needs notify: nobody would receive it");
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<Transfer> TransferRouter::Join(std::vector<std::shared_ptr<Transfer>> parts,
+                                               const WriteSpec& whole) const {
+  FERRY_DCHECK(!parts.empty()) << "a batch of no parts";
+  const Transfer& first = *parts.front();
+  auto t = std::make_shared<Transfer>();
+  t->session = first.session;
+  t->path = first.path;
+  t->notify = whole.notify;
+  t->tag = whole.tag;
+  t->notify_payload = whole.notify_payload;
+  t->submitted = first.submitted;
+  t->deadline = first.deadline;
+  // Where the notification goes: parts[0]'s destination.
+  t->dst = first.dst;
+  t->dst_descriptor = first.dst_descriptor;
+  t->peer = first.peer;
+  t->remote_region = first.remote_region;
+  for (const auto& part : parts) t->plan.total_bytes += part->plan.total_bytes;
+  t->parts = std::move(parts);
+  return t;
+}
+
+namespace {
+
+// How many of a batch's parts are still moving, and the first error among them.
+class BatchProgress {
+ public:
+  explicit BatchProgress(size_t parts) : left_(parts) {}
+  // True for the last part; `result` is then the batch's outcome.
+  bool Done(const absl::Status& status, absl::Status* result) {
+    absl::MutexLock lock(&mu_);
+    if (!status.ok() && error_.ok()) error_ = status;
+    if (--left_ > 0) return false;
+    *result = error_;
+    return true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  size_t left_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
 void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
   TransferManager* manager = deps_.transfers;
   manager->Begin(*t);
-  TransferExecutor* executor = t->executor;
-  executor->Submit(t, [manager, t](absl::Status s) { manager->Finish(*t, s); });
+  if (t->parts.empty()) {
+    TransferExecutor* executor = t->executor;
+    executor->Submit(t, [manager, t](absl::Status s) { manager->Finish(*t, s); });
+    return;
+  }
+  auto progress = std::make_shared<BatchProgress>(t->parts.size());
+  const uint64_t incarnation = deps_.incarnation;
+  for (const std::shared_ptr<Transfer>& part : t->parts) {
+    part->id = t->id;
+    part->executor->Submit(part, [manager, t, progress, incarnation](absl::Status s) {
+      absl::Status result;
+      if (!progress->Done(s, &result)) return;
+      // Every part's bytes landed. A local owner is notified by Finish; a remote one
+      // through its agent first, so that the writer's success means "notified".
+      if (!result.ok() || !t->notify || t->dst != nullptr) return manager->Finish(*t, result);
+      SendNotifyAsync(
+          t->peer,
+          DeliverNotifyRequest(*t->dst_descriptor, incarnation, v1::NOTIFICATION_KIND_WRITE, t->id, t->tag,
+                               t->plan.total_bytes, t->notify_payload),
+          std::max(t->deadline, absl::Now() + absl::Milliseconds(100)), [manager, t](absl::Status notified) {
+            manager->Finish(
+                *t, notified.ok() ? notified
+                                  : absl::UnavailableError(absl::StrCat("the bytes landed but ", notified.message())));
+          });
+    });
+  }
 }
 
 absl::Status TransferRouter::SendMessage(const std::shared_ptr<const v1::RegionDescriptor>& dst, uint64_t tag,
@@ -98,15 +175,9 @@ absl::Status TransferRouter::SendMessage(const std::shared_ptr<const v1::RegionD
   }
   absl::StatusOr<std::shared_ptr<PeerConnection>> peer = deps_.peers->Resolve(*dst, deadline);
   if (!peer.ok()) return peer.status();
-  v1::NotifyRequest req;
-  req.set_target_incarnation(dst->agent_incarnation());
-  req.set_region_id(dst->region_id());
-  req.set_token(dst->token());
-  req.set_source_incarnation(deps_.incarnation);
-  req.set_tag(tag);
-  req.set_deliver(true);
-  req.set_payload(payload);
-  req.set_kind(v1::NOTIFICATION_KIND_MESSAGE);
+  const v1::NotifyRequest req =
+      DeliverNotifyRequest(*dst, deps_.incarnation, v1::NOTIFICATION_KIND_MESSAGE, /*transfer_id=*/0, tag,
+                           /*bytes=*/0, payload);
   v1::NotifyResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));

@@ -76,8 +76,16 @@ class TransferRouter {
   // Checks a destination ahead of its writes (a queue's), warming the peer and region
   // caches so that writes to it need no RPC to another agent.
   absl::Status CheckDestination(const std::shared_ptr<const v1::RegionDescriptor>& dst, absl::Time deadline) const;
-  // Starts a prepared transfer whose id is set; TransferManager::Finish ends it.
+  // One transfer of prepared parts (each from Prepare, notify off) that share its id,
+  // result and deadline; with `whole.notify` the owner of parts[0]'s destination is
+  // notified (tag, payload, every part's bytes) once every part has landed.
+  // `whole.src_region_id` and `whole.dst` are ignored.
+  std::shared_ptr<Transfer> Join(std::vector<std::shared_ptr<Transfer>> parts, const WriteSpec& whole) const;
+  // Starts a prepared transfer (or a Join of parts) whose id is set;
+  // TransferManager::Finish ends it.
   void Launch(std::shared_ptr<Transfer> t) const;
+  // The checks of a notification's payload (size, and only with notify).
+  static absl::Status CheckNotifyPayload(bool notify, const std::string& payload);
 
   // Delivers a message (no bytes written) to the owner of `dst`'s region, on this agent
   // or through its own agent, which checks the token. Returns once that agent queued it.

@@ -149,17 +149,86 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareWrite(const std::
       /*cached_only=*/false);
 }
 
+absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::shared_ptr<Session>& session,
+                                                                     const v1::WriteBatchRequest& req) {
+  constexpr int kMaxParts = 1024;
+  if (req.parts_size() < 1 || req.parts_size() > kMaxParts) {
+    return absl::InvalidArgumentError(absl::StrCat("parts must hold 1..", kMaxParts, " parts, got ", req.parts_size()));
+  }
+  absl::Status payload = TransferRouter::CheckNotifyPayload(req.notify(), req.notify_payload());
+  if (!payload.ok()) return payload;
+  const ChunkLimits limits{deps_.config->max_chunks_per_write};
+  const absl::Duration timeout =
+      absl::Milliseconds(req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms);
+  std::vector<std::shared_ptr<Transfer>> parts;
+  parts.reserve(req.parts_size());
+  uint64_t chunks = 0;
+  for (int i = 0; i < req.parts_size(); ++i) {
+    const v1::WritePart& part = req.parts(i);
+    WriteSpec spec;
+    spec.src_region_id = part.src_region_id();
+    if (part.has_dst()) spec.dst = std::make_shared<const v1::RegionDescriptor>(part.dst());
+    spec.timeout = timeout;
+    auto plan = [&](uint64_t src_size, uint64_t dst_size) -> absl::StatusOr<ChunkPlan> {
+      switch (part.layout_case()) {
+        case v1::WritePart::kChunks:
+          return ChunkListPlan(part.chunks(), src_size, dst_size, limits);
+        case v1::WritePart::kPaged:
+          return PagedPlan(part.paged(), part.paged().src_base(), part.paged().dst_base(), src_size, dst_size, limits);
+        default:
+          if (!req.has_blocks()) {
+            return absl::InvalidArgumentError("layout: set chunks or paged, or the batch's blocks");
+          }
+          return PagedPlan(req.blocks(), part.src_base(), part.dst_base(), src_size, dst_size, limits);
+      }
+    };
+    absl::StatusOr<std::shared_ptr<Transfer>> t = deps_.router->Prepare(session, spec, plan, /*cached_only=*/false);
+    if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat("parts[", i, "]: ", t.status().message()));
+    chunks += (*t)->plan.chunks.size();
+    if (chunks > limits.max_chunks) {
+      return absl::ResourceExhaustedError(absl::StrCat("parts: more than ", limits.max_chunks,
+                                                       " chunks in all (--max_chunks_per_write); split the batch"));
+    }
+    parts.push_back(std::move(*t));
+  }
+  WriteSpec whole;
+  whole.notify = req.notify();
+  whole.tag = req.tag();
+  whole.notify_payload = req.notify_payload();
+  return deps_.router->Join(std::move(parts), whole);
+}
+
+absl::StatusOr<uint64_t> LocalService::Start(Session& session, std::shared_ptr<Transfer> t) {
+  t->id = deps_.transfers->NextId();
+  absl::Status begun = session.BeginTransfer(t->id);
+  if (!begun.ok()) return begun;
+  const uint64_t id = t->id;
+  deps_.router->Launch(std::move(t));
+  return id;
+}
+
 grpc::Status LocalService::Write(grpc::ServerContext* ctx, const v1::WriteRequest* req, v1::WriteResponse* resp) {
   absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
   if (!session.ok()) return Reply("Write", session.status());
   if (shutting_down_.load()) return Reply("Write", absl::UnavailableError("the agent is shutting down"));
   absl::StatusOr<std::shared_ptr<Transfer>> t = PrepareWrite(*session, *req);
   if (!t.ok()) return Reply("Write", t.status());
-  (*t)->id = deps_.transfers->NextId();
-  absl::Status begun = (*session)->BeginTransfer((*t)->id);
-  if (!begun.ok()) return Reply("Write", begun);
-  deps_.router->Launch(*t);
-  resp->set_transfer_id((*t)->id);
+  absl::StatusOr<uint64_t> id = Start(**session, std::move(*t));
+  if (!id.ok()) return Reply("Write", id.status());
+  resp->set_transfer_id(*id);
+  return grpc::Status::OK;
+}
+
+grpc::Status LocalService::WriteBatch(grpc::ServerContext* ctx, const v1::WriteBatchRequest* req,
+                                      v1::WriteResponse* resp) {
+  absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
+  if (!session.ok()) return Reply("WriteBatch", session.status());
+  if (shutting_down_.load()) return Reply("WriteBatch", absl::UnavailableError("the agent is shutting down"));
+  absl::StatusOr<std::shared_ptr<Transfer>> t = PrepareBatch(*session, *req);
+  if (!t.ok()) return Reply("WriteBatch", t.status());
+  absl::StatusOr<uint64_t> id = Start(**session, std::move(*t));
+  if (!id.ok()) return Reply("WriteBatch", id.status());
+  resp->set_transfer_id(*id);
   return grpc::Status::OK;
 }
 

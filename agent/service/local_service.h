@@ -65,6 +65,7 @@ class LocalService final : public v1::Agent::Service {
   grpc::Status DeregisterMemory(grpc::ServerContext* ctx, const v1::DeregisterMemoryRequest* req,
                                 v1::DeregisterMemoryResponse* resp) override;
   grpc::Status Write(grpc::ServerContext* ctx, const v1::WriteRequest* req, v1::WriteResponse* resp) override;
+  grpc::Status WriteBatch(grpc::ServerContext* ctx, const v1::WriteBatchRequest* req, v1::WriteResponse* resp) override;
   grpc::Status Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req, v1::WaitResponse* resp) override;
   grpc::Status CreateQueue(grpc::ServerContext* ctx, const v1::CreateQueueRequest* req,
                            v1::CreateQueueResponse* resp) override;
@@ -84,6 +85,11 @@ class LocalService final : public v1::Agent::Service {
   absl::StatusOr<v1::RegisterMemoryResponse> DoRegister(Session& session, const v1::RegisterMemoryRequest& req);
   absl::StatusOr<std::shared_ptr<Transfer>> PrepareWrite(const std::shared_ptr<Session>& session,
                                                          const v1::WriteRequest& req);
+  // Every part of a batch prepared (or the first part's error, named), joined into one.
+  absl::StatusOr<std::shared_ptr<Transfer>> PrepareBatch(const std::shared_ptr<Session>& session,
+                                                         const v1::WriteBatchRequest& req);
+  // Gives a prepared transfer its id and starts it; the id, or why it cannot start.
+  absl::StatusOr<uint64_t> Start(Session& session, std::shared_ptr<Transfer> t);
   absl::StatusOr<uint64_t> DoCreateQueue(const std::shared_ptr<Session>& session, const v1::CreateQueueRequest& req);
   // Counts errors by API and code, converts to grpc::Status.
   grpc::Status Reply(const char* api, const absl::Status& status);

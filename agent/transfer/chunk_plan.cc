@@ -65,19 +65,20 @@ bool BlockWithin(uint64_t base, uint64_t id, uint64_t block_size, uint64_t size)
 // offset grows with its id, so the largest id bounds them all. False (and `plan` left
 // as it was) when some block is not; the caller then walks the blocks to name it. A
 // 16,384-block KV write spent most of its validation in per-block range checks.
-bool PagedPlanInRange(const v1::PagedChunks& p, uint64_t src_size, uint64_t dst_size, ChunkPlan& plan) {
+bool PagedPlanInRange(const v1::PagedChunks& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
+                      uint64_t dst_size, ChunkPlan& plan) {
   const uint64_t n = p.src_blocks_size(), bs = p.block_size();
   uint64_t max_src = 0, max_dst = 0;
   for (uint64_t i = 0; i < n; ++i) {
     max_src = std::max(max_src, p.src_blocks(i));
     max_dst = std::max(max_dst, p.dst_blocks(i));
   }
-  if (!BlockWithin(p.src_base(), max_src, bs, src_size) || !BlockWithin(p.dst_base(), max_dst, bs, dst_size)) {
+  if (!BlockWithin(src_base, max_src, bs, src_size) || !BlockWithin(dst_base, max_dst, bs, dst_size)) {
     return false;
   }
   plan.chunks.reserve(n);
   for (uint64_t i = 0; i < n; ++i) {
-    plan.chunks.push_back({p.src_base() + p.src_blocks(i) * bs, p.dst_base() + p.dst_blocks(i) * bs, bs});
+    plan.chunks.push_back({src_base + p.src_blocks(i) * bs, dst_base + p.dst_blocks(i) * bs, bs});
   }
   plan.total_bytes = n * bs;  // may wrap only if destinations repeat, which CheckDistinctBlocks rejects
   return true;
@@ -87,11 +88,11 @@ bool PagedPlanInRange(const v1::PagedChunks& p, uint64_t src_size, uint64_t dst_
 // repeats. A bitmap over the ids in range finds that in O(n) (a KV-cache write of
 // 16,384 blocks is validated in microseconds rather than a sort's milliseconds); ids
 // spread too sparsely for a small bitmap fall back to sorting them.
-absl::Status CheckDistinctBlocks(const v1::PagedChunks& p, uint64_t dst_size) {
+absl::Status CheckDistinctBlocks(const v1::PagedChunks& p, uint64_t dst_base, uint64_t dst_size) {
   const uint64_t n = p.dst_blocks_size();
   // The highest block id that fits. Not + 1 here: a region of 2^64 - 1 bytes (a size a
   // descriptor may claim) in 1-byte blocks would wrap it to 0 (found by the fuzzer).
-  const uint64_t max_id = (dst_size - std::min(dst_size, p.dst_base())) / p.block_size();
+  const uint64_t max_id = (dst_size - std::min(dst_size, dst_base)) / p.block_size();
   auto duplicate = [&](uint64_t id) {
     return absl::InvalidArgumentError(
         absl::StrCat("paged.dst_blocks: block ", id, " appears twice; every destination block may be written once"));
@@ -124,59 +125,67 @@ absl::StatusOr<ChunkPlan> SingleChunkPlan(const CopyChunk& chunk, uint64_t src_s
 
 absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64_t src_size, uint64_t dst_size,
                                          const ChunkLimits& limits) {
-  ChunkPlan plan;
   switch (request.layout_case()) {
-    case v1::WriteRequest::kChunks: {
-      const auto& list = request.chunks().chunks();
-      if (list.empty()) return absl::InvalidArgumentError("chunks: the chunk list is empty");
-      if (static_cast<uint64_t>(list.size()) > limits.max_chunks) {
-        return absl::ResourceExhaustedError(absl::StrCat("chunks: ", list.size(), " chunks exceed the limit of ",
-                                                         limits.max_chunks,
-                                                         " per write (--max_chunks_per_write); split the write"));
-      }
-      plan.chunks.reserve(list.size());
-      for (int i = 0; i < list.size(); ++i) {
-        const v1::Chunk& c = list[i];
-        absl::Status s = AddChunk(plan, i, c.src_offset(), c.dst_offset(), c.length(), src_size, dst_size);
-        if (!s.ok()) return s;
-      }
-      break;
-    }
-    case v1::WriteRequest::kPaged: {
-      const v1::PagedChunks& p = request.paged();
-      if (p.block_size() == 0) return absl::InvalidArgumentError("paged.block_size must be >= 1");
-      if (p.src_blocks_size() != p.dst_blocks_size()) {
-        return absl::InvalidArgumentError(absl::StrCat("paged: src_blocks has ", p.src_blocks_size(),
-                                                       " ids but dst_blocks has ", p.dst_blocks_size(),
-                                                       "; they must pair up"));
-      }
-      if (p.src_blocks_size() == 0) return absl::InvalidArgumentError("paged: no blocks given");
-      if (static_cast<uint64_t>(p.src_blocks_size()) > limits.max_chunks) {
-        return absl::ResourceExhaustedError(absl::StrCat("paged: ", p.src_blocks_size(), " blocks exceed the limit of ",
-                                                         limits.max_chunks,
-                                                         " per write (--max_chunks_per_write); split the write"));
-      }
-      if (!PagedPlanInRange(p, src_size, dst_size, plan)) {
-        // Some block is out of range: walk them to name the first one that is.
-        for (int i = 0; i < p.src_blocks_size(); ++i) {
-          uint64_t src, dst;
-          if (!BlockOffset(p.src_base(), p.src_blocks(i), p.block_size(), &src) ||
-              !BlockOffset(p.dst_base(), p.dst_blocks(i), p.block_size(), &dst)) {
-            return absl::OutOfRangeError(absl::StrCat("paged block ", i, ": base + id * block_size overflows 64 bits"));
-          }
-          absl::Status s = AddChunk(plan, i, src, dst, p.block_size(), src_size, dst_size);
-          if (!s.ok()) return s;
-        }
-      }
-      absl::Status distinct = CheckDistinctBlocks(p, dst_size);
-      if (!distinct.ok()) return distinct;
-      return plan;
-    }
+    case v1::WriteRequest::kChunks:
+      return ChunkListPlan(request.chunks(), src_size, dst_size, limits);
+    case v1::WriteRequest::kPaged:
+      return PagedPlan(request.paged(), request.paged().src_base(), request.paged().dst_base(), src_size, dst_size,
+                       limits);
     default:
       return absl::InvalidArgumentError("layout: set either chunks or paged");
   }
+}
+
+absl::StatusOr<ChunkPlan> ChunkListPlan(const v1::ChunkList& chunks, uint64_t src_size, uint64_t dst_size,
+                                        const ChunkLimits& limits) {
+  const auto& list = chunks.chunks();
+  if (list.empty()) return absl::InvalidArgumentError("chunks: the chunk list is empty");
+  if (static_cast<uint64_t>(list.size()) > limits.max_chunks) {
+    return absl::ResourceExhaustedError(absl::StrCat("chunks: ", list.size(), " chunks exceed the limit of ",
+                                                     limits.max_chunks,
+                                                     " per write (--max_chunks_per_write); split the write"));
+  }
+  ChunkPlan plan;
+  plan.chunks.reserve(list.size());
+  for (int i = 0; i < list.size(); ++i) {
+    const v1::Chunk& c = list[i];
+    absl::Status s = AddChunk(plan, i, c.src_offset(), c.dst_offset(), c.length(), src_size, dst_size);
+    if (!s.ok()) return s;
+  }
   absl::Status s = CheckDisjointDestinations(plan.chunks);
   if (!s.ok()) return s;
+  return plan;
+}
+
+absl::StatusOr<ChunkPlan> PagedPlan(const v1::PagedChunks& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
+                                    uint64_t dst_size, const ChunkLimits& limits) {
+  ChunkPlan plan;
+  if (p.block_size() == 0) return absl::InvalidArgumentError("paged.block_size must be >= 1");
+  if (p.src_blocks_size() != p.dst_blocks_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("paged: src_blocks has ", p.src_blocks_size(),
+                                                   " ids but dst_blocks has ", p.dst_blocks_size(),
+                                                   "; they must pair up"));
+  }
+  if (p.src_blocks_size() == 0) return absl::InvalidArgumentError("paged: no blocks given");
+  if (static_cast<uint64_t>(p.src_blocks_size()) > limits.max_chunks) {
+    return absl::ResourceExhaustedError(absl::StrCat("paged: ", p.src_blocks_size(), " blocks exceed the limit of ",
+                                                     limits.max_chunks,
+                                                     " per write (--max_chunks_per_write); split the write"));
+  }
+  if (!PagedPlanInRange(p, src_base, dst_base, src_size, dst_size, plan)) {
+    // Some block is out of range: walk them to name the first one that is.
+    for (int i = 0; i < p.src_blocks_size(); ++i) {
+      uint64_t src, dst;
+      if (!BlockOffset(src_base, p.src_blocks(i), p.block_size(), &src) ||
+          !BlockOffset(dst_base, p.dst_blocks(i), p.block_size(), &dst)) {
+        return absl::OutOfRangeError(absl::StrCat("paged block ", i, ": base + id * block_size overflows 64 bits"));
+      }
+      absl::Status s = AddChunk(plan, i, src, dst, p.block_size(), src_size, dst_size);
+      if (!s.ok()) return s;
+    }
+  }
+  absl::Status distinct = CheckDistinctBlocks(p, dst_base, dst_size);
+  if (!distinct.ok()) return distinct;
   return plan;
 }
 

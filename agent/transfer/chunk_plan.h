@@ -36,6 +36,15 @@ struct ChunkLimits {
 absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64_t src_size, uint64_t dst_size,
                                          const ChunkLimits& limits);
 
+// The plans of each layout, as BuildChunkPlan makes them.
+absl::StatusOr<ChunkPlan> ChunkListPlan(const v1::ChunkList& chunks, uint64_t src_size, uint64_t dst_size,
+                                        const ChunkLimits& limits);
+// The plan of a paged layout with the bases given apart from `p` (which BuildChunkPlan
+// passes as p.src_base() / p.dst_base()): how a batch applies one block mapping to
+// many regions, each at its own bases.
+absl::StatusOr<ChunkPlan> PagedPlan(const v1::PagedChunks& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
+                                    uint64_t dst_size, const ChunkLimits& limits);
+
 // The plan of one chunk (a queue entry), checked as BuildChunkPlan checks chunk 0.
 absl::StatusOr<ChunkPlan> SingleChunkPlan(const CopyChunk& chunk, uint64_t src_size, uint64_t dst_size);
 

@@ -62,6 +62,9 @@ struct Transfer {
   // Where the result goes: when set (a shared-memory queue's completion ring) instead
   // of the session's Wait / WatchCompletions bookkeeping.
   std::function<void(const v1::TransferResult&)> on_result;
+  // A batch (WriteBatch): the parts that move its bytes, each routed on its own; this
+  // transfer moves none itself and ends, and notifies, once every part has.
+  std::vector<std::shared_ptr<Transfer>> parts;
   // Set by TransferManager::Finish, which runs once per transfer (executors call `done`
   // exactly once): checked in debug builds.
   mutable std::atomic<bool> finished{false};

@@ -222,6 +222,14 @@ absl::StatusOr<uint64_t> Client::Write(const v1::WriteRequest& request) {
   return resp.transfer_id();
 }
 
+absl::StatusOr<uint64_t> Client::WriteBatch(const v1::WriteBatchRequest& request) {
+  v1::WriteResponse resp;
+  auto ctx = NewContext();
+  absl::Status s = Checked(stub_->WriteBatch(ctx.get(), request, &resp));
+  if (!s.ok()) return s;
+  return resp.transfer_id();
+}
+
 absl::StatusOr<uint64_t> Client::Write(uint64_t src_region, const v1::RegionDescriptor& dst,
                                        const std::vector<ChunkSpec>& chunks, bool notify, uint64_t tag) {
   v1::WriteRequest req;

@@ -93,6 +93,9 @@ class Client {
                                        const std::vector<uint64_t>& src_blocks, const std::vector<uint64_t>& dst_blocks,
                                        bool notify = false, uint64_t tag = 0);
   absl::StatusOr<uint64_t> Write(const v1::WriteRequest& request);
+  // One transfer of several parts (e.g. one block mapping over every layer's region);
+  // Wait and WatchCompletions see it as one transfer.
+  absl::StatusOr<uint64_t> WriteBatch(const v1::WriteBatchRequest& request);
   // Waits for a transfer; returns its result (whose code may be an error), or
   // DEADLINE_EXCEEDED if it is still running after `timeout`.
   absl::StatusOr<v1::TransferResult> Wait(uint64_t transfer_id, absl::Duration timeout);

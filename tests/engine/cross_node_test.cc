@@ -208,6 +208,127 @@ TEST_CASE("messages and notify payloads reach a region's owner, across agents an
   CHECK(n.tag() == 44);  // none of the refused ones came through
 }
 
+// One session's per-layer regions (a serving pod's KV cache: one tensor per layer).
+struct LayerPod {
+  std::unique_ptr<Client> client;
+  std::vector<std::unique_ptr<HostBuffer>> bufs;
+  std::vector<v1::RegisterMemoryResponse> regs;
+};
+
+LayerPod MakeLayerPod(const std::string& socket, int layers, uint64_t bytes, int seed) {
+  LayerPod p;
+  auto c = Client::Connect(socket);
+  REQUIRE(c.ok());
+  p.client = std::move(*c);
+  for (int l = 0; l < layers; ++l) {
+    auto b = HostBuffer::Create(bytes);
+    REQUIRE(b.ok());
+    p.bufs.push_back(std::make_unique<HostBuffer>(std::move(*b)));
+    if (seed < 0) {
+      memset(p.bufs.back()->data(), 0xEE, bytes);
+    } else {
+      FillRandom(p.bufs.back()->data(), bytes, seed + l);
+    }
+    auto r = p.client->RegisterHost(*p.bufs.back());
+    REQUIRE(r.ok());
+    p.regs.push_back(*r);
+  }
+  return p;
+}
+
+// A KV handoff's shape: one block mapping over every layer's region, K and V halves as
+// two parts each, in one WriteBatch with one notification.
+TEST_CASE("a batch writes one block mapping into many regions as one transfer, across agents and on one") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartFabricAgent(net.host(0));
+  auto b = StartFabricAgent(net.host(1));
+  constexpr int kLayers = 6;
+  constexpr uint64_t kBlock = 2048, kBlocks = 64, kHalf = kBlock * kBlocks, kLayerBytes = 2 * kHalf;
+  LayerPod producer = MakeLayerPod(a->socket(), kLayers, kLayerBytes, 100);   // on another node
+  LayerPod neighbour = MakeLayerPod(b->socket(), kLayers, kLayerBytes, 200);  // on the consumer's
+  LayerPod consumer = MakeLayerPod(b->socket(), kLayers, kLayerBytes, -1);
+  std::vector<uint64_t> src_ids(kBlocks / 2), dst_ids(kBlocks / 2);  // half the blocks, scattered
+  for (uint64_t i = 0; i < src_ids.size(); ++i) src_ids[i] = dst_ids[i] = 2 * i + 1;
+  std::shuffle(dst_ids.begin(), dst_ids.end(), std::mt19937(9));
+  auto ctx = consumer.client->NewContext(absl::Seconds(60));
+  auto stream = consumer.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
+
+  auto batch_from = [&](const LayerPod& from) {
+    v1::WriteBatchRequest req;
+    req.mutable_blocks()->set_block_size(kBlock);
+    req.mutable_blocks()->mutable_src_blocks()->Add(src_ids.begin(), src_ids.end());
+    req.mutable_blocks()->mutable_dst_blocks()->Add(dst_ids.begin(), dst_ids.end());
+    for (int l = 0; l < kLayers; ++l) {
+      for (uint64_t half : {uint64_t{0}, kHalf}) {  // K, then V
+        v1::WritePart* p = req.add_parts();
+        p->set_src_region_id(from.regs[l].region_id());
+        *p->mutable_dst() = consumer.regs[l].region();
+        p->set_src_base(half);
+        p->set_dst_base(half);
+      }
+    }
+    req.set_notify(true);
+    req.set_tag(77);
+    req.set_notify_payload("request-5");
+    return req;
+  };
+  auto check_layers = [&](const LayerPod& from) {
+    for (int l = 0; l < kLayers; ++l) {
+      for (uint64_t half : {uint64_t{0}, kHalf}) {
+        for (size_t i = 0; i < src_ids.size(); ++i) {
+          REQUIRE(memcmp(consumer.bufs[l]->data() + half + dst_ids[i] * kBlock,
+                         from.bufs[l]->data() + half + src_ids[i] * kBlock, kBlock) == 0);
+        }
+        REQUIRE(consumer.bufs[l]->data()[half] == 0xEE);  // block 0 is not in the mapping
+      }
+    }
+  };
+  const uint64_t kBytes = kLayers * 2 * src_ids.size() * kBlock;
+
+  // Across agents and on one: one id, one result for every byte, one notification after them all.
+  for (const LayerPod* from : {&producer, &neighbour}) {
+    absl::StatusOr<uint64_t> id = from->client->WriteBatch(batch_from(*from));
+    INFO(id.status().ToString() << "\n" << a->Log());
+    REQUIRE(id.ok());
+    auto r = from->client->Wait(*id, absl::Seconds(30));
+    REQUIRE(r.ok());
+    REQUIRE(r->code() == 0);
+    CHECK(r->bytes() == kBytes);
+    CHECK(r->path() == (from == &producer ? v1::TRANSFER_PATH_FABRIC : v1::TRANSFER_PATH_LOCAL));
+    v1::Notification n;
+    REQUIRE(stream->Read(&n));
+    CHECK(n.kind() == v1::NOTIFICATION_KIND_WRITE);
+    CHECK(n.tag() == 77);
+    CHECK(n.payload() == "request-5");
+    CHECK(n.bytes() == kBytes);
+    CHECK(n.transfer_id() == *id);
+    check_layers(*from);
+    for (int l = 0; l < kLayers; ++l) memset(consumer.bufs[l]->data(), 0xEE, kLayerBytes);
+  }
+
+  // A bad part refuses the whole batch, names the part, and moves nothing.
+  v1::WriteBatchRequest bad = batch_from(producer);
+  bad.mutable_parts(5)->set_dst_base(kLayerBytes);  // V half of layer 2 past the region's end
+  absl::Status s = producer.client->WriteBatch(bad).status();
+  CHECK(s.code() == absl::StatusCode::kOutOfRange);
+  CHECK(std::string(s.message()).find("parts[5]") != std::string::npos);
+  Pod stranger = MakePod(a->socket(), 4096);
+  bad = batch_from(producer);
+  bad.mutable_parts(3)->set_src_region_id(stranger.reg.region_id());  // another session's region
+  s = producer.client->WriteBatch(bad).status();
+  CHECK(s.code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(s.message()).find("parts[3]") != std::string::npos);
+  bad = batch_from(producer);
+  bad.set_notify(false);  // a payload without notify
+  CHECK(producer.client->WriteBatch(bad).status().code() == absl::StatusCode::kInvalidArgument);
+  bad.clear_parts();
+  CHECK(producer.client->WriteBatch(bad).status().code() == absl::StatusCode::kInvalidArgument);
+  absl::SleepFor(absl::Milliseconds(200));
+  for (int l = 0; l < kLayers; ++l) {
+    for (uint64_t i = 0; i < kLayerBytes; ++i) REQUIRE(consumer.bufs[l]->data()[i] == 0xEE);
+  }
+}
+
 TEST_CASE("two NICs per agent: transfers stripe over both (per-NIC byte counters)") {
   TestNetwork net = TestNetwork::Create(2, 2);
   auto a = StartFabricAgent(net.host(0), {"--fabric_max_op_bytes=1048576"});

@@ -326,6 +326,24 @@ class Client:
         req.paged.dst_blocks.extend(int(i) for i in dst_ids)
         return TransferFuture(self, self._call("Write", req).transfer_id)
 
+    def write_batch(self, parts: Sequence[Tuple[Region, Union[RegionDescriptor, bytes], int, int]], block_size: int,
+                    src_ids: Iterable[int], dst_ids: Iterable[int], *, tag: int = 0, notify: bool = False,
+                    notify_payload: bytes = b"", timeout: Optional[float] = None) -> TransferFuture:
+        """One transfer of many parts sharing one block mapping: for each part
+        ``(src, dst, src_base, dst_base)``, block src_ids[i] of ``src`` at ``src_base`` to
+        block dst_ids[i] of ``dst`` at ``dst_base``, all ``block_size`` bytes (a request's
+        KV blocks in every layer's tensor, K and V halves as two parts). One request,
+        one result, and with ``notify`` one notification once every part landed."""
+        req = ferry_pb2.WriteBatchRequest(tag=tag, notify=notify, notify_payload=bytes(notify_payload),
+                                          timeout_ms=self._timeout_ms(timeout))
+        req.blocks.block_size = block_size
+        req.blocks.src_blocks.extend(src_ids.tolist() if hasattr(src_ids, "tolist") else src_ids)  # numpy: one call
+        req.blocks.dst_blocks.extend(dst_ids.tolist() if hasattr(dst_ids, "tolist") else dst_ids)
+        for src, dst, src_base, dst_base in parts:
+            req.parts.add(src_region_id=src.id, dst=self._descriptor(dst)._proto, src_base=src_base,
+                          dst_base=dst_base)
+        return TransferFuture(self, self._call("WriteBatch", req).transfer_id)
+
     def create_queue(self, destinations: Sequence[Union[RegionDescriptor, bytes]], entries: int = 256,
                      timeout: Optional[float] = None) -> WriteQueue:
         """A shared-memory write queue to ``destinations`` (1..64; entries name them by

@@ -149,6 +149,33 @@ def test_messages_and_notify_payloads_reach_the_regions_owner(fabric_agents):
         assert list(cb.notifications(timeout=0.5)) == []
 
 
+def test_write_batch_moves_one_block_mapping_into_every_layer_with_one_notification(fabric_agents):
+    a, b = fabric_agents
+    layers, block, blocks = 4, 4096, 32
+    half = block * blocks
+    with ferry.Client(a.socket) as producer, ferry.Client(b.socket) as consumer:
+        src = [producer.register_host(2 * half) for _ in range(layers)]
+        dst = [consumer.register_host(2 * half) for _ in range(layers)]
+        for r in src:
+            r.buffer[:] = os.urandom(2 * half)
+        src_ids = list(range(0, blocks, 2))
+        dst_ids = random.Random(3).sample(range(blocks), len(src_ids))
+        parts = [(src[l], dst[l].descriptor(), base, base) for l in range(layers) for base in (0, half)]
+        r = producer.write_batch(parts, block, src_ids, dst_ids, notify=True, tag=11,
+                                 notify_payload=b"req-1").result(30)
+        assert r.path == "fabric" and r.bytes == layers * 2 * len(src_ids) * block
+        for l in range(layers):
+            for base in (0, half):
+                for s, d in zip(src_ids, dst_ids):
+                    assert dst[l].buffer[base + d * block:base + (d + 1) * block] == \
+                        src[l].buffer[base + s * block:base + (s + 1) * block]
+        got = [(n.kind, n.tag, n.payload, n.bytes) for n in consumer.notifications(timeout=2)]
+        assert got == [("write", 11, b"req-1", r.bytes)]
+        with pytest.raises(ferry.OutOfRange, match=r"parts\[1\]"):
+            producer.write_batch([(src[0], dst[0].descriptor(), 0, 0), (src[0], dst[0].descriptor(), 0, 2 * half)],
+                                 block, src_ids, dst_ids)
+
+
 def test_agent_restart_gives_unavailable_and_reconnect_registers_again(agent_factory):
     a = agent_factory()
     c = ferry.Client(a.socket)
