@@ -100,6 +100,8 @@ grpc::Status PeerService::Notify(grpc::ServerContext*, const v1::NotifyRequest* 
     n.set_source_incarnation(req->source_incarnation());
     n.set_bytes(req->bytes());
     n.set_payload(req->payload());
+    n.set_code(req->code());
+    n.set_message(req->message());
     const bool message = req->kind() == v1::NOTIFICATION_KIND_MESSAGE;
     n.set_kind(message ? v1::NOTIFICATION_KIND_MESSAGE : v1::NOTIFICATION_KIND_WRITE);
     absl::Status delivered = transfers_->Notify(**region, n);

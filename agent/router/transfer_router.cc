@@ -4,6 +4,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "agent/common/check.h"
+#include "agent/common/log.h"
 #include "agent/common/token.h"
 #include "agent/peers/remote_target.h"
 
@@ -121,18 +122,35 @@ class BatchProgress {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
+// Tells the remote receiver of a notified write that failed after it started, so that it
+// does not wait for it (TransferManager::Finish does this for local receivers). Best
+// effort and asynchronous: an agent that cannot be reached cannot be told.
+void NotifyRemoteFailure(const Transfer& t, uint64_t incarnation, const absl::Status& status) {
+  if (!t.notify || t.dst != nullptr || t.peer == nullptr || t.dst_descriptor == nullptr) return;
+  v1::NotifyRequest req = DeliverNotifyRequest(*t.dst_descriptor, incarnation, v1::NOTIFICATION_KIND_WRITE, t.id, t.tag,
+                                               /*bytes=*/0, t.notify_payload);
+  req.set_code(static_cast<int>(status.code()));
+  req.set_message(std::string(status.message()));
+  SendNotifyAsync(t.peer, std::move(req), absl::Now() + absl::Seconds(2), [id = t.id](absl::Status s) {
+    if (!s.ok()) FERRY_LOG(DEBUG) << "transfer " << id << ": telling the receiver it failed: " << s;
+  });
+}
+
 }  // namespace
 
 void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
   TransferManager* manager = deps_.transfers;
   manager->Begin(*t);
+  const uint64_t incarnation = deps_.incarnation;
   if (t->parts.empty()) {
     TransferExecutor* executor = t->executor;
-    executor->Submit(t, [manager, t](absl::Status s) { manager->Finish(*t, s); });
+    executor->Submit(t, [manager, t, incarnation](absl::Status s) {
+      if (!s.ok()) NotifyRemoteFailure(*t, incarnation, s);
+      manager->Finish(*t, s);
+    });
     return;
   }
   auto progress = std::make_shared<BatchProgress>(t->parts.size());
-  const uint64_t incarnation = deps_.incarnation;
   for (const std::shared_ptr<Transfer>& part : t->parts) {
     part->id = t->id;
     part->executor->Submit(part, [manager, t, progress, incarnation](absl::Status s) {
@@ -140,6 +158,7 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
       if (!progress->Done(s, &result)) return;
       // Every part's bytes landed. A local owner is notified by Finish; a remote one
       // through its agent first, so that the writer's success means "notified".
+      if (!result.ok()) NotifyRemoteFailure(*t, incarnation, result);
       if (!result.ok() || !t->notify || t->dst != nullptr) return manager->Finish(*t, result);
       SendNotifyAsync(
           t->peer,

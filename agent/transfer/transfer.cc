@@ -56,17 +56,20 @@ void TransferManager::Finish(const Transfer& t, const absl::Status& status) {
   result.set_path(t.path);
   result.set_tag(t.tag);
   // Notify the receiver before the writer learns of completion, so a writer that tells
-  // the receiver out of band never races its notification.
-  if (status.ok() && t.notify && t.dst != nullptr) {
+  // the receiver out of band never races its notification. A failed write notifies too
+  // (with its status): the receiver is not left waiting for it.
+  if (t.notify && t.dst != nullptr) {
     v1::Notification n;
     n.set_region_id(t.dst->id());
     n.set_tag(t.tag);
     n.set_transfer_id(t.id);
     n.set_source_incarnation(incarnation_);
-    n.set_bytes(t.plan.total_bytes);
+    n.set_bytes(status.ok() ? t.plan.total_bytes : 0);
     n.set_payload(t.notify_payload);
     n.set_kind(v1::NOTIFICATION_KIND_WRITE);
-    // The bytes landed: the write succeeded even if its receiver is gone or not reading.
+    n.set_code(static_cast<int>(status.code()));
+    n.set_message(std::string(status.message()));
+    // The write's result stands whether or not its receiver is still there to hear.
     Notify(*t.dst, n).IgnoreError();
   }
   if (t.on_result) {

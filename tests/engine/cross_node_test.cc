@@ -208,6 +208,54 @@ TEST_CASE("messages and notify payloads reach a region's owner, across agents an
   CHECK(n.tag() == 44);  // none of the refused ones came through
 }
 
+TEST_CASE("a notified write that fails after it started still notifies its receiver, with the status") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartFabricAgent(net.host(0));
+  auto b = StartFabricAgent(net.host(1));
+  const uint64_t kSize = 256 << 20;  // far more than moves in the 1 ms deadline below
+  Pod far = MakePod(a->socket(), kSize, 0x31);
+  Pod near = MakePod(b->socket(), kSize, 0x32);
+  Pod receiver = MakePod(b->socket(), kSize, 0);
+  auto ctx = receiver.client->NewContext(absl::Seconds(60));
+  auto stream = receiver.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
+
+  // The peer and region cached first: the 1 ms deadline below is for moving bytes.
+  REQUIRE(far.client->WriteAndWait(ChunkWrite(far, receiver.reg.region(), 0, 0, 8), absl::Seconds(30)).ok());
+  for (Pod* writer : {&far, &near}) {  // across agents, then on the receiver's own
+    v1::WriteRequest req;
+    req.set_src_region_id(writer->reg.region_id());
+    *req.mutable_dst() = receiver.reg.region();
+    v1::PagedChunks* p = req.mutable_paged();  // 64 Ki blocks: the local copy checks its deadline per block
+    p->set_block_size(4096);
+    for (uint64_t i = 0; i < kSize / 4096; ++i) {
+      p->add_src_blocks(i);
+      p->add_dst_blocks(i);
+    }
+    req.set_notify(true);
+    req.set_tag(9);
+    req.set_notify_payload("req-3");
+    req.set_timeout_ms(1);
+    auto id = writer->client->Write(req);
+    INFO(id.status().ToString());
+    REQUIRE(id.ok());
+    auto r = writer->client->Wait(*id, absl::Seconds(30));
+    REQUIRE(r.ok());
+    INFO(r->ShortDebugString());
+    REQUIRE(r->code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+    const absl::Time failed = absl::Now();
+    v1::Notification n;
+    REQUIRE(stream->Read(&n));
+    CHECK(absl::Now() - failed < absl::Seconds(1));
+    CHECK(n.kind() == v1::NOTIFICATION_KIND_WRITE);
+    CHECK(n.code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+    CHECK(n.message().find("deadline") != std::string::npos);
+    CHECK(n.transfer_id() == *id);
+    CHECK(n.tag() == 9);
+    CHECK(n.payload() == "req-3");
+    CHECK(n.bytes() == 0);
+  }
+}
+
 // One session's per-layer regions (a serving pod's KV cache: one tensor per layer).
 struct LayerPod {
   std::unique_ptr<Client> client;

@@ -151,7 +151,15 @@ class Notification:
     bytes: int  # bytes written; 0 for a message
     source_incarnation: int
     payload: bytes = b""  # the writer's notify_payload, or the message's payload
-    kind: str = "write"  # "write" (a notified write landed) or "message" (send_message)
+    kind: str = "write"  # "write" (a notified write ended) or "message" (send_message)
+    # A write's outcome: code 0 when every byte landed; otherwise (a google.rpc code) it
+    # failed after it started, and some of its bytes may be in the region.
+    code: int = 0
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
 
 
 class TransferFuture:
@@ -388,7 +396,8 @@ class Client:
         try:
             for n in call:
                 kind = "message" if n.kind == ferry_pb2.NOTIFICATION_KIND_MESSAGE else "write"
-                yield Notification(n.region_id, n.tag, n.transfer_id, n.bytes, n.source_incarnation, n.payload, kind)
+                yield Notification(n.region_id, n.tag, n.transfer_id, n.bytes, n.source_incarnation, n.payload, kind,
+                                   n.code, n.message)
         except grpc.RpcError as e:
             if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
                 return

@@ -176,6 +176,20 @@ def test_write_batch_moves_one_block_mapping_into_every_layer_with_one_notificat
                                  block, src_ids, dst_ids)
 
 
+def test_a_notified_write_that_fails_still_notifies_its_receiver(agent):
+    size = 256 << 20
+    with ferry.Client(agent.socket) as writer, ferry.Client(agent.socket) as reader:
+        src = writer.register_host(size)
+        dst = reader.register_host(size)
+        ids = range(size // 4096)
+        f = writer.write_blocks(src, dst.descriptor(), 4096, ids, ids, notify=True, tag=4, timeout=0.001)
+        with pytest.raises(ferry.DeadlineExceeded):
+            f.result(30)
+        got = list(reader.notifications(timeout=1))
+        assert [(n.kind, n.tag, n.ok, n.code, n.bytes) for n in got] == [("write", 4, False, 4, 0)]
+        assert "deadline" in got[0].message
+
+
 def test_agent_restart_gives_unavailable_and_reconnect_registers_again(agent_factory):
     a = agent_factory()
     c = ferry.Client(a.socket)
