@@ -10,22 +10,13 @@ import argparse
 import os
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import ferry
+from bench_agent import local_agent
 
 LAYERS, BLOCK = 32, 16 * 8 * 128 * 2
-
-
-def wait_for(path, seconds=20.0):
-    deadline = time.monotonic() + seconds
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear in {seconds} s")
-        time.sleep(0.05)
 
 
 def batch_row(producer, parts, src_ids, dst_ids):
@@ -54,13 +45,8 @@ def main():
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--blocks", type=int, default=256, help="blocks per request (and per layer half)")
     args = p.parse_args()
-    work = tempfile.mkdtemp(prefix="fy.pb.", dir="/tmp")
-    sock = f"{work}/a.sock"
-    agent = subprocess.Popen([args.ferryd, f"--socket={sock}", "--metrics_address=127.0.0.1:0",
-                              f"--ready_file={work}/ready", "--log_level=warning"])
     half = args.blocks * BLOCK
-    try:
-        wait_for(f"{work}/ready")
+    with local_agent(args.ferryd, "fy.pb.") as (sock, _):
         with ferry.Client(sock) as producer, ferry.Client(sock) as consumer:
             src = [producer.register_host(2 * half) for _ in range(LAYERS)]
             dst = [consumer.register_host(2 * half) for _ in range(LAYERS)]
@@ -85,9 +71,6 @@ def main():
                 submit = statistics.median(x[0] for x in v) * 1e3
                 total = statistics.median(x[1] for x in v) * 1e3
                 print(f"{kind:>22} {calls:>6} {submit:>10.2f} {total:>11.2f} {mb / total:>6.2f}")
-    finally:
-        agent.terminate()
-        agent.wait(15)
 
 
 if __name__ == "__main__":

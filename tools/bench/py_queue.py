@@ -10,10 +10,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import ferry
+from bench_agent import local_agent, wait_for
 
 WINDOW = 16
 
@@ -53,14 +53,6 @@ def cpp_row(ferry_bench, sock, work, size, n):
     return float(out[2]) / 1e6  # "size count time_us GBps"
 
 
-def wait_for(path, seconds=20.0):
-    deadline = time.monotonic() + seconds
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear in {seconds} s")
-        time.sleep(0.05)
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ferryd", required=True)
@@ -68,12 +60,7 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--count", type=int, default=20000, help="writes per queue row (RPC rows: a tenth)")
     args = p.parse_args()
-    work = tempfile.mkdtemp(prefix="fy.pq.", dir="/tmp")
-    sock = f"{work}/a.sock"
-    agent = subprocess.Popen([args.ferryd, f"--socket={sock}", "--metrics_address=127.0.0.1:0",
-                              f"--ready_file={work}/ready", "--log_level=warning"])
-    try:
-        wait_for(f"{work}/ready")
+    with local_agent(args.ferryd, "fy.pq.") as (sock, work):
         receiver = subprocess.Popen([args.ferry_bench, "receive", f"--socket={sock}", f"--dir={work}",
                                      f"--size={1 << 20}"])
         wait_for(f"{work}/descriptor")
@@ -101,9 +88,6 @@ def main():
                     print(f"{size:>8} {m['rpc']:>8.1f} {m['queue']:>9.1f} {m['cpp']:>12.1f} "
                           f"{m['rpc'] / m['queue']:>9.1f}x {m['queue'] / m['cpp']:>7.2f}x")
         receiver.kill()
-    finally:
-        agent.terminate()
-        agent.wait(15)
 
 
 if __name__ == "__main__":
