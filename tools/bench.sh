@@ -6,6 +6,8 @@
 #                                           ferry agent-to-agent vs raw libfabric fi_write
 #                                           (extra flags for both agents / the queue runs of ferry_bench)
 #   tools/bench.sh gpu [--bundle=DIR]       GPU paths vs cuMemcpyAsync (and NCCL with two GPUs) on a GPU host
+#   tools/bench.sh control [--iters=N] [--cpus_a=LIST --cpus_b=LIST]
+#                                           the local API's round trips vs a bare gRPC echo and raw fi_write
 #
 # Pinning: initiator side (agent A, the bench client, the raw initiator) on --cpus_a,
 # target side (agent B, the raw target) on --cpus_b (taskset lists; default CPU 0 and
@@ -42,7 +44,8 @@ done
 case $mode in
   cross-node) ;;
   gpu) exec bash tools/bench/gpu.sh "$@" ;;
-  *) echo "usage: tools/bench.sh cross-node [--count=N] [--rounds=R] [--row_mib=M] [--sizes=B,B..] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR] [--ferryd_flags=..] [--queue_flags=..] | gpu [--bundle=DIR]" >&2
+  control) exec bash tools/bench/control.sh "$@" ;;
+  *) echo "usage: tools/bench.sh cross-node [--count=N] [--rounds=R] [--row_mib=M] [--sizes=B,B..] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR] [--ferryd_flags=..] [--queue_flags=..] | gpu [--bundle=DIR] | control [--iters=N]" >&2
      exit 2 ;;
 esac
 

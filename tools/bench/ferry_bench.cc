@@ -4,6 +4,7 @@
 //   ferry_bench send --socket=S --dir=D --sizes=... --count=N --window=W --layout=contiguous|paged
 //   ferry_bench latency --socket=S --dir=D --iters=K [--api=queue]   8-byte write p50/p99
 //   ferry_bench blocks --socket=S --dir=D --blocks=10000 --block=4096   paged chunk rate
+//   ferry_bench control --socket=S --dir=D --iters=K   the local API's 8-byte round trips (p50/p99)
 //
 // `send` keeps `window` transfers in flight (Write without waiting; completions from
 // WatchCompletions) and prints "size count time_us algbw_GBps" lines. The paged layout
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -21,6 +23,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -261,6 +264,60 @@ int Latency() {
   return 0;
 }
 
+// Median and 99th percentile of `iters` calls of `op` (after 10 warm-up calls), in µs,
+// printed as "<name> <p50> <p99>".
+absl::Status Measure(const char* name, int iters, const std::function<absl::Status()>& op) {
+  std::vector<double> us;
+  for (int i = 0; i < iters + 10; ++i) {
+    const absl::Time t0 = absl::Now();
+    absl::Status st = op();
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat(name, ": ", st.message()));
+    if (i >= 10) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+  }
+  std::sort(us.begin(), us.end());
+  printf("%s %.1f %.1f\n", name, us[us.size() / 2], us[us.size() * 99 / 100]);
+  fflush(stdout);
+  return absl::OkStatus();
+}
+
+// The local API's round trips with 8-byte writes (tools/bench.sh control): GetStatus;
+// Write + Wait into a region of this agent, into the receiver's (another agent), and
+// the same with a notification; the write queue to the receiver.
+int Control() {
+  auto s = Connect(4096);
+  if (!s.ok()) return Fail(s.status());
+  auto here = s->client->AllocateHost(4096);
+  if (!here.ok()) return Fail(here.status());
+  const int iters = absl::GetFlag(FLAGS_iters);
+  auto write_wait = [&](const ferry::v1::RegionDescriptor& dst, bool notify) {
+    ferry::v1::WriteRequest req;
+    req.set_src_region_id(s->region);
+    *req.mutable_dst() = dst;
+    req.mutable_chunks()->add_chunks()->set_length(8);
+    req.set_notify(notify);
+    return [&, req] { return s->client->WriteAndWait(req, absl::Seconds(10)).status(); };
+  };
+  auto q = ferry::WriteQueue::Create(*s->client, {s->dst}, 8);
+  if (!q.ok()) return Fail(q.status());
+  std::vector<ferry::WriteQueue::Completion> done;
+  const absl::Duration spin = ReapSpin();
+  uint64_t n = 0;
+  auto queue_round_trip = [&]() -> absl::Status {
+    done.clear();
+    if (absl::Status st = (*q)->Post({s->region, 0, 0, 0, 8, n++}); !st.ok()) return st;
+    if ((*q)->Reap(&done, 1, absl::Seconds(10), 1, spin) != 1) return absl::DeadlineExceededError("no completion");
+    return done[0].status;
+  };
+  for (absl::Status st :
+       {Measure("getstatus", iters, [&] { return s->client->GetStatus().status(); }),
+        Measure("local", iters, write_wait(here->descriptor(), false)),
+        Measure("remote", iters, write_wait(s->dst, false)), Measure("remote_notify", iters, write_wait(s->dst, true)),
+        Measure("queue_remote", iters, queue_round_trip)}) {
+    if (!st.ok()) return Fail(st);
+  }
+  return 0;
+}
+
 int Blocks() {
   const uint64_t block = absl::GetFlag(FLAGS_block), n = absl::GetFlag(FLAGS_blocks);
   auto s = Connect(block * n);
@@ -304,7 +361,7 @@ int Receive() {
 int main(int argc, char** argv) {
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
-    fprintf(stderr, "usage: ferry_bench receive|send|latency|blocks [flags]\n");
+    fprintf(stderr, "usage: ferry_bench receive|send|latency|blocks|control [flags]\n");
     return 2;
   }
   std::string mode = args[1];
@@ -312,5 +369,6 @@ int main(int argc, char** argv) {
   if (mode == "send") return Send();
   if (mode == "latency") return Latency();
   if (mode == "blocks") return Blocks();
+  if (mode == "control") return Control();
   return 2;
 }

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# `tools/bench.sh control [--iters=N] [--cpus_a=LIST --cpus_b=LIST]`: the control path —
+# what one call of the local API costs — in one run, p50 and p99 of 8-byte round trips:
+#   the floor: a bare gRPC unary echo over a unix socket, same gRPC library, same
+#   synchronous server kind as the agent (tools/bench/grpc_echo);
+#   GetStatus; Write + Wait node-local, cross-agent, cross-agent with a notification;
+#   the write queue cross-agent — from C++ (ferry_bench control) and from Python
+#   (tools/bench/py_control.py); and raw fi_write (fi_write_bench) as the transport's own.
+# Two agents on loopback over tcp;ofi_rxm as in `tools/bench.sh cross-node`: agent A,
+# the callers and the echo server on --cpus_a; agent B (spinning) and its receiver pod
+# on --cpus_b. Then the issue's goals as ratios: Write+Wait node-local against two echo
+# calls, notified against un-notified, Python against C++.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+iters=2000 cpu_a=0 cpu_b=1
+[ "$(nproc)" -gt 1 ] || cpu_b=0
+for a in "$@"; do
+  case $a in
+    --iters=*) iters=${a#--iters=} ;;
+    --cpus_a=*) cpu_a=${a#--cpus_a=} ;;
+    --cpus_b=*) cpu_b=${a#--cpus_b=} ;;
+    *) echo "control: unknown argument $a" >&2; exit 2 ;;
+  esac
+done
+bash tools/setup.sh
+bazel build -c opt //agent/main:ferryd //tools/bench:ferry_bench //tools/bench:fi_write_bench //tools/bench:grpc_echo 2>&1 | tail -n 1
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q --upgrade ./client/python
+bin=bazel-bin
+source tools/lib.sh
+
+echo "# ferry control path  $(date -u +%Y-%m-%dT%H:%MZ)  $(nproc) CPUs, $(uname -r); $iters calls per row after warm-up"
+echo "# callers, agent A and the echo server on CPUs $cpu_a; agent B (--fabric_spin_us=200000) and its receiver on CPUs $cpu_b"
+for node in a b; do
+  if [ $node = a ]; then addr=127.0.0.1; cpu=$cpu_a; spin=100; else addr=127.0.0.2; cpu=$cpu_b; spin=200000; fi
+  start_bg taskset -c $cpu $bin/agent/main/ferryd --socket="$work/$node.sock" --metrics_address=127.0.0.1:0 \
+    --peer_address=$addr:0 --fabric_iface=$addr --fabric_provider='tcp;ofi_rxm' --fabric_spin_us=$spin \
+    --ready_file="$work/$node.ready" --log_level=warning 2>"$work/$node.log"
+done
+start_bg taskset -c $cpu_a $bin/tools/bench/grpc_echo serve --socket="$work/echo.sock"
+wait_for "$work/a.ready" 20; wait_for "$work/b.ready" 20; wait_for "$work/echo.sock" 20
+start_bg taskset -c $cpu_b $bin/tools/bench/ferry_bench receive --socket="$work/b.sock" --dir="$work" --size=$((1 << 20))
+wait_for "$work/descriptor" 20
+
+taskset -c $cpu_a $bin/tools/bench/grpc_echo call --socket="$work/echo.sock" --iters="$iters" > "$work/rows.txt"
+taskset -c $cpu_a $bin/tools/bench/ferry_bench control --socket="$work/a.sock" --dir="$work" --iters="$iters" >> "$work/rows.txt"
+taskset -c $cpu_a .venv/bin/python tools/bench/py_control.py --socket="$work/a.sock" --descriptor="$work/descriptor" \
+  --iters="$iters" >> "$work/rows.txt"
+sleep 0.3  # agent B back to sleep before the raw target spins on its core
+mkdir -p "$work/raw"
+start_bg taskset -c $cpu_b $bin/tools/bench/fi_write_bench target --iface=127.0.0.2 --dir="$work/raw" --size=$((1 << 20))
+taskset -c $cpu_a $bin/tools/bench/fi_write_bench initiator --iface=127.0.0.1 --dir="$work/raw" --window=16 \
+  --sizes=8 --count=4 --lat_iters="$iters" | awk '/^lat8/ {print "raw", $2, $3}' >> "$work/rows.txt"
+touch "$work/raw/stop"
+
+python3 - "$work/rows.txt" <<'PY'
+import sys
+rows = {l.split()[0]: (float(l.split()[1]), float(l.split()[2])) for l in open(sys.argv[1]) if l.strip()}
+names = [
+    ("echo", "bare gRPC unary echo (the floor)"),
+    ("getstatus", "GetStatus"),
+    ("local", "C++ Write+Wait node-local 8 B"),
+    ("remote", "C++ Write+Wait cross-agent 8 B"),
+    ("remote_notify", "C++ Write+Wait cross-agent 8 B, notify"),
+    ("queue_remote", "C++ write queue cross-agent 8 B"),
+    ("py_local", "Python write().result() node-local 8 B"),
+    ("py_remote", "Python write().result() cross-agent 8 B"),
+    ("py_remote_notify", "Python write().result() cross-agent 8 B, notify"),
+    ("py_queue_remote", "Python write queue cross-agent 8 B"),
+    ("raw", "raw fi_write 8 B"),
+]
+print(f"\n{'round trip':<48} {'p50_us':>8} {'p99_us':>8}")
+for key, label in names:
+    if key in rows:
+        print(f"{label:<48} {rows[key][0]:>8.1f} {rows[key][1]:>8.1f}")
+def ratio(a, b, k=1.0):
+    return rows[a][0] / (k * rows[b][0])
+print("\ngoals (p50 ratios; issue 23):")
+print(f"  Write+Wait node-local / 2 x echo        {ratio('local', 'echo', 2):5.2f}  (goal <= 1.2)")
+print(f"  notified / un-notified cross-agent      {ratio('remote_notify', 'remote'):5.2f}  (goal <= 1.2)")
+print(f"  Python / C++ Write+Wait cross-agent     {ratio('py_remote', 'remote'):5.2f}  (goal <= 1.5)")
+print(f"  Python / C++ write queue cross-agent    {ratio('py_queue_remote', 'queue_remote'):5.2f}  (goal <= 1.5)")
+PY

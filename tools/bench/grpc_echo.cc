@@ -1,0 +1,78 @@
+// grpc_echo: a bare gRPC unary echo over a unix socket — what one local API call costs
+// with no ferry in it (the floor of `tools/bench.sh control`).
+//
+//   grpc_echo serve --socket=/tmp/echo.sock       # until killed; the synchronous
+//                                                 # server, as the agent's local API
+//   grpc_echo call --socket=/tmp/echo.sock --iters=2000   # prints "echo <p50_us> <p99_us>"
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/time/clock.h"
+#include "tools/bench/echo.grpc.pb.h"
+
+ABSL_FLAG(std::string, socket, "/tmp/ferry-echo.sock", "unix socket path");
+ABSL_FLAG(int, iters, 2000, "call: calls measured (after 50 warm-up calls)");
+
+namespace {
+
+class EchoService final : public ferry::bench::Echo::Service {
+  grpc::Status Echo(grpc::ServerContext*, const ferry::bench::EchoMessage* req,
+                    ferry::bench::EchoMessage* resp) override {
+    *resp = *req;
+    return grpc::Status::OK;
+  }
+};
+
+int Serve() {
+  EchoService service;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + absl::GetFlag(FLAGS_socket), grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    fprintf(stderr, "grpc_echo: cannot serve on %s\n", absl::GetFlag(FLAGS_socket).c_str());
+    return 1;
+  }
+  server->Wait();
+  return 0;
+}
+
+int Call() {
+  auto channel = grpc::CreateChannel("unix:" + absl::GetFlag(FLAGS_socket), grpc::InsecureChannelCredentials());
+  auto stub = ferry::bench::Echo::NewStub(channel);
+  ferry::bench::EchoMessage req, resp;
+  req.set_data(std::string(8, 'x'));
+  std::vector<double> us;
+  const int iters = absl::GetFlag(FLAGS_iters);
+  for (int i = 0; i < iters + 50; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    const absl::Time t0 = absl::Now();
+    grpc::Status s = stub->Echo(&ctx, req, &resp);
+    if (!s.ok()) {
+      fprintf(stderr, "grpc_echo: %s\n", s.error_message().c_str());
+      return 1;
+    }
+    if (i >= 50) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+  }
+  std::sort(us.begin(), us.end());
+  printf("echo %.1f %.1f\n", us[us.size() / 2], us[us.size() * 99 / 100]);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  const std::string mode = args.size() > 1 ? args[1] : "";
+  if (mode == "serve") return Serve();
+  if (mode == "call") return Call();
+  fprintf(stderr, "usage: grpc_echo serve|call --socket=PATH [--iters=N]\n");
+  return 2;
+}
