@@ -162,6 +162,32 @@ class Notification:
         return self.code == 0
 
 
+def _notification(n: ferry_pb2.Notification) -> Notification:
+    kind = "message" if n.kind == ferry_pb2.NOTIFICATION_KIND_MESSAGE else "write"
+    return Notification(n.region_id, n.tag, n.transfer_id, n.bytes, n.source_incarnation, n.payload, kind, n.code,
+                        n.message)
+
+
+class NotificationStream:
+    """A WatchNotifications stream: iterate it on one thread, cancel() it from any other
+    (the iteration then ends)."""
+
+    def __init__(self, call):
+        self._call = call
+
+    def __iter__(self) -> Iterator[Notification]:
+        try:
+            for n in self._call:
+                yield _notification(n)
+        except grpc.RpcError as e:
+            if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                return
+            raise errors.from_rpc_error(e) from None
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
 class TransferFuture:
     """A submitted write. result() waits for it and raises the transfer's error."""
 
@@ -391,19 +417,17 @@ class Client:
         """Yields a Notification for each write into this client's regions that asked for
         one, after its bytes landed, and for each message sent to them (send_message).
         Ends after ``timeout`` seconds (None: never)."""
-        call = self._stub.WatchNotifications(ferry_pb2.WatchNotificationsRequest(), metadata=self._metadata,
-                                             timeout=timeout)
+        stream = self.notification_stream(timeout)
         try:
-            for n in call:
-                kind = "message" if n.kind == ferry_pb2.NOTIFICATION_KIND_MESSAGE else "write"
-                yield Notification(n.region_id, n.tag, n.transfer_id, n.bytes, n.source_incarnation, n.payload, kind,
-                                   n.code, n.message)
-        except grpc.RpcError as e:
-            if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
-                return
-            raise errors.from_rpc_error(e) from None
+            yield from stream
         finally:
-            call.cancel()
+            stream.cancel()
+
+    def notification_stream(self, timeout: Optional[float] = None) -> NotificationStream:
+        """notifications() as an object another thread can cancel: for a reader thread
+        that must stop without losing what the stream already took from the agent."""
+        return NotificationStream(self._stub.WatchNotifications(ferry_pb2.WatchNotificationsRequest(),
+                                                                metadata=self._metadata, timeout=timeout))
 
     def status(self) -> ferry_pb2.GetStatusResponse:
         return self._call("GetStatus", ferry_pb2.GetStatusRequest())

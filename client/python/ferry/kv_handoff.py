@@ -1,0 +1,326 @@
+"""KV-cache handoff between a producer (prefill) and a consumer (decode), push model,
+with no side channel: the core a serving engine's KV connector drives (no engine import).
+
+Each side holds one region per layer, in the FlashAttention layout
+``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (K half, then V half; one half
+for MLA caches). The producer publishes a small mailbox region's descriptor (in vLLM, in
+the request's kv_transfer_params); the consumer sends it, through the agents
+(``Client.send_message``): once per producer its layout and layer descriptors (HELLO),
+then per request the blocks it wants filled (PULL). The producer answers a PULL with one
+``write_batch`` — the request's blocks in every layer, K and V — whose notification
+carries the request id; the consumer counts it as received.
+
+    spec = KVCacheSpec(num_blocks=4096, block_bytes=32768, halves=2)
+    producer = KVProducer(client, spec, layer_regions, engine_id="prefill-0")
+    producer.hold("req-1", src_block_ids, lease=30.0)      # after prefill
+    params = {"mailbox": producer.mailbox.hex(), ...}       # to the consumer
+    consumer = KVConsumer(client, spec, layer_regions, engine_id="decode-0")
+    consumer.pull("req-1", bytes.fromhex(params["mailbox"]), dst_block_ids, skip=0)
+    ... producer.poll() -> Progress(done={"req-1"}, failed={})   # blocks may be freed
+    ... consumer.poll() -> Progress(done={"req-1"}, failed={})   # blocks may be used
+
+Failures are reported, never waited on forever: a PULL that does not match what the
+producer holds (unknown request, block counts, layouts) fails that request on the
+producer and, through a notification with an error code, on the consumer; a consumer
+that never pulls lets the lease expire (the producer frees the blocks); a consumer that
+hears nothing before its timeout reports the request failed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import queue
+import struct
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+from . import errors
+from .client import Client, Region, TransferFuture
+
+_MAGIC = b"FYKV"
+_HELLO, _PULL = 1, 2
+_MAX_PAYLOAD = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class KVCacheSpec:
+    """The shape both sides must share: blocks per layer region, bytes per block per
+    half, and halves per layer (2: K and V; 1: MLA)."""
+    num_blocks: int
+    block_bytes: int
+    halves: int = 2
+
+    @property
+    def region_bytes(self) -> int:
+        return self.halves * self.num_blocks * self.block_bytes
+
+    def _pack(self) -> bytes:
+        return struct.pack("<QQI", self.num_blocks, self.block_bytes, self.halves)
+
+
+@dataclasses.dataclass
+class Progress:
+    """What poll() found: requests now done, and requests that failed (id -> why)."""
+    done: set = dataclasses.field(default_factory=set)
+    failed: Dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _message(kind: int, body: bytes) -> bytes:
+    msg = _MAGIC + bytes([kind]) + body
+    if len(msg) > _MAX_PAYLOAD:
+        raise ValueError(f"a handoff message of {len(msg)} bytes exceeds {_MAX_PAYLOAD}")
+    return msg
+
+
+def _pack_ids(ids: Sequence[int]) -> bytes:
+    return struct.pack(f"<I{len(ids)}I", len(ids), *ids)
+
+
+def _unpack_ids(body: bytes, at: int):
+    (n,) = struct.unpack_from("<I", body, at)
+    ids = list(struct.unpack_from(f"<{n}I", body, at + 4))
+    return ids, at + 4 + 4 * n
+
+
+def _pack_str(s: str) -> bytes:
+    b = s.encode()
+    return struct.pack("<H", len(b)) + b
+
+
+def _unpack_str(body: bytes, at: int):
+    (n,) = struct.unpack_from("<H", body, at)
+    return body[at + 2:at + 2 + n].decode(), at + 2 + n
+
+
+class _Inbox:
+    """The session's notifications, read on a thread of their own so poll() never blocks.
+    One stream for the inbox's life: a stream ended early could drop the notification it
+    had just taken from the agent."""
+
+    def __init__(self, client: Client):
+        self._q: "queue.Queue" = queue.Queue()
+        self._stream = client.notification_stream()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for n in self._stream:
+                self._q.put(n)
+        except errors.FerryError:
+            return  # the session ended
+
+    def drain(self) -> list:
+        out = []
+        while True:
+            try:
+                out.append(self._q.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        self._stream.cancel()
+        self._thread.join(2)
+
+
+@dataclasses.dataclass
+class _Held:
+    src_ids: List[int]
+    expires: float
+    future: Optional[TransferFuture] = None
+
+
+class KVProducer:
+    """The prefill side: holds requests' blocks until their consumer pulls them."""
+
+    def __init__(self, client: Client, spec: KVCacheSpec, layers: Sequence[Region], engine_id: str):
+        for i, r in enumerate(layers):
+            if r.size < spec.region_bytes:
+                raise ValueError(f"layer {i}'s region has {r.size} bytes; the spec needs {spec.region_bytes}")
+        self._client, self._spec, self._layers, self.engine_id = client, spec, list(layers), engine_id
+        self._mailbox_region = client.register_host(4096)  # its descriptor is only a way to reach us
+        self.mailbox = self._mailbox_region.descriptor()
+        self._consumers: Dict[str, list] = {}  # consumer id -> its layer descriptors
+        self._consumer_specs: Dict[str, KVCacheSpec] = {}
+        self._held: Dict[str, _Held] = {}
+        self._inbox = _Inbox(client)
+
+    def hold(self, request_id: str, src_block_ids: Sequence[int], lease: float = 30.0) -> None:
+        """Keeps ``src_block_ids`` (this request's blocks, in token order) for a consumer
+        to pull within ``lease`` seconds."""
+        bad = [i for i in src_block_ids if not 0 <= i < self._spec.num_blocks]
+        if bad:
+            raise ValueError(f"block id {bad[0]} is outside 0..{self._spec.num_blocks - 1}")
+        self._held[request_id] = _Held(list(src_block_ids), time.monotonic() + lease)
+
+    def poll(self) -> Progress:
+        """Answers pulls, and returns the requests whose blocks may now be freed: written
+        (done), or failed (bad pull, failed write, lease expired)."""
+        progress = Progress()
+        for n in self._inbox.drain():
+            if n.kind == "message":
+                self._on_message(n.payload, progress)
+        now = time.monotonic()
+        for rid, h in list(self._held.items()):
+            if h.future is not None and h.future.done():
+                del self._held[rid]
+                try:
+                    h.future.result(0)
+                    progress.done.add(rid)
+                except errors.FerryError as e:
+                    progress.failed[rid] = f"writing the blocks failed: {e}"
+            elif h.future is None and now > h.expires:
+                del self._held[rid]
+                progress.failed[rid] = "no consumer pulled the blocks before the lease expired"
+        return progress
+
+    def _on_message(self, payload: bytes, progress: Progress) -> None:
+        try:
+            if payload[:4] != _MAGIC:
+                raise ValueError("not a ferry KV handoff message")
+            kind, body = payload[4], payload[5:]
+            if kind == _HELLO:
+                self._on_hello(body)
+            elif kind == _PULL:
+                self._on_pull(body, progress)
+            else:
+                raise ValueError(f"unknown message kind {kind}")
+        except (ValueError, struct.error, UnicodeDecodeError, IndexError) as e:
+            # Not attributable to a request: reported under the empty id.
+            progress.failed.setdefault("", f"a message was refused: {e}")
+
+    def _on_hello(self, body: bytes) -> None:
+        consumer, at = _unpack_str(body, 0)
+        spec = KVCacheSpec(*struct.unpack_from("<QQI", body, at))
+        at += struct.calcsize("<QQI")
+        first, total, count = struct.unpack_from("<III", body, at)
+        at += 12
+        descriptors = []
+        for _ in range(count):
+            (n,) = struct.unpack_from("<H", body, at)
+            descriptors.append(body[at + 2:at + 2 + n])
+            at += 2 + n
+        if spec.block_bytes != self._spec.block_bytes or spec.halves != self._spec.halves:
+            raise ValueError(f"consumer {consumer}'s blocks are {spec.block_bytes} bytes x {spec.halves} halves; "
+                             f"this producer's are {self._spec.block_bytes} x {self._spec.halves}")
+        if total != len(self._layers):
+            raise ValueError(f"consumer {consumer} has {total} layers; this producer has {len(self._layers)}")
+        slots = self._consumers.setdefault(consumer, [None] * total)
+        slots[first:first + count] = descriptors
+        self._consumer_specs[consumer] = spec
+
+    def _on_pull(self, body: bytes, progress: Progress) -> None:
+        consumer, at = _unpack_str(body, 0)
+        rid, at = _unpack_str(body, at)
+        (skip,) = struct.unpack_from("<I", body, at)
+        dst_ids, _ = _unpack_ids(body, at + 4)
+        held = self._held.get(rid)
+        descriptors = self._consumers.get(consumer)
+        why = None
+        if held is None or held.future is not None:
+            why = f"request {rid} is not held here (unknown, already pulled, or its lease expired)"
+        elif descriptors is None or any(d is None for d in descriptors):
+            why = f"consumer {consumer} has not introduced itself (HELLO) completely"
+        elif skip + len(dst_ids) != len(held.src_ids):
+            why = (f"the consumer asks for {len(dst_ids)} blocks after skipping {skip}, "
+                   f"but request {rid} has {len(held.src_ids)}")
+        else:
+            limit = self._consumer_specs[consumer].num_blocks
+            bad = [i for i in dst_ids if not 0 <= i < limit]
+            if bad:
+                why = f"destination block id {bad[0]} is outside the consumer's 0..{limit - 1}"
+        if why is not None:
+            if held is not None and held.future is None:
+                del self._held[rid]
+                progress.failed[rid] = why
+            if descriptors is not None and all(d is not None for d in descriptors):
+                self._client.send_message(descriptors[0], f"{rid}\n{why}".encode()[:_MAX_PAYLOAD], tag=2)
+            return
+        if not dst_ids:  # the consumer had every block already
+            del self._held[rid]
+            progress.done.add(rid)
+            self._client.send_message(descriptors[0], rid.encode(), tag=1)
+            return
+        src_ids = held.src_ids[skip:]
+        half = self._spec.num_blocks * self._spec.block_bytes
+        dst_half = self._consumer_specs[consumer].num_blocks * self._spec.block_bytes
+        parts = [(self._layers[layer], descriptors[layer], h * half, h * dst_half)
+                 for layer in range(len(self._layers)) for h in range(self._spec.halves)]
+        held.future = self._client.write_batch(parts, self._spec.block_bytes, src_ids, dst_ids, notify=True,
+                                               tag=1, notify_payload=rid.encode())
+
+    def close(self) -> None:
+        self._inbox.close()
+
+
+class KVConsumer:
+    """The decode side: asks producers for requests' blocks and learns when they landed."""
+
+    def __init__(self, client: Client, spec: KVCacheSpec, layers: Sequence[Region], engine_id: str,
+                 timeout: float = 30.0):
+        for i, r in enumerate(layers):
+            if r.size < spec.region_bytes:
+                raise ValueError(f"layer {i}'s region has {r.size} bytes; the spec needs {spec.region_bytes}")
+        self._client, self._spec, self.engine_id, self._timeout = client, spec, engine_id, timeout
+        self._descriptors = [r.descriptor() for r in layers]
+        self._introduced: set = set()
+        self._waiting: Dict[str, float] = {}  # request id -> deadline
+        self._inbox = _Inbox(client)
+
+    def pull(self, request_id: str, producer_mailbox: bytes, dst_block_ids: Sequence[int], skip: int = 0) -> None:
+        """Asks the producer behind ``producer_mailbox`` to write its request's blocks,
+        after the first ``skip`` (already cached here), into ``dst_block_ids``."""
+        bad = [i for i in dst_block_ids if not 0 <= i < self._spec.num_blocks]
+        if bad:
+            raise ValueError(f"block id {bad[0]} is outside 0..{self._spec.num_blocks - 1}")
+        if producer_mailbox not in self._introduced:
+            self._hello(producer_mailbox)
+            self._introduced.add(producer_mailbox)
+        body = _pack_str(self.engine_id) + _pack_str(request_id) + struct.pack("<I", skip) + _pack_ids(dst_block_ids)
+        self._waiting[request_id] = time.monotonic() + self._timeout
+        self._client.send_message(producer_mailbox, _message(_PULL, body))
+
+    def _hello(self, mailbox: bytes) -> None:
+        # As many descriptors per message as fit in a payload.
+        head = _pack_str(self.engine_id) + self._spec._pack()
+        first = 0
+        while first < len(self._descriptors):
+            count, size = 0, 5 + len(head) + 12
+            while first + count < len(self._descriptors) and size + 2 + len(self._descriptors[first + count]) \
+                    <= _MAX_PAYLOAD:
+                size += 2 + len(self._descriptors[first + count])
+                count += 1
+            body = head + struct.pack("<III", first, len(self._descriptors), count) + b"".join(
+                struct.pack("<H", len(d)) + d for d in self._descriptors[first:first + count])
+            self._client.send_message(mailbox, _message(_HELLO, body))
+            first += count
+
+    def poll(self) -> Progress:
+        """Requests whose blocks have all landed (done), or failed (the producer's error,
+        a failed write, or nothing heard before the timeout)."""
+        progress = Progress()
+        for n in self._inbox.drain():
+            if n.kind == "write" and n.tag == 1:
+                rid = n.payload.decode(errors="replace")
+                if self._waiting.pop(rid, None) is not None:
+                    if n.ok:
+                        progress.done.add(rid)
+                    else:
+                        progress.failed[rid] = f"the producer's write failed: {n.message}"
+            elif n.kind == "message" and n.tag == 1:  # nothing to write: every block was cached
+                rid = n.payload.decode(errors="replace")
+                if self._waiting.pop(rid, None) is not None:
+                    progress.done.add(rid)
+            elif n.kind == "message" and n.tag == 2:
+                rid, _, why = n.payload.decode(errors="replace").partition("\n")
+                if self._waiting.pop(rid, None) is not None:
+                    progress.failed[rid] = f"the producer refused: {why}"
+        now = time.monotonic()
+        for rid, deadline in list(self._waiting.items()):
+            if now > deadline:
+                del self._waiting[rid]
+                progress.failed[rid] = f"nothing heard from the producer in {self._timeout} s"
+        return progress
+
+    def close(self) -> None:
+        self._inbox.close()

@@ -1,0 +1,132 @@
+"""ferry.kv_handoff between two live agents (host memory): a producer's held blocks
+pushed into a consumer's KV cache, byte for byte, and every way a handoff can fail."""
+import os
+import random
+import time
+
+import pytest
+
+import ferry
+from ferry.kv_handoff import KVCacheSpec, KVConsumer, KVProducer
+
+LAYERS, BLOCK = 4, 4096
+
+
+def until(*sides, seconds=10.0):
+    """Polls every side until one reports something; returns their Progress in order."""
+    deadline = time.monotonic() + seconds
+    seen = [ferry.kv_handoff.Progress() for _ in sides]
+    while time.monotonic() < deadline:
+        for acc, side in zip(seen, sides):
+            p = side.poll()
+            acc.done |= p.done
+            acc.failed.update(p.failed)
+        if all(acc.done or acc.failed for acc in seen):
+            return seen
+        time.sleep(0.01)
+    return seen
+
+
+@pytest.fixture
+def pair(fabric_agents):
+    a, b = fabric_agents
+    with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb:
+        pspec, cspec = KVCacheSpec(num_blocks=64, block_bytes=BLOCK), KVCacheSpec(num_blocks=48, block_bytes=BLOCK)
+        players = [ca.register_host(pspec.region_bytes) for _ in range(LAYERS)]
+        clayers = [cb.register_host(cspec.region_bytes) for _ in range(LAYERS)]
+        for r in players:
+            r.buffer[:] = os.urandom(r.size)
+        producer = KVProducer(ca, pspec, players, "prefill-0")
+        consumer = KVConsumer(cb, cspec, clayers, "decode-0", timeout=5.0)
+        yield producer, consumer, players, clayers, pspec, cspec
+        producer.close()
+        consumer.close()
+
+
+def block(region, spec, half, i):
+    at = half * spec.num_blocks * BLOCK + i * BLOCK
+    return bytes(region.buffer[at:at + BLOCK])
+
+
+def test_one_request_lands_in_every_layer_and_both_sides_hear_of_it(pair):
+    producer, consumer, players, clayers, pspec, cspec = pair
+    src, dst = random.Random(1).sample(range(64), 10), random.Random(2).sample(range(48), 10)
+    producer.hold("req-1", src)
+    consumer.pull("req-1", producer.mailbox, dst)
+    p, c = until(producer, consumer)
+    assert (p.done, p.failed, c.done, c.failed) == ({"req-1"}, {}, {"req-1"}, {})
+    for layer in range(LAYERS):
+        for half in (0, 1):
+            for s, d in zip(src, dst):
+                assert block(clayers[layer], cspec, half, d) == block(players[layer], pspec, half, s)
+
+
+def test_eight_concurrent_requests_and_a_partial_prefix_hit(pair):
+    producer, consumer, players, clayers, pspec, cspec = pair
+    for layer in clayers:
+        layer.buffer[:] = bytes(layer.size)
+    for r in range(8):  # request r: producer blocks 8r..8r+3 into consumer blocks 4r..4r+3
+        producer.hold(f"r{r}", list(range(8 * r, 8 * r + 4)))
+    for r in range(8):
+        skip = 2 if r == 7 else 0  # r7: the consumer has its first two blocks cached
+        consumer.pull(f"r{r}", producer.mailbox, list(range(4 * r + skip, 4 * r + 4)), skip=skip)
+    want = {f"r{r}" for r in range(8)}
+    got_p, got_c = set(), set()
+    deadline = time.monotonic() + 15
+    while (got_p != want or got_c != want) and time.monotonic() < deadline:
+        pp, cc = producer.poll(), consumer.poll()
+        assert not pp.failed and not cc.failed, (pp.failed, cc.failed)
+        got_p |= pp.done
+        got_c |= cc.done
+        time.sleep(0.01)
+    assert got_p == want and got_c == want
+    for r in range(8):
+        for i in range(4):
+            moved = not (r == 7 and i < 2)
+            expect = block(players[2], pspec, 1, 8 * r + i) if moved else bytes(BLOCK)
+            assert block(clayers[2], cspec, 1, 4 * r + i) == expect
+
+
+def test_refusals_reach_both_sides_and_nothing_is_written(pair):
+    producer, consumer, players, clayers, pspec, cspec = pair
+    before = [bytes(r.buffer) for r in clayers]
+    # Garbage in the mailbox: refused, attributed to no request.
+    consumer._client.send_message(producer.mailbox, b"not a handoff message")
+    # A pull for a request the producer never held, and one with the wrong block count.
+    producer.hold("held", [1, 2, 3])
+    consumer.pull("unknown", producer.mailbox, [0])
+    p, c = until(producer, consumer)
+    assert "" in p.failed and "not a ferry" in p.failed[""]
+    assert "not held" in c.failed["unknown"]
+    consumer.pull("held", producer.mailbox, [0, 1])
+    p, c = until(producer, consumer)
+    assert "3" in p.failed["held"] and "held" in c.failed
+    assert [bytes(r.buffer) for r in clayers] == before
+
+
+def test_a_lease_expires_and_a_consumer_times_out(pair):
+    producer, consumer, _, _, _, _ = pair
+    producer.hold("nobody-pulls", [5], lease=0.2)
+    (p,) = until(producer)
+    assert "lease expired" in p.failed["nobody-pulls"]
+    consumer._timeout = 0.3
+    producer.hold("never-answered", [6])
+    consumer.pull("never-answered", producer.mailbox, [7])  # the producer is never polled
+    (c,) = until(consumer)
+    assert "nothing heard" in c.failed["never-answered"]
+
+
+def test_a_consumer_with_other_block_sizes_is_refused(fabric_agents):
+    a, b = fabric_agents
+    with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb:
+        producer = KVProducer(ca, KVCacheSpec(16, 4096), [ca.register_host(2 * 16 * 4096)], "p")
+        consumer = KVConsumer(cb, KVCacheSpec(16, 8192), [cb.register_host(2 * 16 * 8192)], "c", timeout=2.0)
+        try:
+            producer.hold("r", [1])
+            consumer.pull("r", producer.mailbox, [1])
+            p, c = until(producer, consumer)
+            assert "8192" in p.failed.get("", "") or "8192" in p.failed.get("r", "")
+            assert "r" in c.failed
+        finally:
+            producer.close()
+            consumer.close()
