@@ -303,6 +303,7 @@ void Agent::Shutdown(absl::Duration grace) {
   }
   if (local_service_) local_service_->BeginShutdown();
   if (queue_entries_) queue_entries_->BeginShutdown();
+  if (router_) router_->BeginShutdown();
   // Let in-flight transfers finish (bounded).
   absl::Time deadline = absl::Now() + grace;
   while (transfers_ && transfers_->inflight() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));

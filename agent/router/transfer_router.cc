@@ -144,8 +144,8 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
   const uint64_t incarnation = deps_.incarnation;
   if (t->parts.empty()) {
     TransferExecutor* executor = t->executor;
-    executor->Submit(t, [manager, t, incarnation](absl::Status s) {
-      if (!s.ok()) NotifyRemoteFailure(*t, incarnation, s);
+    executor->Submit(t, [manager, t, incarnation, stopping = stopping_](absl::Status s) {
+      if (!s.ok() && !stopping->load()) NotifyRemoteFailure(*t, incarnation, s);
       manager->Finish(*t, s);
     });
     return;
@@ -153,12 +153,12 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
   auto progress = std::make_shared<BatchProgress>(t->parts.size());
   for (const std::shared_ptr<Transfer>& part : t->parts) {
     part->id = t->id;
-    part->executor->Submit(part, [manager, t, progress, incarnation](absl::Status s) {
+    part->executor->Submit(part, [manager, t, progress, incarnation, stopping = stopping_](absl::Status s) {
       absl::Status result;
       if (!progress->Done(s, &result)) return;
       // Every part's bytes landed. A local owner is notified by Finish; a remote one
       // through its agent first, so that the writer's success means "notified".
-      if (!result.ok()) NotifyRemoteFailure(*t, incarnation, result);
+      if (!result.ok() && !stopping->load()) NotifyRemoteFailure(*t, incarnation, result);
       if (!result.ok() || !t->notify || t->dst != nullptr) return manager->Finish(*t, result);
       SendNotifyAsync(
           t->peer,

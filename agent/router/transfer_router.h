@@ -21,6 +21,7 @@
 #ifndef FERRY_AGENT_ROUTER_TRANSFER_ROUTER_H_
 #define FERRY_AGENT_ROUTER_TRANSFER_ROUTER_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -86,6 +87,10 @@ class TransferRouter {
   void Launch(std::shared_ptr<Transfer> t) const;
   // The checks of a notification's payload (size, and only with notify).
   static absl::Status CheckNotifyPayload(bool notify, const std::string& payload);
+  // From now on no RPC is started to tell a remote receiver that a write failed: the
+  // agent is going away (its transfers fail as it stops), and calls it started now would
+  // outlive it.
+  void BeginShutdown() { stopping_->store(true); }
 
   // Delivers a message (no bytes written) to the owner of `dst`'s region, on this agent
   // or through its own agent, which checks the token. Returns once that agent queued it.
@@ -100,6 +105,8 @@ class TransferRouter {
   absl::Status RouteRemote(Transfer& t) const;
 
   const TransferRouterDeps deps_;
+  // Shared with the completion callbacks, which may run after the router is gone.
+  const std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace ferry
