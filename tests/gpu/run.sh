@@ -13,3 +13,12 @@ if ldd "$b/bin/ferryd" | grep 'not found'; then
 fi
 nvidia-smi --query-gpu=index,name,pci.bus_id,driver_version --format=csv,noheader || true
 "$b/bin/gpu_test" --durations yes "$@"
+rc=$?
+# The Python KV handoff with CUDA tensors, when the Python client was packed for this
+# host (tests/gpu/python_bundle.sh) and PyTorch is here.
+if [ -d .gpu-python ] && python3 -c "import torch, grpc" 2>/dev/null; then
+  PYTHONPATH="$PWD/.gpu-python" python3 tests/gpu/kv_handoff_gpu.py --bin="$b/bin" || rc=1
+else
+  echo "kv_handoff_gpu.py: skipped (no .gpu-python from tests/gpu/python_bundle.sh, or no torch/grpc)"
+fi
+exit $rc

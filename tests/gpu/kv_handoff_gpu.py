@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""ferry.kv_handoff on a GPU host: CUDA KV tensors in vLLM's layout, one per layer
+([2, num_blocks, block_size, num_kv_heads, head_dim], bf16, from PyTorch's caching
+allocator: registered through legacy IPC handles), handed from a producer process to a
+consumer process — through one agent (node-local GPU copies), then through two agents
+(libfabric tcp;ofi_rxm on loopback: the staged path) — and checked block for block.
+
+    python3 tests/gpu/kv_handoff_gpu.py --bin=.gpu-bundle/bin     # prints one line per case, "PASS"/"FAIL"
+
+The agents come from a bundle (tests/gpu/bundle.sh); the Python client from PYTHONPATH.
+Request sequences: 4 requests per case of random lengths, the last with a prefix hit.
+"""
+import argparse
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+LAYERS, BLOCKS, BLOCK_TOKENS, HEADS, DIM = 8, 256, 16, 8, 128
+
+
+def cache(torch, device, seed):
+    """One tensor per layer, filled from `seed` (the consumer rebuilds the producer's to check)."""
+    g = torch.Generator(device=f"cuda:{device}").manual_seed(seed)
+    return [torch.randn((2, BLOCKS, BLOCK_TOKENS, HEADS, DIM), generator=g, device=f"cuda:{device}",
+                        dtype=torch.float32).to(torch.bfloat16) for _ in range(LAYERS)]
+
+
+def requests(seed):
+    """(request id, producer block ids, consumer block ids, skip) for one case."""
+    rng = random.Random(seed)
+    free_p, free_c = list(range(BLOCKS)), list(range(BLOCKS))
+    rng.shuffle(free_p)
+    rng.shuffle(free_c)
+    out = []
+    for r in range(4):
+        n = rng.randint(8, 40)
+        src = [free_p.pop() for _ in range(n)]
+        skip = 3 if r == 3 else 0
+        dst = [free_c.pop() for _ in range(n - skip)]
+        out.append((f"{seed}-{r}", src, dst, skip))
+    return out
+
+
+def wait_for(path, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear")
+        time.sleep(0.05)
+
+
+def spec(ferry_kv, torch):
+    block_bytes = BLOCK_TOKENS * HEADS * DIM * 2
+    return ferry_kv.KVCacheSpec(num_blocks=BLOCKS, block_bytes=block_bytes)
+
+
+def producer(args):
+    import torch
+    import ferry
+    from ferry import kv_handoff
+
+    layers = cache(torch, 0, args.seed)
+    with ferry.Client(args.socket) as c:
+        regions = [c.register_cuda(t) for t in layers]
+        p = kv_handoff.KVProducer(c, spec(kv_handoff, torch), regions, "prefill")
+        for rid, src, _, _ in requests(args.seed):
+            p.hold(rid, src)
+        with open(f"{args.dir}/mailbox.tmp", "wb") as f:
+            f.write(p.mailbox)
+        os.rename(f"{args.dir}/mailbox.tmp", f"{args.dir}/mailbox")
+        done, failed = set(), {}
+        deadline = time.monotonic() + 60
+        while len(done) + len(failed) < 4 and time.monotonic() < deadline:
+            r = p.poll()
+            done |= r.done
+            failed.update(r.failed)
+            time.sleep(0.001)
+        p.close()
+        print(f"producer: done {sorted(done)} failed {failed}", flush=True)
+        wait_for(f"{args.dir}/consumer-finished", 60)  # keep the memory registered until checked
+        return 0 if len(done) == 4 else 1
+
+
+def consumer(args):
+    import torch
+    import ferry
+    from ferry import kv_handoff
+
+    layers = [torch.zeros((2, BLOCKS, BLOCK_TOKENS, HEADS, DIM), device="cuda:0", dtype=torch.bfloat16)
+              for _ in range(LAYERS)]
+    with ferry.Client(args.socket) as c:
+        regions = [c.register_cuda(t) for t in layers]
+        k = kv_handoff.KVConsumer(c, spec(kv_handoff, torch), regions, "decode", timeout=60)
+        wait_for(f"{args.dir}/mailbox")
+        mailbox = open(f"{args.dir}/mailbox", "rb").read()
+        reqs = requests(args.seed)
+        t0 = time.monotonic()
+        for rid, _, dst, skip in reqs:
+            k.pull(rid, mailbox, dst, skip=skip)
+        done, failed = set(), {}
+        while len(done) + len(failed) < len(reqs) and time.monotonic() < t0 + 60:
+            r = k.poll()
+            done |= r.done
+            failed.update(r.failed)
+            time.sleep(0.001)
+        elapsed = time.monotonic() - t0
+        k.close()
+        torch.cuda.synchronize()
+        expect = cache(torch, 0, args.seed)  # the producer's tensors, rebuilt
+        bad = 0
+        for rid, src, dst, skip in reqs:
+            for layer in range(LAYERS):
+                for s, d in zip(src[skip:], dst):
+                    if not torch.equal(layers[layer][:, d], expect[layer][:, s]):
+                        bad += 1
+        blocks = sum(len(d) for _, _, d, _ in reqs) * LAYERS * 2
+        ok = done == {r[0] for r in reqs} and not failed and bad == 0
+        print(f"consumer: {len(done)} requests done, {len(failed)} failed {failed}, {blocks} blocks checked "
+              f"({bad} wrong) in {elapsed * 1e3:.1f} ms", flush=True)
+        open(f"{args.dir}/consumer-finished", "w").close()
+        return 0 if ok else 1
+
+
+def orchestrate(args):
+    bin_dir = os.path.abspath(args.bin)
+    results = []
+    for case, two_agents in (("one agent (node-local GPU copies)", False), ("two agents (staged, tcp;ofi_rxm)", True)):
+        work = tempfile.mkdtemp(prefix="fy.kvg.", dir="/tmp")
+        agents = []
+        try:
+            nodes = [("a", "127.0.0.1"), ("b", "127.0.0.2")] if two_agents else [("a", "127.0.0.1")]
+            for name, addr in nodes:
+                agents.append(subprocess.Popen(
+                    [f"{bin_dir}/ferryd", f"--socket={work}/{name}.sock", "--metrics_address=127.0.0.1:0",
+                     f"--peer_address={addr}:0", f"--fabric_iface={addr}", "--fabric_provider=tcp;ofi_rxm",
+                     f"--ready_file={work}/{name}.ready", "--log_level=warning"],
+                    env=dict(os.environ, LD_LIBRARY_PATH=os.path.join(os.path.dirname(bin_dir), "lib"))))
+            for name, _ in nodes:
+                wait_for(f"{work}/{name}.ready")
+            seed = 11 if two_agents else 7
+            me = os.path.abspath(__file__)
+            prod = subprocess.Popen([sys.executable, me, "producer", f"--socket={work}/a.sock", f"--dir={work}",
+                                     f"--seed={seed}"])
+            cons = subprocess.Popen([sys.executable, me, "consumer", f"--socket={work}/{nodes[-1][0]}.sock",
+                                     f"--dir={work}", f"--seed={seed}"])
+            rc = [cons.wait(120), prod.wait(120)]
+            results.append((case, rc == [0, 0]))
+        finally:
+            for a in agents:
+                a.terminate()
+                a.wait(15)
+    for case, ok in results:
+        print(f"{case}: {'PASS' if ok else 'FAIL'}")
+    return 0 if all(ok for _, ok in results) else 1
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("role", choices=["orchestrate", "producer", "consumer"], nargs="?", default="orchestrate")
+    p.add_argument("--bin", default=".gpu-bundle/bin")
+    p.add_argument("--socket")
+    p.add_argument("--dir")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    return {"orchestrate": orchestrate, "producer": producer, "consumer": consumer}[args.role](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
