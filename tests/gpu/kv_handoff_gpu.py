@@ -52,7 +52,7 @@ def wait_for(path, seconds=30.0):
         time.sleep(0.05)
 
 
-def spec(ferry_kv, torch):
+def spec(ferry_kv):
     block_bytes = BLOCK_TOKENS * HEADS * DIM * 2
     return ferry_kv.KVCacheSpec(num_blocks=BLOCKS, block_bytes=block_bytes)
 
@@ -65,7 +65,7 @@ def producer(args):
     layers = cache(torch, 0, args.seed)
     with ferry.Client(args.socket) as c:
         regions = [c.register_cuda(t) for t in layers]
-        p = kv_handoff.KVProducer(c, spec(kv_handoff, torch), regions, "prefill")
+        p = kv_handoff.KVProducer(c, spec(kv_handoff), regions, "prefill")
         for rid, src, _, _ in requests(args.seed):
             p.hold(rid, src)
         with open(f"{args.dir}/mailbox.tmp", "wb") as f:
@@ -93,7 +93,7 @@ def consumer(args):
               for _ in range(LAYERS)]
     with ferry.Client(args.socket) as c:
         regions = [c.register_cuda(t) for t in layers]
-        k = kv_handoff.KVConsumer(c, spec(kv_handoff, torch), regions, "decode", timeout=60)
+        k = kv_handoff.KVConsumer(c, spec(kv_handoff), regions, "decode", timeout=60)
         wait_for(f"{args.dir}/mailbox")
         mailbox = open(f"{args.dir}/mailbox", "rb").read()
         reqs = requests(args.seed)

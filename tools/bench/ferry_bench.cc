@@ -230,40 +230,6 @@ int Send() {
   return failed == 0 ? 0 : 3;
 }
 
-int Latency() {
-  auto s = Connect(4096);
-  if (!s.ok()) return Fail(s.status());
-  std::mt19937_64 rng(1);
-  ferry::v1::WriteRequest req = Request(*s, 8, false, rng);
-  const bool queue = absl::GetFlag(FLAGS_api) == "queue";
-  std::unique_ptr<ferry::WriteQueue> q;
-  if (queue) {
-    auto created = ferry::WriteQueue::Create(*s->client, {s->dst}, 8);
-    if (!created.ok()) return Fail(created.status());
-    q = std::move(*created);
-  }
-  std::vector<ferry::WriteQueue::Completion> done;
-  const absl::Duration spin = ReapSpin();
-  std::vector<double> lat;
-  for (int i = 0; i < absl::GetFlag(FLAGS_iters) + 10; ++i) {
-    absl::Time t0 = absl::Now();
-    if (queue) {
-      done.clear();
-      if (absl::Status st = q->Post({s->region, 0, 0, 0, 8, static_cast<uint64_t>(i)}); !st.ok()) return Fail(st);
-      if (q->Reap(&done, 1, absl::Seconds(10), 1, spin) != 1 || !done[0].status.ok()) {
-        return Fail(done.empty() ? absl::DeadlineExceededError("no completion") : done[0].status);
-      }
-    } else {
-      auto r = s->client->WriteAndWait(req, absl::Seconds(10));
-      if (!r.ok()) return Fail(r.status());
-    }
-    if (i >= 10) lat.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
-  }
-  std::sort(lat.begin(), lat.end());
-  printf("lat8 %.1f %.1f\n", lat[lat.size() / 2], lat[lat.size() * 99 / 100]);
-  return 0;
-}
-
 // Median and 99th percentile of `iters` calls of `op` (after 10 warm-up calls), in µs,
 // printed as "<name> <p50> <p99>".
 absl::Status Measure(const char* name, int iters, const std::function<absl::Status()>& op) {
@@ -278,6 +244,35 @@ absl::Status Measure(const char* name, int iters, const std::function<absl::Stat
   printf("%s %.1f %.1f\n", name, us[us.size() / 2], us[us.size() * 99 / 100]);
   fflush(stdout);
   return absl::OkStatus();
+}
+
+// One 8-byte write through `q` and its completion.
+absl::Status QueueRoundTrip(ferry::WriteQueue& q, uint64_t region, uint64_t user_data, absl::Duration spin,
+                            std::vector<ferry::WriteQueue::Completion>& done) {
+  done.clear();
+  if (absl::Status st = q.Post({region, 0, 0, 0, 8, user_data}); !st.ok()) return st;
+  if (q.Reap(&done, 1, absl::Seconds(10), 1, spin) != 1) return absl::DeadlineExceededError("no completion");
+  return done[0].status;
+}
+
+int Latency() {
+  auto s = Connect(4096);
+  if (!s.ok()) return Fail(s.status());
+  std::mt19937_64 rng(1);
+  const ferry::v1::WriteRequest req = Request(*s, 8, false, rng);
+  const int iters = absl::GetFlag(FLAGS_iters);
+  absl::Status st;
+  if (absl::GetFlag(FLAGS_api) == "queue") {
+    auto q = ferry::WriteQueue::Create(*s->client, {s->dst}, 8);
+    if (!q.ok()) return Fail(q.status());
+    std::vector<ferry::WriteQueue::Completion> done;
+    const absl::Duration spin = ReapSpin();
+    uint64_t n = 0;
+    st = Measure("lat8", iters, [&] { return QueueRoundTrip(**q, s->region, n++, spin, done); });
+  } else {
+    st = Measure("lat8", iters, [&] { return s->client->WriteAndWait(req, absl::Seconds(10)).status(); });
+  }
+  return st.ok() ? 0 : Fail(st);
 }
 
 // The local API's round trips with 8-byte writes (tools/bench.sh control): GetStatus;
@@ -302,12 +297,7 @@ int Control() {
   std::vector<ferry::WriteQueue::Completion> done;
   const absl::Duration spin = ReapSpin();
   uint64_t n = 0;
-  auto queue_round_trip = [&]() -> absl::Status {
-    done.clear();
-    if (absl::Status st = (*q)->Post({s->region, 0, 0, 0, 8, n++}); !st.ok()) return st;
-    if ((*q)->Reap(&done, 1, absl::Seconds(10), 1, spin) != 1) return absl::DeadlineExceededError("no completion");
-    return done[0].status;
-  };
+  auto queue_round_trip = [&] { return QueueRoundTrip(**q, s->region, n++, spin, done); };
   for (absl::Status st :
        {Measure("getstatus", iters, [&] { return s->client->GetStatus().status(); }),
         Measure("local", iters, write_wait(here->descriptor(), false)),
