@@ -15,4 +15,4 @@ test_env=()
 for arg in "$@"; do
   case $arg in --test_env=*=*) test_env+=("${arg#--test_env=}") ;; esac
 done
-env "${test_env[@]}" FERRYD="$PWD/bazel-bin/agent/main/ferryd" .venv/bin/python -m pytest -q -p no:cacheprovider client/python/tests
+env "${test_env[@]}" FERRYD="$PWD/bazel-bin/agent/main/ferryd" .venv/bin/python -m pytest -q -p no:cacheprovider --ignore=client/python/tests/vllm client/python/tests

@@ -2,7 +2,8 @@
 # Runs every test: `bazel test //...`, then the Python client's pytest suite
 # (tools/pytest.sh) against the same ferryd build, then the deployment checks
 # (tools/deploy_check.sh: helm lint, manifests validated against the Kubernetes API), then,
-# without extra arguments, clang's thread-safety analysis and the demo. Extra arguments go to Bazel, e.g.
+# without extra arguments, clang's thread-safety analysis, the formatting check, vLLM's
+# connector tests (tools/vllm_test.sh) and the demo. Extra arguments go to Bazel, e.g.
 #   tools/test.sh --config=asan
 # Prints the logs of failing tests and ends with the line "N passed, N failed".
 set -uo pipefail
@@ -55,6 +56,8 @@ extra_target //deploy:k8s_check bash tools/deploy_check.sh
 if [ "$#" -eq 0 ]; then
   extra_target //tools:check_thread_safety bash tools/check_thread_safety.sh
   extra_target //tools:check_format bash tools/check_format.sh
+  # FerryConnector with the real vLLM (its cached venv is made on first use, ~6 minutes).
+  extra_target //client/python:vllm_test bash tools/vllm_test.sh
   extra_target //tests/demo:demo_test bash tests/demo/demo_test.sh
 fi
 

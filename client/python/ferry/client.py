@@ -317,6 +317,30 @@ class Client:
         return self.register_cuda_ptr(tensor.data_ptr(), tensor.numel() * tensor.element_size(),
                                       tensor.device.index if tensor.device.index is not None else 0)
 
+    def register_tensor(self, tensor) -> Region:
+        """Registers a contiguous PyTorch tensor's memory: a CUDA tensor as register_cuda
+        does; a CPU tensor only if made by ferry.host.empty (an agent maps host memory
+        through a file descriptor, which PyTorch's CPU allocator has not)."""
+        if tensor.is_cuda:
+            return self.register_cuda(tensor)
+        if not tensor.is_contiguous():
+            raise errors.InvalidArgument("register_tensor needs a contiguous tensor")
+        from . import host
+
+        ptr, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+        buf = host.find_buffer(ptr)
+        if buf is None or ptr + size > buf.ptr + buf.size:
+            raise errors.InvalidArgument(
+                "this CPU tensor's memory cannot be shared with the agent: allocate it with ferry.host.empty()")
+        offset = ptr - buf.ptr
+        page = offset // mmap.PAGESIZE * mmap.PAGESIZE
+        if page != offset:
+            raise errors.InvalidArgument(f"the tensor starts {offset} bytes into its ferry.host buffer; "
+                                         f"register a view that starts on a page ({mmap.PAGESIZE} bytes)")
+        handle = self._session.send_fd(buf.fd)
+        return Region(self, self._call("RegisterMemory", ferry_pb2.RegisterMemoryRequest(
+            size=size, host=ferry_pb2.HostMemory(fd_handle=handle, offset=offset))))
+
     def register_cuda_ptr(self, ptr: int, size: int, device: int) -> Region:
         """Registers ``size`` bytes of device memory at ``ptr`` on CUDA device ``device``."""
         from . import cuda

@@ -38,7 +38,10 @@ from . import errors
 from .client import Client, Region, TransferFuture
 
 _MAGIC = b"FYKV"
-_HELLO, _PULL = 1, 2
+_HELLO, _PULL, _CANCEL = 1, 2, 3
+# Message tags, producer -> consumer: the request needed no write / the producer refused
+# its pull / the producer dropped it on the consumer's cancel. Its write carries _DONE too.
+_DONE, _REFUSED, _DROPPED = 1, 2, 3
 _MAX_PAYLOAD = 4096
 
 
@@ -183,6 +186,8 @@ class KVProducer:
                 self._on_hello(body)
             elif kind == _PULL:
                 self._on_pull(body, progress)
+            elif kind == _CANCEL:
+                self._on_cancel(body, progress)
             else:
                 raise ValueError(f"unknown message kind {kind}")
         except (ValueError, struct.error, UnicodeDecodeError, IndexError) as e:
@@ -213,7 +218,8 @@ class KVProducer:
         consumer, at = _unpack_str(body, 0)
         rid, at = _unpack_str(body, at)
         (skip,) = struct.unpack_from("<I", body, at)
-        dst_ids, _ = _unpack_ids(body, at + 4)
+        dst_ids, at = _unpack_ids(body, at + 4)
+        reply, _ = _unpack_str(body, at)  # the consumer's own id for the request
         held = self._held.get(rid)
         descriptors = self._consumers.get(consumer)
         why = None
@@ -234,12 +240,12 @@ class KVProducer:
                 del self._held[rid]
                 progress.failed[rid] = why
             if descriptors is not None and all(d is not None for d in descriptors):
-                self._client.send_message(descriptors[0], f"{rid}\n{why}".encode()[:_MAX_PAYLOAD], tag=2)
+                self._client.send_message(descriptors[0], f"{reply}\n{why}".encode()[:_MAX_PAYLOAD], tag=_REFUSED)
             return
         if not dst_ids:  # the consumer had every block already
             del self._held[rid]
             progress.done.add(rid)
-            self._client.send_message(descriptors[0], rid.encode(), tag=1)
+            self._client.send_message(descriptors[0], reply.encode(), tag=_DONE)
             return
         src_ids = held.src_ids[skip:]
         half = self._spec.num_blocks * self._spec.block_bytes
@@ -247,7 +253,21 @@ class KVProducer:
         parts = [(self._layers[layer], descriptors[layer], h * half, h * dst_half)
                  for layer in range(len(self._layers)) for h in range(self._spec.halves)]
         held.future = self._client.write_batch(parts, self._spec.block_bytes, src_ids, dst_ids, notify=True,
-                                               tag=1, notify_payload=rid.encode())
+                                               tag=_DONE, notify_payload=reply.encode())
+
+    def _on_cancel(self, body: bytes, progress: Progress) -> None:
+        consumer, at = _unpack_str(body, 0)
+        rid, at = _unpack_str(body, at)
+        reply, _ = _unpack_str(body, at)
+        held = self._held.get(rid)
+        if held is not None and held.future is not None:
+            return  # being written: the write's own notification answers the consumer
+        if held is not None:
+            del self._held[rid]
+            progress.failed[rid] = "the consumer cancelled the request"
+        descriptors = self._consumers.get(consumer)
+        if descriptors and descriptors[0] is not None:
+            self._client.send_message(descriptors[0], reply.encode(), tag=_DROPPED)
 
     def close(self) -> None:
         self._inbox.close()
@@ -265,18 +285,22 @@ class KVConsumer:
         self._descriptors = [r.descriptor() for r in layers]
         self._introduced: set = set()
         self._waiting: Dict[str, float] = {}  # request id -> deadline
+        self._cancelled: set = set()
         self._inbox = _Inbox(client)
 
-    def pull(self, request_id: str, producer_mailbox: bytes, dst_block_ids: Sequence[int], skip: int = 0) -> None:
+    def pull(self, request_id: str, producer_mailbox: bytes, dst_block_ids: Sequence[int], skip: int = 0,
+             producer_request_id: Optional[str] = None) -> None:
         """Asks the producer behind ``producer_mailbox`` to write its request's blocks,
-        after the first ``skip`` (already cached here), into ``dst_block_ids``."""
+        after the first ``skip`` (already cached here), into ``dst_block_ids``. The
+        producer knows the request as ``producer_request_id`` (default: the same id)."""
         bad = [i for i in dst_block_ids if not 0 <= i < self._spec.num_blocks]
         if bad:
             raise ValueError(f"block id {bad[0]} is outside 0..{self._spec.num_blocks - 1}")
         if producer_mailbox not in self._introduced:
             self._hello(producer_mailbox)
             self._introduced.add(producer_mailbox)
-        body = _pack_str(self.engine_id) + _pack_str(request_id) + struct.pack("<I", skip) + _pack_ids(dst_block_ids)
+        body = (_pack_str(self.engine_id) + _pack_str(producer_request_id or request_id) + struct.pack("<I", skip) +
+                _pack_ids(dst_block_ids) + _pack_str(request_id))
         self._waiting[request_id] = time.monotonic() + self._timeout
         self._client.send_message(producer_mailbox, _message(_PULL, body))
 
@@ -295,31 +319,49 @@ class KVConsumer:
             self._client.send_message(mailbox, _message(_HELLO, body))
             first += count
 
+    def cancel(self, request_id: str, producer_mailbox: bytes, producer_request_id: Optional[str] = None) -> bool:
+        """Tells the producer to drop ``request_id``. Returns True when nothing can be
+        written into its blocks any more; False when a pull is out: poll() then reports the
+        request (done or failed) once the producer's write or its answer arrives, and only
+        then may the blocks be reused."""
+        if request_id in self._waiting:
+            self._cancelled.add(request_id)
+        if producer_mailbox not in self._introduced:
+            self._hello(producer_mailbox)
+            self._introduced.add(producer_mailbox)
+        body = _pack_str(self.engine_id) + _pack_str(producer_request_id or request_id) + _pack_str(request_id)
+        self._client.send_message(producer_mailbox, _message(_CANCEL, body))
+        return request_id not in self._waiting
+
     def poll(self) -> Progress:
         """Requests whose blocks have all landed (done), or failed (the producer's error,
-        a failed write, or nothing heard before the timeout)."""
+        a failed write, a cancel, or nothing heard before the timeout)."""
         progress = Progress()
         for n in self._inbox.drain():
-            if n.kind == "write" and n.tag == 1:
-                rid = n.payload.decode(errors="replace")
-                if self._waiting.pop(rid, None) is not None:
-                    if n.ok:
-                        progress.done.add(rid)
-                    else:
-                        progress.failed[rid] = f"the producer's write failed: {n.message}"
-            elif n.kind == "message" and n.tag == 1:  # nothing to write: every block was cached
-                rid = n.payload.decode(errors="replace")
-                if self._waiting.pop(rid, None) is not None:
-                    progress.done.add(rid)
-            elif n.kind == "message" and n.tag == 2:
-                rid, _, why = n.payload.decode(errors="replace").partition("\n")
-                if self._waiting.pop(rid, None) is not None:
-                    progress.failed[rid] = f"the producer refused: {why}"
+            rid, _, why = n.payload.decode(errors="replace").partition("\n")
+            if rid not in self._waiting or not (n.kind == "write" or n.kind == "message"):
+                continue
+            del self._waiting[rid]
+            if n.kind == "write" and n.tag == _DONE and n.ok:
+                progress.done.add(rid)
+            elif n.kind == "write":
+                progress.failed[rid] = f"the producer's write failed: {n.message}"
+            elif n.tag == _DONE:  # nothing to write: every block was cached
+                progress.done.add(rid)
+            elif n.tag == _REFUSED:
+                progress.failed[rid] = f"the producer refused: {why}"
+            else:
+                progress.failed[rid] = "cancelled"
         now = time.monotonic()
         for rid, deadline in list(self._waiting.items()):
             if now > deadline:
                 del self._waiting[rid]
                 progress.failed[rid] = f"nothing heard from the producer in {self._timeout} s"
+        for rid in list(progress.done):
+            if rid in self._cancelled:  # landed after all, but nobody wants it
+                progress.done.discard(rid)
+                progress.failed[rid] = "cancelled"
+        self._cancelled -= progress.done | set(progress.failed)
         return progress
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 class Agent:
-    def __init__(self, *flags: str, dir: str = ""):
+    def __init__(self, *flags: str, dir: str = "", wrap=()):
         binary = os.environ.get("FERRYD", str(REPO / "bazel-bin/agent/main/ferryd"))
         self.killed = False
         self.dir = dir or tempfile.mkdtemp(prefix="fy.py.", dir="/tmp")  # unix socket paths are short
@@ -22,7 +22,7 @@ class Agent:
         if os.path.exists(ready):
             os.unlink(ready)
         self.log = open(f"{self.dir}/ferryd.log", "wb")
-        self.proc = subprocess.Popen([binary, f"--socket={self.socket}", "--metrics_address=127.0.0.1:0",
+        self.proc = subprocess.Popen([*wrap, binary, f"--socket={self.socket}", "--metrics_address=127.0.0.1:0",
                                       f"--ready_file={ready}", *flags], stderr=self.log)
         deadline = time.monotonic() + 20
         while not os.path.exists(ready):
@@ -70,8 +70,8 @@ def fabric_agents(agent_factory):
 def agent_factory():
     started = []
 
-    def start(*flags, dir=""):
-        started.append(Agent(*flags, dir=dir))
+    def start(*flags, dir="", wrap=()):
+        started.append(Agent(*flags, dir=dir, wrap=wrap))
         return started[-1]
 
     yield start

@@ -116,6 +116,29 @@ def test_a_lease_expires_and_a_consumer_times_out(pair):
     assert "nothing heard" in c.failed["never-answered"]
 
 
+def test_cancel_before_and_after_the_write_and_ids_that_differ_per_side(pair):
+    producer, consumer, players, clayers, pspec, cspec = pair
+    # Not pulled yet: the producer lets the blocks go at once, nothing to wait for.
+    producer.hold("p-1", [1, 2])
+    assert consumer.cancel("d-1", producer.mailbox, producer_request_id="p-1")
+    (p,) = until(producer)
+    assert "cancelled" in p.failed["p-1"]
+    # Pulled under the consumer's own id, then cancelled: the consumer hears the outcome
+    # (here the write had started or the drop) under its id, reported as cancelled.
+    producer.hold("p-2", [3, 4])
+    consumer.pull("d-2", producer.mailbox, [5, 6], producer_request_id="p-2")
+    assert not consumer.cancel("d-2", producer.mailbox, producer_request_id="p-2")
+    p, c = until(producer, consumer)
+    assert c.failed == {"d-2": "cancelled"} and not c.done
+    assert p.done == {"p-2"} or "cancelled" in p.failed["p-2"]
+    # A pull under other ids lands where asked and is reported under the consumer's id.
+    producer.hold("p-3", [7])
+    consumer.pull("d-3", producer.mailbox, [8], producer_request_id="p-3")
+    p, c = until(producer, consumer)
+    assert (p.done, c.done) == ({"p-3"}, {"d-3"})
+    assert block(clayers[0], cspec, 0, 8) == block(players[0], pspec, 0, 7)
+
+
 def test_a_consumer_with_other_block_sizes_is_refused(fabric_agents):
     a, b = fabric_agents
     with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb:

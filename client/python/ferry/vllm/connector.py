@@ -1,0 +1,133 @@
+"""FerryConnector: vLLM's KVConnectorBase_V1 over ferry (the only module that imports vLLM).
+
+The scheduler side (FerryScheduler) and the worker side (FerryWorker) hold the logic;
+this class only adapts vLLM's calls to them. Configuration, in
+``kv_connector_extra_config``:
+
+    socket      the node agent's socket             (default /run/ferry/ferry.sock)
+    lease_s     producer: how long held blocks wait for their consumer (default 30)
+    timeout_s   consumer: how long a request waits for its KV before failing (default 30)
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorHandshakeMetadata,
+                                                               KVConnectorMetadata, KVConnectorRole,
+                                                               KVConnectorTransferResults)
+
+from .params import Layout
+from .scheduler import FerryScheduler, StepPlan
+from .worker import FerryWorker
+
+
+class FerryConnectorMetadata(KVConnectorMetadata):
+    def __init__(self, plan: StepPlan):
+        self.plan = plan
+
+
+@dataclasses.dataclass
+class FerryHandshakeMetadata(KVConnectorHandshakeMetadata):
+    mailbox: Optional[bytes]
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank()
+    except (AssertionError, ImportError):  # no distributed state: one process, rank 0
+        return 0
+
+
+def _layout(vllm_config, kv_cache_config) -> Layout:
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise ValueError(f"FerryConnector moves one KV cache group; this model has {len(groups)}")
+    spec = groups[0].kv_cache_spec
+    dtype = str(spec.dtype).replace("torch.", "")
+    return Layout(dtype=dtype, num_layers=len(groups[0].layer_names), num_kv_heads=getattr(spec, "num_kv_heads", 1),
+                  head_size=spec.head_size, block_size=spec.block_size)
+
+
+class FerryConnector(KVConnectorBase_V1):
+
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        cfg = vllm_config.kv_transfer_config
+        extra = cfg.kv_connector_extra_config or {}
+        engine_id = cfg.engine_id or "ferry"
+        self._scheduler: Optional[FerryScheduler] = None
+        self._worker: Optional[FerryWorker] = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = FerryScheduler(engine_id, _layout(vllm_config, kv_cache_config),
+                                             vllm_config.parallel_config.tensor_parallel_size, cfg.is_kv_producer,
+                                             cfg.is_kv_consumer)
+        else:
+            self._worker = FerryWorker(extra.get("socket", "/run/ferry/ferry.sock"), engine_id, _tp_rank(),
+                                       producer=cfg.is_kv_producer, consumer=cfg.is_kv_consumer,
+                                       lease=float(extra.get("lease_s", 30)), timeout=float(extra.get("timeout_s", 30)))
+
+    # ------------------------------------------------------------ scheduler side
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        return FerryConnectorMetadata(self._scheduler.build_plan())
+
+    def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self._scheduler.request_finished(request, block_ids)
+
+    def update_connector_output(self, connector_output) -> None:
+        self._scheduler.update_connector_output(connector_output.finished_sending, connector_output.finished_recving)
+
+    def has_pending_push_work(self) -> bool:
+        return self._scheduler.has_pending_work()
+
+    def set_xfer_handshake_metadata(self, metadata) -> None:
+        self._scheduler.set_mailboxes({rank: m.mailbox for rank, m in metadata.items() if m.mailbox is not None})
+
+    # ------------------------------------------------------------ worker side
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        self._worker.register_kv_caches(kv_caches)
+
+    def get_handshake_metadata(self) -> Optional[KVConnectorHandshakeMetadata]:
+        return FerryHandshakeMetadata(self._worker.mailbox) if self._worker.mailbox is not None else None
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        # Loads run asynchronously (the producer writes); sending is answering pulls.
+        self._worker.apply(self._get_connector_metadata().plan)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+        return None  # the producer's blocks are written whole, after the request's prefill
+
+    def wait_for_save(self):
+        return None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        r = self._worker.results()
+        self._invalid = r.invalid_block_ids
+        return KVConnectorTransferResults(finished_sending=r.finished_sending, finished_recving=r.finished_recving,
+                                          failed_recving=r.failed_recving)
+
+    def get_finished(self, finished_req_ids: set[str]):
+        r = self.get_transfer_results(finished_req_ids)
+        return r.finished_sending or None, r.finished_recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        invalid, self._invalid = getattr(self, "_invalid", set()), set()
+        return invalid
+
+    def shutdown(self):
+        if self._worker is not None:
+            self._worker.close()

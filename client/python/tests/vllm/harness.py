@@ -1,0 +1,125 @@
+"""Two real vLLM engines' KV side, stepped by hand: each a real vLLM Scheduler (built from
+a VllmConfig over the config.json in model/, no weights or tokenizer) whose connector is
+FerryConnector, and a FerryConnector worker with host-memory KV caches (ferry.host.empty)
+registered with a real ferryd. A step does what vLLM's engine core and model runner do
+around a forward pass (schedule; bind metadata, start_load_kv, wait_for_save,
+get_transfer_results, get_block_ids_with_load_errors; update_from_output); the forward
+pass itself is played by writing nothing: the producer's cache is filled with random
+bytes up front, and a request's blocks are its prefill's output."""
+import os
+import pathlib
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from vllm import SamplingParams  # noqa: E402
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig,  # noqa: E402
+                         VllmConfig)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+
+import ferry.host  # noqa: E402
+from ferry.vllm import FerryConnector  # noqa: E402
+
+MODEL = str(pathlib.Path(__file__).parent / "model")
+LAYERS, KV_HEADS, HEAD = 4, 2, 64  # model/config.json: 4 layers, 2 KV heads, hidden 256 / 4 heads
+BLOCK_TOKENS = 16
+init_none_hash(sha256)
+
+
+class Engine:
+    """One vLLM instance's scheduler and its (single, TP=1) worker's connector."""
+
+    def __init__(self, role: str, socket: str, engine_id: str, num_blocks: int = 64, policy: str = "fail",
+                 **extra):
+        self.engine_id = engine_id
+        cache = CacheConfig(block_size=BLOCK_TOKENS, enable_prefix_caching=True)
+        cache.num_gpu_blocks = num_blocks
+        self.config = VllmConfig(
+            model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=2048),
+            scheduler_config=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=2048,
+                                             is_encoder_decoder=False),
+            cache_config=cache, device_config=DeviceConfig("cpu"),
+            kv_transfer_config=KVTransferConfig(kv_connector="FerryConnector", kv_connector_module_path="ferry.vllm",
+                                                kv_role=role, engine_id=engine_id, kv_load_failure_policy=policy,
+                                                kv_connector_extra_config={"socket": socket, **extra}))
+        names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+        self.kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
+            KVCacheGroupSpec(names, FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=KV_HEADS,
+                                                      head_size=HEAD, dtype=torch.bfloat16))])
+        self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=self.kv_cache_config,
+                                   structured_output_manager=_structured(self.config), block_size=BLOCK_TOKENS,
+                                   log_stats=False)
+        assert isinstance(self.scheduler.connector, FerryConnector)
+        # What the model runner does at start-up: allocate the caches, register them,
+        # and hand every worker's handshake metadata to the scheduler's connector.
+        self.caches = {n: ferry.host.empty((2, num_blocks, BLOCK_TOKENS, KV_HEADS, HEAD), torch.bfloat16)
+                       for n in names}
+        self.worker = FerryConnector(self.config, KVConnectorRole.WORKER, self.kv_cache_config)
+        self.worker.register_kv_caches(self.caches)
+        meta = self.worker.get_handshake_metadata()
+        if meta is not None:
+            self.scheduler.connector.set_xfer_handshake_metadata({0: meta})
+        self.outputs = {}  # request id -> EngineCoreOutput (the last one)
+        self.load_errors = set()
+
+    def add(self, rid: str, prompt, max_tokens: int, params=None) -> Request:
+        r = Request(request_id=rid, prompt_token_ids=list(prompt), sampling_params=SamplingParams(
+            max_tokens=max_tokens, ignore_eos=True), pooling_params=None,
+                    block_hasher=get_request_block_hasher(BLOCK_TOKENS, sha256))
+        r.kv_transfer_params = params
+        self.scheduler.add_request(r)
+        return r
+
+    def step(self) -> None:
+        out = self.scheduler.schedule()
+        w = self.worker
+        w.bind_connector_metadata(out.kv_connector_metadata)
+        w.start_load_kv(None)
+        w.wait_for_save()
+        results = w.get_transfer_results(out.finished_req_ids)
+        invalid = w.get_block_ids_with_load_errors()
+        w.clear_connector_metadata()
+        self.load_errors |= invalid
+        ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            r = self.scheduler.requests[rid]
+            sampled.append([7] if r.num_computed_tokens >= r.num_tokens else [])
+        kv_out = KVConnectorOutput(finished_sending=results.finished_sending or None,
+                                   finished_recving=results.finished_recving or None,
+                                   failed_recving=results.failed_recving, invalid_block_ids=invalid)
+        eco = self.scheduler.update_from_output(out, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled,
+            kv_connector_output=kv_out))
+        for outs in eco.values():
+            for o in outs.outputs:
+                self.outputs[o.request_id] = o
+
+    def abort(self, rid: str) -> None:
+        self.scheduler.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+
+    def blocks(self, rid: str):
+        return list(self.scheduler.kv_cache_manager.get_block_ids(rid)[0])
+
+    def block_bytes(self, block_id: int):
+        """Every layer's K and V of one block."""
+        return [t[h, block_id].contiguous().view(torch.uint8).numpy().tobytes() for t in self.caches.values()
+                for h in (0, 1)]
+
+    def free_blocks(self) -> int:
+        return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def close(self) -> None:
+        self.worker.shutdown()
+
+
+def _structured(config):
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    return StructuredOutputManager(config)

@@ -1,0 +1,242 @@
+"""FerryConnector driven by two real vLLM schedulers (producer and consumer), moving real
+bytes between two real ferryd agents (tcp;ofi_rxm between two network namespaces, conftest.py). Each
+case checks the consumer's blocks byte for byte against the producer's and that both
+engines end with every block free again."""
+import random
+import time
+
+import pytest
+
+from harness import Engine
+
+PROMPT = 40  # tokens: 3 blocks of 16, the last partial
+FREE = 63  # an idle engine's free blocks: 64 less vLLM's null block
+
+
+def fill(engine, seed):
+    g = __import__("torch").Generator().manual_seed(seed)
+    for t in engine.caches.values():
+        t.view(-1).copy_(__import__("torch").randn(t.numel(), generator=g).to(t.dtype))
+
+
+@pytest.fixture
+def pd(node_agents):
+    a, b = node_agents
+    engines = []
+
+    def make(role, agent, engine_id, **extra):
+        engines.append(Engine(role, agent.socket, engine_id, **extra))
+        return engines[-1]
+
+    def pair(p_extra=None, d_extra=None):
+        p = make("kv_producer", a, "prefill-0", **(p_extra or {}))
+        d = make("kv_consumer", b, "decode-0", **(d_extra or {}))
+        fill(p, 1)
+        fill(d, 2)
+        return p, d
+
+    yield pair
+    for e in engines:
+        e.close()
+
+
+def run(*engines, until, seconds=15.0):
+    """Steps every engine until ``until()`` holds; fails after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not until():
+        assert time.monotonic() < deadline, "timed out"
+        for e in engines:
+            e.step()
+        time.sleep(0.002)
+
+
+def prefill(p, rid, prompt):
+    """The proxy's first leg: the producer prefills with max_tokens=1 and hands out params."""
+    p.add(rid, prompt, 1, {"do_remote_decode": True})
+    run(p, until=lambda: rid in p.outputs and p.outputs[rid].finished)
+    params = p.outputs[rid].kv_transfer_params
+    assert params and params["do_remote_prefill"], params
+    return params
+
+
+def test_one_request_moves_every_layer_byte_for_byte(pd):
+    p, d = pd()
+    prompt = [random.Random(3).randrange(1000) for _ in range(PROMPT)]
+    params = prefill(p, "p-1", prompt)
+    src = params["remote_block_ids"]
+    assert len(src) == 3 and p.free_blocks() == FREE - 3  # held for the consumer
+    d.add("d-1", prompt, 3, params)
+    seen = {}
+
+    def landed():
+        r = d.scheduler.requests.get("d-1")
+        if r is not None and "dst" not in seen and d.blocks("d-1"):
+            seen["dst"] = d.blocks("d-1")
+        return "d-1" in d.outputs and d.outputs["d-1"].finished
+    run(p, d, until=landed)
+    for s, t in zip(src, seen["dst"]):
+        assert d.block_bytes(t) == p.block_bytes(s)
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
+
+
+def handoff(p, d, rid, prompt, params, max_tokens=2):
+    """The proxy's second leg: the consumer takes the producer's params; returns the
+    consumer's blocks for the request as allocated (read while it runs)."""
+    d.add(rid, prompt, max_tokens, params)
+    seen = []
+
+    def finished():
+        if not seen and rid in d.scheduler.requests and d.blocks(rid):
+            seen.extend(d.blocks(rid))
+        return rid in d.outputs and d.outputs[rid].finished
+    run(p, d, until=finished)
+    return seen
+
+
+def test_eight_concurrent_requests(pd):
+    p, d = pd()
+    rng = random.Random(4)
+    prompts = {f"r{i}": [rng.randrange(1000) for _ in range(rng.randint(17, 120))] for i in range(8)}
+    for rid, prompt in prompts.items():
+        p.add(rid, prompt, 1, {"do_remote_decode": True})
+    run(p, until=lambda: all(r in p.outputs and p.outputs[r].finished for r in prompts))
+    for rid, prompt in prompts.items():
+        d.add("d" + rid, prompt, 2, p.outputs[rid].kv_transfer_params)
+    dst = {}
+
+    def all_finished():
+        for rid in prompts:
+            if "d" + rid in d.scheduler.requests and rid not in dst and d.blocks("d" + rid):
+                dst[rid] = d.blocks("d" + rid)
+        return all("d" + r in d.outputs and d.outputs["d" + r].finished for r in prompts)
+    run(p, d, until=all_finished)
+    for rid in prompts:
+        src = p.outputs[rid].kv_transfer_params["remote_block_ids"]
+        assert len(dst[rid]) >= len(src)
+        for s, t in zip(src, dst[rid]):
+            assert d.block_bytes(t) == p.block_bytes(s), rid
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
+    assert not d.load_errors
+
+
+def test_partial_prefix_hit_moves_only_the_missing_blocks(pd):
+    p, d = pd()
+    rng = random.Random(5)
+    first = [rng.randrange(1000) for _ in range(PROMPT)]
+    handoff(p, d, "d-a", first, prefill(p, "p-a", first))
+    # A second prompt sharing the first two blocks: the consumer has them cached. Mark
+    # them, so a write into them would show.
+    second = first[:32] + [rng.randrange(1000) for _ in range(20)]
+    params = prefill(p, "p-b", second)
+    cached = d.scheduler.kv_cache_manager.get_computed_blocks(d.add("probe", second, 1))[0].get_block_ids()[0]
+    d.abort("probe")
+    assert len(cached) == 2
+    for b in cached:
+        for t in d.caches.values():
+            t[:, b].fill_(3.0)
+    marked = [d.block_bytes(b) for b in cached]
+    dst = handoff(p, d, "d-b", second, params)
+    assert dst[:2] == cached
+    assert [d.block_bytes(b) for b in cached] == marked  # not written
+    src = params["remote_block_ids"]
+    for s, t in zip(src[2:], dst[2:]):
+        assert d.block_bytes(t) == p.block_bytes(s)
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
+
+
+def test_abort_on_the_consumer_before_and_after_its_pull_frees_both_sides(pd):
+    p, d = pd(p_extra={"lease_s": 60})
+    prompt = list(range(PROMPT))
+    # Before: aborted before it was ever scheduled; the producer hears of it at once
+    # (not after its 60 s lease).
+    params = prefill(p, "p-1", prompt)
+    d.add("d-1", prompt, 2, params)
+    d.abort("d-1")
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE, seconds=5)
+    # After: one step sends the pull, then the abort; whatever landed, both let go.
+    params = prefill(p, "p-2", [x + 1 for x in prompt])
+    d.add("d-2", [x + 1 for x in prompt], 2, params)
+    d.step()
+    assert d.free_blocks() < FREE
+    d.abort("d-2")
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE, seconds=5)
+
+
+def test_lease_expiry_frees_the_producer_when_no_consumer_comes(pd):
+    p, _ = pd(p_extra={"lease_s": 1})
+    prefill(p, "p-1", list(range(PROMPT)))
+    assert p.free_blocks() == FREE - 3
+    t0 = time.monotonic()
+    run(p, until=lambda: p.free_blocks() == FREE, seconds=5)
+    assert time.monotonic() - t0 >= 0.5
+
+
+def test_a_producer_that_never_answers_fails_the_load_and_vllm_recomputes(pd, caplog):
+    p, d = pd(d_extra={"timeout_s": 1, "policy": "recompute"})
+    prompt = list(range(PROMPT))
+    params = prefill(p, "p-1", prompt)
+    # The producer's worker is gone (its pod died): its mailbox no longer exists.
+    p.close()
+    before = [d.block_bytes(b) for b in range(64)]
+    t0 = time.monotonic()
+    handoff(d, d, "d-1", prompt, params)
+    assert time.monotonic() - t0 < 5
+    assert d.load_errors  # reported through get_block_ids_with_load_errors
+    assert "did not receive its KV" in caplog.text
+    assert [d.block_bytes(b) for b in range(64)] == before  # nothing written
+    assert d.outputs["d-1"].finish_reason.name == "LENGTH"  # recomputed here
+
+
+def test_the_producers_agent_killed_mid_transfer_fails_only_that_request(pd, node_agents):
+    p, d = pd(d_extra={"timeout_s": 2})
+    prompt = list(range(PROMPT))
+    params = prefill(p, "p-1", prompt)
+    d.add("d-1", prompt, 2, params)
+    d.step()  # the pull is out
+    node_agents[0].kill()
+    t0 = time.monotonic()
+    run(d, until=lambda: "d-1" in d.outputs and d.outputs["d-1"].finished, seconds=10)
+    assert time.monotonic() - t0 < 5
+    assert d.outputs["d-1"].finish_reason.name == "ERROR"
+    # The consumer goes on serving: a request of its own runs to the end.
+    d.add("local", list(range(20)), 2)
+    run(d, until=lambda: "local" in d.outputs and d.outputs["local"].finished)
+    run(d, until=lambda: d.free_blocks() == FREE)
+
+
+@pytest.mark.parametrize("params, why", [
+    ({"do_remote_prefill": True}, "lack 'ferry_layout'"),
+    # NixlConnector's params: foreign to ferry.
+    ({"do_remote_prefill": True, "remote_engine_id": "x", "remote_block_ids": [1, 2, 3], "remote_host": "10.0.0.1",
+      "remote_port": 5600, "tp_size": 1}, "are they from a FerryConnector producer"),
+    ({"ferry_mailboxes": ["zz"]}, "ferry_mailboxes[0] is not a ferry region descriptor"),
+    ({"ferry_mailboxes": ["00" * 40]}, "ferry_mailboxes[0] is not a ferry region descriptor"),
+    ({"remote_block_ids": [1, 2, 3, 4]}, "the producer holds 4 blocks; a 40-token prompt fills 3"),
+    ({"remote_block_ids": [1, -2, 3]}, "remote_block_ids must be non-negative integers"),
+    ({"tp_size": "1"}, "kv_transfer_params['tp_size'] is str, not int"),
+])
+def test_garbage_and_foreign_params_fail_the_load_and_write_nothing(pd, caplog, params, why):
+    p, d = pd()
+    good = prefill(p, "p-1", list(range(PROMPT)))
+    bad = params if "remote_host" in params or len(params) == 1 and "do_remote_prefill" in params else \
+        dict(good, **params)
+    before = [d.block_bytes(b) for b in range(64)]
+    d.add("d-bad", list(range(PROMPT)), 2, bad)
+    run(d, until=lambda: "d-bad" in d.outputs and d.outputs["d-bad"].finished)
+    assert why in caplog.text
+    assert d.outputs["d-bad"].finish_reason.name == "ERROR"  # vLLM's default kv_load_failure_policy: fail
+    assert [d.block_bytes(b) for b in range(64)] == before
+
+
+def test_mismatched_layout_and_tp_size_are_refused_naming_both_sides(pd, caplog):
+    p, d = pd()
+    prompt = list(range(PROMPT))
+    params = prefill(p, "p-1", prompt)
+    for key, value, why in (("tp_size", 2, "tensor-parallel size 2, this consumer 1"),
+                            ("ferry_layout", "float16 L4 H2x64 B16", "'float16 L4 H2x64 B16', this consumer's is")):
+        bad = dict(params, **{key: value})
+        rid = f"d-{key}"
+        d.add(rid, prompt, 2, bad)
+        run(p, d, until=lambda: rid in d.outputs and d.outputs[rid].finished)
+        assert why in caplog.text
+    run(p, d, until=lambda: d.free_blocks() == FREE)
