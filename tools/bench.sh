@@ -8,6 +8,8 @@
 #   tools/bench.sh gpu [--bundle=DIR]       GPU paths vs cuMemcpyAsync (and NCCL with two GPUs) on a GPU host
 #   tools/bench.sh control [--iters=N] [--cpus_a=LIST --cpus_b=LIST]
 #                                           the local API's round trips vs a bare gRPC echo and raw fi_write
+#   tools/bench.sh kv [--tokens=T,T..] [--rounds=R] [--cpus_a=LIST --cpus_b=LIST]
+#                                           one request's KV handoff through FerryConnector vs raw fi_write
 #
 # Pinning: initiator side (agent A, the bench client, the raw initiator) on --cpus_a,
 # target side (agent B, the raw target) on --cpus_b (taskset lists; default CPU 0 and
@@ -45,7 +47,8 @@ case $mode in
   cross-node) ;;
   gpu) exec bash tools/bench/gpu.sh "$@" ;;
   control) exec bash tools/bench/control.sh "$@" ;;
-  *) echo "usage: tools/bench.sh cross-node [--count=N] [--rounds=R] [--row_mib=M] [--sizes=B,B..] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR] [--ferryd_flags=..] [--queue_flags=..] | gpu [--bundle=DIR] | control [--iters=N]" >&2
+  kv) exec bash tools/bench/kv.sh "$@" ;;
+  *) echo "usage: tools/bench.sh cross-node [--count=N] [--rounds=R] [--row_mib=M] [--sizes=B,B..] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR] [--ferryd_flags=..] [--queue_flags=..] | gpu [--bundle=DIR] | control [--iters=N] | kv [--tokens=T,T..]" >&2
      exit 2 ;;
 esac
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""ferry.kv_handoff on a GPU host: CUDA KV tensors in vLLM's layout, one per layer
+"""FerryConnector's worker core (ferry.vllm.worker, no vLLM import) on a GPU host: CUDA KV
+tensors in vLLM's layout, one per layer
 ([2, num_blocks, block_size, num_kv_heads, head_dim], bf16, from PyTorch's caching
 allocator: registered through legacy IPC handles), handed from a producer process to a
 consumer process — through one agent (node-local GPU copies), then through two agents
@@ -8,11 +9,11 @@ consumer process — through one agent (node-local GPU copies), then through two
     python3 tests/gpu/kv_handoff_gpu.py --bin=.gpu-bundle/bin     # prints one line per case, "PASS"/"FAIL"
 
 The agents come from a bundle (tests/gpu/bundle.sh); the Python client from PYTHONPATH.
-Request sequences: 4 requests per case of random lengths, the last with a prefix hit.
+Request sequences: those FerryConnector's schedulers planned in the CPU run with vLLM
+(vllm_requests.json; 8 concurrent requests, and a partial prefix hit).
 """
 import argparse
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -29,18 +30,17 @@ def cache(torch, device, seed):
 
 
 def requests(seed):
-    """(request id, producer block ids, consumer block ids, skip) for one case."""
-    rng = random.Random(seed)
-    free_p, free_c = list(range(BLOCKS)), list(range(BLOCKS))
-    rng.shuffle(free_p)
-    rng.shuffle(free_c)
+    """(request id, producer block ids, consumer block ids, skip): the requests FerryConnector's
+    schedulers planned in the CPU run with vLLM (vllm_requests.json, recorded by
+    client/python/tests/vllm with FERRY_RECORD_REQUESTS), the producer's ids shifted by
+    ``seed`` so the two cases move different blocks."""
+    import json
+
+    recorded = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_requests.json")))
     out = []
-    for r in range(4):
-        n = rng.randint(8, 40)
-        src = [free_p.pop() for _ in range(n)]
-        skip = 3 if r == 3 else 0
-        dst = [free_c.pop() for _ in range(n - skip)]
-        out.append((f"{seed}-{r}", src, dst, skip))
+    for test, reqs in sorted(recorded.items()):
+        for i, r in enumerate(reqs):
+            out.append((f"{test[:24]}-{i}", [(b + seed) % BLOCKS for b in r["src"]], r["dst"], r["skip"]))
     return out
 
 
@@ -52,76 +52,75 @@ def wait_for(path, seconds=30.0):
         time.sleep(0.05)
 
 
-def spec(ferry_kv):
-    block_bytes = BLOCK_TOKENS * HEADS * DIM * 2
-    return ferry_kv.KVCacheSpec(num_blocks=BLOCKS, block_bytes=block_bytes)
+def plans():
+    from ferry.vllm.scheduler import Pull, StepPlan
+
+    return Pull, StepPlan
+
+
+def run_worker(worker, reqs, key, seconds=60.0):
+    """Steps ``worker`` as vLLM's model runner does until every request is in ``key``."""
+    done, failed = set(), set()
+    deadline = time.monotonic() + seconds
+    while len(done) + len(failed) < len(reqs) and time.monotonic() < deadline:
+        r = worker.results()
+        done |= getattr(r, key)
+        failed |= r.failed_recving
+        time.sleep(0.001)
+    return done - failed, failed
 
 
 def producer(args):
     import torch
-    import ferry
-    from ferry import kv_handoff
+    from ferry.vllm.worker import FerryWorker
 
+    Pull, StepPlan = plans()
     layers = cache(torch, 0, args.seed)
-    with ferry.Client(args.socket) as c:
-        regions = [c.register_cuda(t) for t in layers]
-        p = kv_handoff.KVProducer(c, spec(kv_handoff), regions, "prefill")
-        for rid, src, _, _ in requests(args.seed):
-            p.hold(rid, src)
-        with open(f"{args.dir}/mailbox.tmp", "wb") as f:
-            f.write(p.mailbox)
-        os.rename(f"{args.dir}/mailbox.tmp", f"{args.dir}/mailbox")
-        done, failed = set(), {}
-        deadline = time.monotonic() + 60
-        while len(done) + len(failed) < 4 and time.monotonic() < deadline:
-            r = p.poll()
-            done |= r.done
-            failed.update(r.failed)
-            time.sleep(0.001)
-        p.close()
-        print(f"producer: done {sorted(done)} failed {failed}", flush=True)
-        wait_for(f"{args.dir}/consumer-finished", 60)  # keep the memory registered until checked
-        return 0 if len(done) == 4 else 1
+    w = FerryWorker(args.socket, "prefill", 0, producer=True, consumer=False, lease=60)
+    w.register_kv_caches({f"model.layers.{i}.self_attn.attn": t for i, t in enumerate(layers)})
+    reqs = requests(args.seed)
+    w.apply(StepPlan(hold={rid: src for rid, src, _, _ in reqs}))
+    with open(f"{args.dir}/mailbox.tmp", "wb") as f:
+        f.write(w.mailbox)
+    os.rename(f"{args.dir}/mailbox.tmp", f"{args.dir}/mailbox")
+    done, failed = run_worker(w, reqs, "finished_sending")
+    print(f"producer: {len(done)} requests sent", flush=True)
+    wait_for(f"{args.dir}/consumer-finished", 60)  # keep the memory registered until checked
+    w.close()
+    return 0 if len(done) == len(reqs) else 1
 
 
 def consumer(args):
     import torch
-    import ferry
-    from ferry import kv_handoff
+    from ferry.vllm.worker import FerryWorker
 
+    Pull, StepPlan = plans()
     layers = [torch.zeros((2, BLOCKS, BLOCK_TOKENS, HEADS, DIM), device="cuda:0", dtype=torch.bfloat16)
               for _ in range(LAYERS)]
-    with ferry.Client(args.socket) as c:
-        regions = [c.register_cuda(t) for t in layers]
-        k = kv_handoff.KVConsumer(c, spec(kv_handoff), regions, "decode", timeout=60)
-        wait_for(f"{args.dir}/mailbox")
-        mailbox = open(f"{args.dir}/mailbox", "rb").read()
-        reqs = requests(args.seed)
-        t0 = time.monotonic()
-        for rid, _, dst, skip in reqs:
-            k.pull(rid, mailbox, dst, skip=skip)
-        done, failed = set(), {}
-        while len(done) + len(failed) < len(reqs) and time.monotonic() < t0 + 60:
-            r = k.poll()
-            done |= r.done
-            failed.update(r.failed)
-            time.sleep(0.001)
-        elapsed = time.monotonic() - t0
-        k.close()
-        torch.cuda.synchronize()
-        expect = cache(torch, 0, args.seed)  # the producer's tensors, rebuilt
-        bad = 0
-        for rid, src, dst, skip in reqs:
-            for layer in range(LAYERS):
-                for s, d in zip(src[skip:], dst):
-                    if not torch.equal(layers[layer][:, d], expect[layer][:, s]):
-                        bad += 1
-        blocks = sum(len(d) for _, _, d, _ in reqs) * LAYERS * 2
-        ok = done == {r[0] for r in reqs} and not failed and bad == 0
-        print(f"consumer: {len(done)} requests done, {len(failed)} failed {failed}, {blocks} blocks checked "
-              f"({bad} wrong) in {elapsed * 1e3:.1f} ms", flush=True)
-        open(f"{args.dir}/consumer-finished", "w").close()
-        return 0 if ok else 1
+    w = FerryWorker(args.socket, "decode", 0, producer=False, consumer=True, timeout=60)
+    w.register_kv_caches({f"model.layers.{i}.self_attn.attn": t for i, t in enumerate(layers)})
+    wait_for(f"{args.dir}/mailbox")
+    mailbox = open(f"{args.dir}/mailbox", "rb").read()
+    reqs = requests(args.seed)
+    t0 = time.monotonic()
+    w.apply(StepPlan(pull={rid: Pull(rid, [mailbox], dst, skip) for rid, _, dst, skip in reqs}))
+    done, failed = run_worker(w, reqs, "finished_recving")
+    elapsed = time.monotonic() - t0
+    torch.cuda.synchronize()
+    expect = cache(torch, 0, args.seed)  # the producer's tensors, rebuilt
+    bad = 0
+    for rid, src, dst, skip in reqs:
+        for layer in range(LAYERS):
+            for s, d in zip(src[skip:], dst):
+                if not torch.equal(layers[layer][:, d].view(torch.int16), expect[layer][:, s].view(torch.int16)):
+                    bad += 1
+    blocks = sum(len(d) for _, _, d, _ in reqs) * LAYERS * 2
+    ok = done == {r[0] for r in reqs} and not failed and bad == 0
+    print(f"consumer: {len(done)} of {len(reqs)} requests received, {len(failed)} failed, {blocks} blocks checked "
+          f"({bad} wrong) in {elapsed * 1e3:.1f} ms", flush=True)
+    open(f"{args.dir}/consumer-finished", "w").close()
+    w.close()
+    return 0 if ok else 1
 
 
 def orchestrate(args):

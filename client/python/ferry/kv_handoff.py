@@ -131,6 +131,7 @@ class _Held:
     src_ids: List[int]
     expires: float
     future: Optional[TransferFuture] = None
+    dst_ids: Optional[List[Optional[int]]] = None  # a pull's ids, as they arrive
 
 
 class KVProducer:
@@ -146,6 +147,7 @@ class KVProducer:
         self._consumers: Dict[str, list] = {}  # consumer id -> its layer descriptors
         self._consumer_specs: Dict[str, KVCacheSpec] = {}
         self._held: Dict[str, _Held] = {}
+        self._written: "queue.Queue" = queue.Queue()  # (request id, None or why it failed)
         self._inbox = _Inbox(client)
 
     def hold(self, request_id: str, src_block_ids: Sequence[int], lease: float = 30.0) -> None:
@@ -163,16 +165,19 @@ class KVProducer:
         for n in self._inbox.drain():
             if n.kind == "message":
                 self._on_message(n.payload, progress)
+        while True:
+            try:
+                rid, why = self._written.get_nowait()
+            except queue.Empty:
+                break
+            self._held.pop(rid, None)
+            if why is None:
+                progress.done.add(rid)
+            else:
+                progress.failed[rid] = why
         now = time.monotonic()
         for rid, h in list(self._held.items()):
-            if h.future is not None and h.future.done():
-                del self._held[rid]
-                try:
-                    h.future.result(0)
-                    progress.done.add(rid)
-                except errors.FerryError as e:
-                    progress.failed[rid] = f"writing the blocks failed: {e}"
-            elif h.future is None and now > h.expires:
+            if h.future is None and now > h.expires:
                 del self._held[rid]
                 progress.failed[rid] = "no consumer pulled the blocks before the lease expired"
         return progress
@@ -217,11 +222,22 @@ class KVProducer:
     def _on_pull(self, body: bytes, progress: Progress) -> None:
         consumer, at = _unpack_str(body, 0)
         rid, at = _unpack_str(body, at)
-        (skip,) = struct.unpack_from("<I", body, at)
-        dst_ids, at = _unpack_ids(body, at + 4)
+        skip, total, first = struct.unpack_from("<III", body, at)
+        chunk, at = _unpack_ids(body, at + 12)
         reply, _ = _unpack_str(body, at)  # the consumer's own id for the request
         held = self._held.get(rid)
         descriptors = self._consumers.get(consumer)
+        if held is not None and held.future is None and total == len(held.src_ids) - skip and \
+                first + len(chunk) <= total:
+            # A long request's block ids come in several messages: gather them.
+            if held.dst_ids is None or len(held.dst_ids) != total:
+                held.dst_ids = [None] * total
+            held.dst_ids[first:first + len(chunk)] = chunk
+            if any(i is None for i in held.dst_ids):
+                return
+            dst_ids = held.dst_ids
+        else:
+            dst_ids = chunk
         why = None
         if held is None or held.future is not None:
             why = f"request {rid} is not held here (unknown, already pulled, or its lease expired)"
@@ -254,6 +270,16 @@ class KVProducer:
                  for layer in range(len(self._layers)) for h in range(self._spec.halves)]
         held.future = self._client.write_batch(parts, self._spec.block_bytes, src_ids, dst_ids, notify=True,
                                                tag=_DONE, notify_payload=reply.encode())
+        # A thread waits on the agent (one blocking Wait RPC at a time) so that poll()
+        # never makes an RPC: an engine polls every step, on the agent's cores.
+        threading.Thread(target=self._await_write, args=(rid, held.future), daemon=True).start()
+
+    def _await_write(self, rid: str, future: TransferFuture) -> None:
+        try:
+            future.result()
+            self._written.put((rid, None))
+        except errors.FerryError as e:
+            self._written.put((rid, f"writing the blocks failed: {e}"))
 
     def _on_cancel(self, body: bytes, progress: Progress) -> None:
         consumer, at = _unpack_str(body, 0)
@@ -299,10 +325,18 @@ class KVConsumer:
         if producer_mailbox not in self._introduced:
             self._hello(producer_mailbox)
             self._introduced.add(producer_mailbox)
-        body = (_pack_str(self.engine_id) + _pack_str(producer_request_id or request_id) + struct.pack("<I", skip) +
-                _pack_ids(dst_block_ids) + _pack_str(request_id))
         self._waiting[request_id] = time.monotonic() + self._timeout
-        self._client.send_message(producer_mailbox, _message(_PULL, body))
+        head = _pack_str(self.engine_id) + _pack_str(producer_request_id or request_id)
+        tail = _pack_str(request_id)
+        per_message = (_MAX_PAYLOAD - 5 - len(head) - len(tail) - 16) // 4
+        first = 0
+        while True:  # as many ids per message as fit; at least one message
+            chunk = dst_block_ids[first:first + per_message]
+            body = head + struct.pack("<III", skip, len(dst_block_ids), first) + _pack_ids(chunk) + tail
+            self._client.send_message(producer_mailbox, _message(_PULL, body))
+            first += len(chunk)
+            if first >= len(dst_block_ids):
+                break
 
     def _hello(self, mailbox: bytes) -> None:
         # As many descriptors per message as fit in a payload.

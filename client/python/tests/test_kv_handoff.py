@@ -139,6 +139,30 @@ def test_cancel_before_and_after_the_write_and_ids_that_differ_per_side(pair):
     assert block(clayers[0], cspec, 0, 8) == block(players[0], pspec, 0, 7)
 
 
+def test_a_request_with_more_block_ids_than_one_message_holds(fabric_agents):
+    a, b = fabric_agents
+    spec = KVCacheSpec(num_blocks=3000, block_bytes=64)
+    with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb:
+        src_region, dst_region = ca.register_host(spec.region_bytes), cb.register_host(spec.region_bytes)
+        src_region.buffer[:] = os.urandom(spec.region_bytes)
+        producer = KVProducer(ca, spec, [src_region], "p")
+        consumer = KVConsumer(cb, spec, [dst_region], "c", timeout=10.0)
+        try:
+            src, dst = random.Random(7).sample(range(3000), 2500), random.Random(8).sample(range(3000), 2500)
+            producer.hold("long", src)
+            consumer.pull("long", producer.mailbox, dst[1:], skip=1)  # 2,499 ids: three messages
+            p, c = until(producer, consumer)
+            assert (p.done, c.done) == ({"long"}, {"long"})
+            half = spec.num_blocks * 64
+            for h in (0, 1):
+                for s_id, d_id in zip(src[1:], dst[1:]):
+                    at_s, at_d = h * half + s_id * 64, h * half + d_id * 64
+                    assert dst_region.buffer[at_d:at_d + 64] == src_region.buffer[at_s:at_s + 64]
+        finally:
+            producer.close()
+            consumer.close()
+
+
 def test_a_consumer_with_other_block_sizes_is_refused(fabric_agents):
     a, b = fabric_agents
     with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb:

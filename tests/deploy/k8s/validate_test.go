@@ -42,6 +42,8 @@ func newObject(apiVersion, kind string) (interface{}, error) {
 		return &corev1.Pod{}, nil
 	case "apps/v1/DaemonSet":
 		return &appsv1.DaemonSet{}, nil
+	case "apps/v1/Deployment":
+		return &appsv1.Deployment{}, nil
 	case "monitoring.coreos.com/v1/PodMonitor":
 		return &monitoringv1.PodMonitor{}, nil
 	case "monitoring.coreos.com/v1/ServiceMonitor":

@@ -78,6 +78,7 @@ class Engine:
 
     def step(self) -> None:
         out = self.scheduler.schedule()
+        RECORDER.add(out.kv_connector_metadata.plan)
         w = self.worker
         w.bind_connector_metadata(out.kv_connector_metadata)
         w.start_load_kv(None)
@@ -117,6 +118,37 @@ class Engine:
 
     def close(self) -> None:
         self.worker.shutdown()
+
+
+class Recorder:
+    """With FERRY_RECORD_REQUESTS=PATH, the plans the schedulers made (which blocks each
+    request held, which a consumer pulled): tests/gpu/kv_handoff_gpu.py replays them with
+    CUDA tensors on the GPU host, where vLLM cannot be installed."""
+
+    def __init__(self):
+        self.path = os.environ.get("FERRY_RECORD_REQUESTS")
+        self.held, self.pulled = {}, {}
+
+    def add(self, plan) -> None:
+        if self.path:
+            self.held.update(plan.hold)
+            self.pulled.update({rid: (p.producer_request_id, p.dst_ids, p.skip) for rid, p in plan.pull.items()})
+
+    def flush(self, test: str) -> None:
+        if not self.path:
+            return
+        import json
+
+        done = json.load(open(self.path)) if os.path.exists(self.path) else {}
+        done[test] = [{"src": self.held[prid], "dst": dst, "skip": skip}
+                      for rid, (prid, dst, skip) in self.pulled.items() if prid in self.held]
+        with open(self.path, "w") as f:
+            json.dump(done, f, indent=None, separators=(",", ":"))
+            f.write("\n")
+        self.held, self.pulled = {}, {}
+
+
+RECORDER = Recorder()
 
 
 def _structured(config):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from harness import Engine
+from harness import RECORDER, Engine
 
 PROMPT = 40  # tokens: 3 blocks of 16, the last partial
 FREE = 63  # an idle engine's free blocks: 64 less vLLM's null block
@@ -20,7 +20,7 @@ def fill(engine, seed):
 
 
 @pytest.fixture
-def pd(node_agents):
+def pd(node_agents, request):
     a, b = node_agents
     engines = []
 
@@ -38,6 +38,7 @@ def pd(node_agents):
     yield pair
     for e in engines:
         e.close()
+    RECORDER.flush(request.node.name)
 
 
 def run(*engines, until, seconds=15.0):

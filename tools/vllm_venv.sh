@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Prints the path of a Python venv with vLLM (and PyTorch), made once per machine under
+# nice in a cache outside the repository ($FERRY_CACHE, default ~/.cache/ferry): ~4 GB
+# of wheels, a ~9 GB venv, ~6 minutes on 2 cores. Used by tools/vllm_test.sh and
+# tools/bench.sh kv.
+set -euo pipefail
+VLLM_VERSION=0.32.0  # 0.33.0 needs a certifi release newer than the registry here has
+venv=${FERRY_CACHE:-$HOME/.cache/ferry}/vllm-$VLLM_VERSION
+if [ ! -f "$venv/.complete" ]; then
+  echo "vllm_venv: installing vLLM $VLLM_VERSION into $venv (once per machine, ~6 minutes)" >&2
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  nice -n 19 "$venv/bin/python" -m pip install -q "vllm==$VLLM_VERSION" pytest >&2
+  touch "$venv/.complete"
+fi
+echo "$venv"
