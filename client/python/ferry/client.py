@@ -251,6 +251,11 @@ class Client:
             self._channel.close()
             self._session.close()
 
+    def connected(self) -> bool:
+        """False once the agent ended this session (it exited or restarted; see reconnect).
+        Never waits: cheap enough to ask every step."""
+        return not self._closed and self._session.alive()
+
     def reconnect(self, timeout: float = 30.0) -> None:
         """Opens a new session after the agent restarted (calls raise Unavailable until
         then), waiting up to ``timeout`` seconds for the agent to come back, and registers

@@ -16,6 +16,7 @@ class Agent:
     def __init__(self, *flags: str, dir: str = "", wrap=()):
         binary = os.environ.get("FERRYD", str(REPO / "bazel-bin/agent/main/ferryd"))
         self.killed = False
+        self.flags, self.wrap = flags, wrap
         self.dir = dir or tempfile.mkdtemp(prefix="fy.py.", dir="/tmp")  # unix socket paths are short
         self.socket = f"{self.dir}/ferry.sock"
         ready = f"{self.dir}/ready"

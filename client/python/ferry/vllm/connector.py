@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorHandshakeMetadata,
                                                                KVConnectorMetadata, KVConnectorRole,
-                                                               KVConnectorTransferResults)
+                                                               KVConnectorTransferResults, KVConnectorWorkerMetadata)
 
 from .params import Layout
 from .scheduler import FerryScheduler, StepPlan
@@ -31,6 +31,15 @@ class FerryConnectorMetadata(KVConnectorMetadata):
 @dataclasses.dataclass
 class FerryHandshakeMetadata(KVConnectorHandshakeMetadata):
     mailbox: Optional[bytes]
+
+
+@dataclasses.dataclass
+class FerryWorkerMetadata(KVConnectorWorkerMetadata):
+    """Workers -> scheduler: mailboxes that changed (a worker reconnected to a restarted agent)."""
+    mailboxes: dict
+
+    def aggregate(self, other: "FerryWorkerMetadata") -> "FerryWorkerMetadata":
+        return FerryWorkerMetadata({**self.mailboxes, **other.mailboxes})
 
 
 def _tp_rank() -> int:
@@ -86,6 +95,9 @@ class FerryConnector(KVConnectorBase_V1):
 
     def update_connector_output(self, connector_output) -> None:
         self._scheduler.update_connector_output(connector_output.finished_sending, connector_output.finished_recving)
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, FerryWorkerMetadata):
+            self._scheduler.update_mailboxes(meta.mailboxes)
 
     def has_pending_push_work(self) -> bool:
         return self._scheduler.has_pending_work()
@@ -100,6 +112,12 @@ class FerryConnector(KVConnectorBase_V1):
 
     def get_handshake_metadata(self) -> Optional[KVConnectorHandshakeMetadata]:
         return FerryHandshakeMetadata(self._worker.mailbox) if self._worker.mailbox is not None else None
+
+    def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
+        if not self._worker.mailbox_changed or self._worker.mailbox is None:
+            return None
+        self._worker.mailbox_changed = False
+        return FerryWorkerMetadata({self._worker.tp_rank: self._worker.mailbox})
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         # Loads run asynchronously (the producer writes); sending is answering pulls.

@@ -67,6 +67,14 @@ class FerryScheduler:
                              f"tensor-parallel size is {self.tp_size}")
         self._mailboxes = [by_rank[r] for r in range(self.tp_size)]
 
+    def update_mailboxes(self, by_rank: Dict[int, bytes]) -> None:
+        """A worker's new mailbox (it reconnected to its restarted agent)."""
+        if self._mailboxes is None:
+            return
+        for rank, mailbox in by_rank.items():
+            if 0 <= rank < self.tp_size:
+                self._mailboxes[rank] = mailbox
+
     # ---------------------------------------------------------------- consumer
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> Tuple[int, bool]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from typing import Dict, List, Mapping, Optional, Set
 
 from .. import errors
@@ -66,19 +67,28 @@ class FerryWorker:
         self.producer: Optional[KVProducer] = None
         self.consumer: Optional[KVConsumer] = None
         self._pulled: Dict[str, List[int]] = {}  # consumer: request -> its blocks being filled
+        self._held: Set[str] = set()  # producer: requests not yet reported in finished_sending
         self._pending = StepResults()  # reported at the next results()
+        self._tensors: List = []
+        self._next_reconnect = 0.0
+        self.mailbox_changed = False  # a new mailbox since the scheduler last heard (after a reconnect)
 
     def register_kv_caches(self, kv_caches: Mapping[str, object]) -> None:
         """Registers every layer's tensor once (in the model's layer order, which both
         sides share) and starts the producer and consumer roles."""
         tensors = list(kv_caches.values())
-        spec = cache_spec(tensors)
+        cache_spec(tensors)
         if any(t.is_cuda for t in tensors) and "expandable_segments:true" in \
                 os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower():
             raise errors.FailedPrecondition(
                 "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True: such memory has no CUDA IPC handle for the "
                 "ferry agent to map. Unset it (or set expandable_segments:False) for vLLM's workers")
-        regions = [self._client.register_tensor(t) for t in tensors]
+        self._tensors = tensors
+        self._start()
+
+    def _start(self) -> None:
+        spec = cache_spec(self._tensors)
+        regions = [self._client.register_tensor(t) for t in self._tensors]
         if self._roles[0]:
             self.producer = KVProducer(self._client, spec, regions, self.engine_id)
         if self._roles[1]:
@@ -91,15 +101,27 @@ class FerryWorker:
 
     def apply(self, plan: StepPlan) -> None:
         for rid, blocks in plan.hold.items():
+            if self.producer is None:  # the agent restarted and is not back: nothing can be handed off
+                logger.warning("FerryConnector: request %s's blocks were not handed off: no ferry agent", rid)
+                self._pending.finished_sending.add(rid)
+                continue
+            self._held.add(rid)
             self.producer.hold(rid, blocks, lease=self._lease)
         for rid, pull in plan.pull.items():
             self._pulled[rid] = pull.dst_ids
+            if self.consumer is None:
+                self._fail(rid, "no ferry agent (it restarted and is not back yet)")
+                continue
             try:
                 self.consumer.pull(rid, pull.mailboxes[self.tp_rank], pull.dst_ids, skip=pull.skip,
                                    producer_request_id=pull.producer_request_id)
             except (errors.FerryError, ValueError) as e:  # e.g. the producer's mailbox is gone
                 self._fail(rid, f"asking the producer failed: {e}")
         for rid, (producer_rid, mailboxes, pulled) in plan.cancel.items():
+            if self.consumer is None:  # the regions went with the old session: nothing can land
+                if self._pulled.pop(rid, None) is not None:
+                    self._pending.finished_recving.add(rid)
+                continue
             try:
                 settled = self.consumer.cancel(rid, mailboxes[self.tp_rank], producer_request_id=producer_rid)
             except errors.FerryError as e:
@@ -119,13 +141,17 @@ class FerryWorker:
 
     def results(self) -> StepResults:
         """What finished since the last call."""
+        if not self._client.connected():
+            self._recover()
         if self.producer is not None:
             p = self.producer.poll()
             self._pending.finished_sending |= p.done
+            self._held -= p.done
             for rid, why in p.failed.items():
                 if rid:
                     logger.warning("FerryConnector: request %s's blocks were not handed off: %s", rid, why)
                     self._pending.finished_sending.add(rid)
+                    self._held.discard(rid)
                 else:
                     logger.warning("FerryConnector: %s", why)
         if self.consumer is not None:
@@ -142,8 +168,37 @@ class FerryWorker:
         out, self._pending = self._pending, StepResults()
         return out
 
-    def close(self) -> None:
+    def _recover(self) -> None:
+        """The agent ended the session (it restarted): what was in flight through it failed,
+        at once; then a new session, at most one attempt a second, with every layer
+        registered again and a new mailbox for the scheduler (mailbox_changed)."""
+        if self.producer is not None or self.consumer is not None:
+            for rid in sorted(self._held):
+                logger.warning("FerryConnector: request %s's blocks were not handed off: the ferry agent restarted",
+                               rid)
+            self._pending.finished_sending |= self._held
+            self._held.clear()
+            for rid in list(self._pulled):
+                self._fail(rid, "the ferry agent restarted while the request's KV was in flight")
+            self._close_sides()
+        if time.monotonic() < self._next_reconnect:
+            return
+        self._next_reconnect = time.monotonic() + 1.0
+        try:
+            self._client.reconnect(timeout=0)
+            self._start()
+        except errors.FerryError as e:
+            logger.warning("FerryConnector: the ferry agent is not back yet: %s", e)
+            return
+        self.mailbox_changed = True
+        logger.warning("FerryConnector: reconnected to the ferry agent; KV caches registered again")
+
+    def _close_sides(self) -> None:
         for side in (self.producer, self.consumer):
             if side is not None:
                 side.close()
+        self.producer = self.consumer = None
+
+    def close(self) -> None:
+        self._close_sides()
         self._client.close()

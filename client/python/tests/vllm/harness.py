@@ -85,6 +85,7 @@ class Engine:
         w.wait_for_save()
         results = w.get_transfer_results(out.finished_req_ids)
         invalid = w.get_block_ids_with_load_errors()
+        worker_meta = w.build_connector_worker_meta()
         w.clear_connector_metadata()
         self.load_errors |= invalid
         ids = list(out.num_scheduled_tokens)
@@ -94,7 +95,8 @@ class Engine:
             sampled.append([7] if r.num_computed_tokens >= r.num_tokens else [])
         kv_out = KVConnectorOutput(finished_sending=results.finished_sending or None,
                                    finished_recving=results.finished_recving or None,
-                                   failed_recving=results.failed_recving, invalid_block_ids=invalid)
+                                   failed_recving=results.failed_recving, invalid_block_ids=invalid,
+                                   kv_connector_worker_meta=worker_meta)
         eco = self.scheduler.update_from_output(out, ModelRunnerOutput(
             req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled,
             kv_connector_output=kv_out))

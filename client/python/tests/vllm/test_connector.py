@@ -205,6 +205,33 @@ def test_the_producers_agent_killed_mid_transfer_fails_only_that_request(pd, nod
     run(d, until=lambda: d.free_blocks() == FREE)
 
 
+def test_the_producers_agent_restarted_fails_the_request_in_flight_then_handoffs_resume(pd, node_agents,
+                                                                                       agent_factory):
+    p, d = pd(d_extra={"timeout_s": 2})
+    prompt = list(range(PROMPT))
+    params = prefill(p, "p-1", prompt)
+    d.add("d-1", prompt, 2, params)
+    d.step()  # the pull is out
+    a = node_agents[0]
+    a.kill()
+    agent_factory(*a.flags, dir=a.dir, wrap=a.wrap)  # the same socket, a new agent
+    t0 = time.monotonic()
+    run(p, d, until=lambda: "d-1" in d.outputs and d.outputs["d-1"].finished, seconds=10)
+    assert time.monotonic() - t0 < 5
+    assert d.outputs["d-1"].finish_reason.name == "ERROR"
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)  # the producer let go too
+    # The producer's worker reconnected and registered its cache again; its scheduler
+    # hands out the new mailbox: the next request moves, byte for byte.
+    prompt = [x + 3 for x in prompt]
+    old = params["ferry_mailboxes"]
+    params = prefill(p, "p-2", prompt)
+    assert params["ferry_mailboxes"] != old
+    dst = handoff(p, d, "d-2", prompt, params)
+    for s, t in zip(params["remote_block_ids"], dst):
+        assert d.block_bytes(t) == p.block_bytes(s)
+    assert d.outputs["d-2"].finish_reason.name == "LENGTH"
+
+
 @pytest.mark.parametrize("params, why", [
     ({"do_remote_prefill": True}, "lack 'ferry_layout'"),
     # NixlConnector's params: foreign to ferry.
