@@ -132,6 +132,7 @@ class _Held:
     expires: float
     future: Optional[TransferFuture] = None
     dst_ids: Optional[List[Optional[int]]] = None  # a pull's ids, as they arrive
+    answer_to: Optional[tuple] = None  # (consumer's first descriptor, its id for the request), once pulled
 
 
 class KVProducer:
@@ -268,6 +269,7 @@ class KVProducer:
         dst_half = self._consumer_specs[consumer].num_blocks * self._spec.block_bytes
         parts = [(self._layers[layer], descriptors[layer], h * half, h * dst_half)
                  for layer in range(len(self._layers)) for h in range(self._spec.halves)]
+        held.answer_to = (descriptors[0], reply)
         held.future = self._client.write_batch(parts, self._spec.block_bytes, src_ids, dst_ids, notify=True,
                                                tag=_DONE, notify_payload=reply.encode())
         # A thread waits on the agent (one blocking Wait RPC at a time) so that poll()
@@ -295,8 +297,18 @@ class KVProducer:
         if descriptors and descriptors[0] is not None:
             self._client.send_message(descriptors[0], reply.encode(), tag=_DROPPED)
 
+    def in_flight(self) -> List[tuple]:
+        """Whom to tell if the writes in flight are lost (the agent restarted): see refuse()."""
+        return [h.answer_to for h in self._held.values() if h.answer_to is not None]
+
     def close(self) -> None:
         self._inbox.close()
+
+
+def refuse(client: Client, answer_to: tuple, why: str) -> None:
+    """Tells a consumer (one of KVProducer.in_flight()) that its request will not be written."""
+    descriptor, reply = answer_to
+    client.send_message(descriptor, f"{reply}\n{why}".encode()[:_MAX_PAYLOAD], tag=_REFUSED)
 
 
 class KVConsumer:

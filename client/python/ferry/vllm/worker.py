@@ -23,7 +23,7 @@ from typing import Dict, List, Mapping, Optional, Set
 
 from .. import errors
 from ..client import Client
-from ..kv_handoff import KVCacheSpec, KVConsumer, KVProducer
+from ..kv_handoff import KVCacheSpec, KVConsumer, KVProducer, refuse
 from .scheduler import StepPlan
 
 logger = logging.getLogger("ferry.vllm")
@@ -72,6 +72,7 @@ class FerryWorker:
         self._tensors: List = []
         self._next_reconnect = 0.0
         self.mailbox_changed = False  # a new mailbox since the scheduler last heard (after a reconnect)
+        self._orphans: List[tuple] = []  # consumers whose writes were lost with the old session
 
     def register_kv_caches(self, kv_caches: Mapping[str, object]) -> None:
         """Registers every layer's tensor once (in the model's layer order, which both
@@ -173,6 +174,8 @@ class FerryWorker:
         at once; then a new session, at most one attempt a second, with every layer
         registered again and a new mailbox for the scheduler (mailbox_changed)."""
         if self.producer is not None or self.consumer is not None:
+            if self.producer is not None:
+                self._orphans = self.producer.in_flight()
             for rid in sorted(self._held):
                 logger.warning("FerryConnector: request %s's blocks were not handed off: the ferry agent restarted",
                                rid)
@@ -192,6 +195,13 @@ class FerryWorker:
             return
         self.mailbox_changed = True
         logger.warning("FerryConnector: reconnected to the ferry agent; KV caches registered again")
+        # Consumers waiting for writes that died with the old session hear it now, not at their timeout.
+        for answer_to in self._orphans:
+            try:
+                refuse(self._client, answer_to, "the producer's ferry agent restarted during the write")
+            except errors.FerryError as e:
+                logger.warning("FerryConnector: could not tell a consumer its write was lost: %s", e)
+        self._orphans = []
 
     def _close_sides(self) -> None:
         for side in (self.producer, self.consumer):

@@ -206,19 +206,24 @@ def test_the_producers_agent_killed_mid_transfer_fails_only_that_request(pd, nod
 
 
 def test_the_producers_agent_restarted_fails_the_request_in_flight_then_handoffs_resume(pd, node_agents,
-                                                                                       agent_factory):
-    p, d = pd(d_extra={"timeout_s": 2})
+                                                                                       agent_factory, caplog):
+    p, d = pd(d_extra={"timeout_s": 30})
     prompt = list(range(PROMPT))
     params = prefill(p, "p-1", prompt)
     d.add("d-1", prompt, 2, params)
     d.step()  # the pull is out
+    run(p, d, until=lambda: p.worker._worker.producer.in_flight())  # and the write started
     a = node_agents[0]
     a.kill()
     agent_factory(*a.flags, dir=a.dir, wrap=a.wrap)  # the same socket, a new agent
     t0 = time.monotonic()
     run(p, d, until=lambda: "d-1" in d.outputs and d.outputs["d-1"].finished, seconds=10)
+    # Either the write had landed before the agent died, or the producer, once back, told the
+    # consumer it was lost — not the consumer's 30 s timeout.
     assert time.monotonic() - t0 < 5
-    assert d.outputs["d-1"].finish_reason.name == "ERROR"
+    if d.outputs["d-1"].finish_reason.name != "LENGTH":
+        assert d.outputs["d-1"].finish_reason.name == "ERROR"
+        assert "agent restarted during the write" in caplog.text
     run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)  # the producer let go too
     # The producer's worker reconnected and registered its cache again; its scheduler
     # hands out the new mailbox: the next request moves, byte for byte.
