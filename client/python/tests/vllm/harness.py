@@ -13,8 +13,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
-from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig,  # noqa: E402
-                         VllmConfig)
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,  # noqa: E402
+                         SchedulerConfig, VllmConfig)
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
@@ -33,10 +34,11 @@ init_none_hash(sha256)
 
 
 class Engine:
-    """One vLLM instance's scheduler and its (single, TP=1) worker's connector."""
+    """One vLLM instance's scheduler and its workers' connectors (one per TP rank; their
+    outputs combined by vLLM's own KVOutputAggregator when there are several)."""
 
     def __init__(self, role: str, socket: str, engine_id: str, num_blocks: int = 64, policy: str = "fail",
-                 **extra):
+                 tp: int = 1, **extra):
         self.engine_id = engine_id
         cache = CacheConfig(block_size=BLOCK_TOKENS, enable_prefix_caching=True)
         cache.num_gpu_blocks = num_blocks
@@ -44,7 +46,7 @@ class Engine:
             model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=2048),
             scheduler_config=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=2048,
                                              is_encoder_decoder=False),
-            cache_config=cache, device_config=DeviceConfig("cpu"),
+            cache_config=cache, device_config=DeviceConfig("cpu"), parallel_config=ParallelConfig(tensor_parallel_size=tp),
             kv_transfer_config=KVTransferConfig(kv_connector="FerryConnector", kv_connector_module_path="ferry.vllm",
                                                 kv_role=role, engine_id=engine_id, kv_load_failure_policy=policy,
                                                 kv_connector_extra_config={"socket": socket, **extra}))
@@ -58,13 +60,20 @@ class Engine:
         assert isinstance(self.scheduler.connector, FerryConnector)
         # What the model runner does at start-up: allocate the caches, register them,
         # and hand every worker's handshake metadata to the scheduler's connector.
-        self.caches = {n: ferry.host.empty((2, num_blocks, BLOCK_TOKENS, KV_HEADS, HEAD), torch.bfloat16)
-                       for n in names}
-        self.worker = FerryConnector(self.config, KVConnectorRole.WORKER, self.kv_cache_config)
-        self.worker.register_kv_caches(self.caches)
-        meta = self.worker.get_handshake_metadata()
-        if meta is not None:
-            self.scheduler.connector.set_xfer_handshake_metadata({0: meta})
+        self.rank_caches, self.workers, handshake = [], [], {}
+        for rank in range(tp):
+            caches = {n: ferry.host.empty((2, num_blocks, BLOCK_TOKENS, KV_HEADS, HEAD), torch.bfloat16) for n in names}
+            worker = _worker_of_rank(rank, self.config, self.kv_cache_config)
+            worker.register_kv_caches(caches)
+            meta = worker.get_handshake_metadata()
+            if meta is not None:
+                handshake[rank] = meta
+            self.rank_caches.append(caches)
+            self.workers.append(worker)
+        if handshake:
+            self.scheduler.connector.set_xfer_handshake_metadata(handshake)
+        self.worker, self.caches = self.workers[0], self.rank_caches[0]
+        self.aggregator = KVOutputAggregator(expected_finished_count=tp) if tp > 1 else None
         self.outputs = {}  # request id -> EngineCoreOutput (the last one)
         self.load_errors = set()
 
@@ -79,27 +88,28 @@ class Engine:
     def step(self) -> None:
         out = self.scheduler.schedule()
         RECORDER.add(out.kv_connector_metadata.plan)
-        w = self.worker
-        w.bind_connector_metadata(out.kv_connector_metadata)
-        w.start_load_kv(None)
-        w.wait_for_save()
-        results = w.get_transfer_results(out.finished_req_ids)
-        invalid = w.get_block_ids_with_load_errors()
-        worker_meta = w.build_connector_worker_meta()
-        w.clear_connector_metadata()
-        self.load_errors |= invalid
         ids = list(out.num_scheduled_tokens)
         sampled = []
         for rid in ids:
             r = self.scheduler.requests[rid]
             sampled.append([7] if r.num_computed_tokens >= r.num_tokens else [])
-        kv_out = KVConnectorOutput(finished_sending=results.finished_sending or None,
-                                   finished_recving=results.finished_recving or None,
-                                   failed_recving=results.failed_recving, invalid_block_ids=invalid,
-                                   kv_connector_worker_meta=worker_meta)
-        eco = self.scheduler.update_from_output(out, ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled,
-            kv_connector_output=kv_out))
+        outputs = []
+        for w in self.workers:
+            w.bind_connector_metadata(out.kv_connector_metadata)
+            w.start_load_kv(None)
+            w.wait_for_save()
+            results = w.get_transfer_results(out.finished_req_ids)
+            kv_out = KVConnectorOutput(finished_sending=results.finished_sending or None,
+                                       finished_recving=results.finished_recving or None,
+                                       failed_recving=results.failed_recving,
+                                       invalid_block_ids=w.get_block_ids_with_load_errors(),
+                                       kv_connector_worker_meta=w.build_connector_worker_meta())
+            w.clear_connector_metadata()
+            outputs.append(ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                             sampled_token_ids=sampled, kv_connector_output=kv_out))
+        output = self.aggregator.aggregate(outputs) if self.aggregator else outputs[0]
+        self.load_errors |= output.kv_connector_output.invalid_block_ids
+        eco = self.scheduler.update_from_output(out, output)
         for outs in eco.values():
             for o in outs.outputs:
                 self.outputs[o.request_id] = o
@@ -110,16 +120,17 @@ class Engine:
     def blocks(self, rid: str):
         return list(self.scheduler.kv_cache_manager.get_block_ids(rid)[0])
 
-    def block_bytes(self, block_id: int):
-        """Every layer's K and V of one block."""
-        return [t[h, block_id].contiguous().view(torch.uint8).numpy().tobytes() for t in self.caches.values()
-                for h in (0, 1)]
+    def block_bytes(self, block_id: int, rank: int = 0):
+        """Every layer's K and V of one block, in one rank's cache."""
+        return [t[h, block_id].contiguous().view(torch.uint8).numpy().tobytes()
+                for t in self.rank_caches[rank].values() for h in (0, 1)]
 
     def free_blocks(self) -> int:
         return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 
     def close(self) -> None:
-        self.worker.shutdown()
+        for w in self.workers:
+            w.shutdown()
 
 
 class Recorder:
@@ -151,6 +162,19 @@ class Recorder:
 
 
 RECORDER = Recorder()
+
+
+def _worker_of_rank(rank, config, kv_cache_config):
+    """A worker-side FerryConnector as TP rank ``rank``: a real vLLM worker learns its rank
+    from vLLM's distributed state, which one test process does not set up."""
+    import ferry.vllm.connector as connector
+
+    own = connector._tp_rank
+    connector._tp_rank = lambda: rank
+    try:
+        return FerryConnector(config, KVConnectorRole.WORKER, kv_cache_config)
+    finally:
+        connector._tp_rank = own
 
 
 def _structured(config):

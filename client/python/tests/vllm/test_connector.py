@@ -6,6 +6,7 @@ import random
 import time
 
 import pytest
+import torch
 
 from harness import RECORDER, Engine
 
@@ -14,9 +15,10 @@ FREE = 63  # an idle engine's free blocks: 64 less vLLM's null block
 
 
 def fill(engine, seed):
-    g = __import__("torch").Generator().manual_seed(seed)
-    for t in engine.caches.values():
-        t.view(-1).copy_(__import__("torch").randn(t.numel(), generator=g).to(t.dtype))
+    g = torch.Generator().manual_seed(seed)
+    for caches in engine.rank_caches:
+        for t in caches.values():
+            t.view(-1).copy_(torch.randn(t.numel(), generator=g).to(t.dtype))
 
 
 @pytest.fixture
@@ -235,6 +237,20 @@ def test_the_producers_agent_restarted_fails_the_request_in_flight_then_handoffs
     for s, t in zip(params["remote_block_ids"], dst):
         assert d.block_bytes(t) == p.block_bytes(s)
     assert d.outputs["d-2"].finish_reason.name == "LENGTH"
+
+
+def test_tensor_parallel_two_ranks_each_fill_their_own_shard(pd):
+    p, d = pd(p_extra={"tp": 2}, d_extra={"tp": 2})
+    prompt = list(range(PROMPT))
+    params = prefill(p, "p-1", prompt)
+    assert len(params["ferry_mailboxes"]) == 2 and params["tp_size"] == 2
+    dst = handoff(p, d, "d-1", prompt, params)
+    for rank in (0, 1):  # rank r's blocks came from the producer's rank r
+        for s, t in zip(params["remote_block_ids"], dst):
+            assert d.block_bytes(t, rank) == p.block_bytes(s, rank)
+    assert p.block_bytes(params["remote_block_ids"][0], 0) != p.block_bytes(params["remote_block_ids"][0], 1)
+    assert d.outputs["d-1"].finish_reason.name == "LENGTH"
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
 
 
 @pytest.mark.parametrize("params, why", [
