@@ -35,7 +35,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from . import errors
-from .client import Client, Region, TransferFuture
+from .client import Client, Region, RegionDescriptor, TransferFuture
 
 _MAGIC = b"FYKV"
 _HELLO, _PULL, _CANCEL = 1, 2, 3
@@ -196,7 +196,7 @@ class KVProducer:
                 self._on_cancel(body, progress)
             else:
                 raise ValueError(f"unknown message kind {kind}")
-        except (ValueError, struct.error, UnicodeDecodeError, IndexError) as e:
+        except (ValueError, struct.error, UnicodeDecodeError, IndexError, errors.FerryError) as e:
             # Not attributable to a request: reported under the empty id.
             progress.failed.setdefault("", f"a message was refused: {e}")
 
@@ -209,7 +209,7 @@ class KVProducer:
         descriptors = []
         for _ in range(count):
             (n,) = struct.unpack_from("<H", body, at)
-            descriptors.append(body[at + 2:at + 2 + n])
+            descriptors.append(RegionDescriptor.from_bytes(body[at + 2:at + 2 + n]))  # parsed once, not per write
             at += 2 + n
         if spec.block_bytes != self._spec.block_bytes or spec.halves != self._spec.halves:
             raise ValueError(f"consumer {consumer}'s blocks are {spec.block_bytes} bytes x {spec.halves} halves; "
