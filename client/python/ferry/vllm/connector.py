@@ -61,23 +61,41 @@ def _layout(vllm_config, kv_cache_config) -> Layout:
                   head_size=spec.head_size, block_size=spec.block_size)
 
 
+def _extra_config(extra) -> dict:
+    """kv_connector_extra_config, checked: a wrong value names its key."""
+    out = {"socket": "/run/ferry/ferry.sock", "lease_s": 30.0, "timeout_s": 30.0}
+    for key, value in (extra or {}).items():
+        if key == "socket":
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"kv_connector_extra_config['socket'] must be the agent's socket path, got {value!r}")
+        elif key in ("lease_s", "timeout_s"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"kv_connector_extra_config[{key!r}] must be a positive number of seconds, "
+                                 f"got {value!r}")
+            value = float(value)
+        else:
+            continue  # another connector's key (e.g. under MultiConnector): not ours to judge
+        out[key] = value
+    return out
+
+
 class FerryConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         cfg = vllm_config.kv_transfer_config
-        extra = cfg.kv_connector_extra_config or {}
+        extra = _extra_config(cfg.kv_connector_extra_config)
         engine_id = cfg.engine_id or "ferry"
         self._scheduler: Optional[FerryScheduler] = None
         self._worker: Optional[FerryWorker] = None
+        self._invalid: set = set()
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = FerryScheduler(engine_id, _layout(vllm_config, kv_cache_config),
                                              vllm_config.parallel_config.tensor_parallel_size, cfg.is_kv_producer,
                                              cfg.is_kv_consumer)
         else:
-            self._worker = FerryWorker(extra.get("socket", "/run/ferry/ferry.sock"), engine_id, _tp_rank(),
-                                       producer=cfg.is_kv_producer, consumer=cfg.is_kv_consumer,
-                                       lease=float(extra.get("lease_s", 30)), timeout=float(extra.get("timeout_s", 30)))
+            self._worker = FerryWorker(extra["socket"], engine_id, _tp_rank(), producer=cfg.is_kv_producer,
+                                       consumer=cfg.is_kv_consumer, lease=extra["lease_s"], timeout=extra["timeout_s"])
 
     # ------------------------------------------------------------ scheduler side
 
@@ -143,7 +161,7 @@ class FerryConnector(KVConnectorBase_V1):
         return r.finished_sending or None, r.finished_recving or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        invalid, self._invalid = getattr(self, "_invalid", set()), set()
+        invalid, self._invalid = self._invalid, set()
         return invalid
 
     def shutdown(self):

@@ -114,7 +114,7 @@ class FerryScheduler:
         if not p:
             return False, None
         if self.is_consumer and (p.get("do_remote_prefill") or rid in self._receiving):
-            self._cancel(rid, p)
+            self._cancel(rid, p, len(request.prompt_token_ids or ()))
             return False, None  # vLLM itself keeps a waiting request's blocks until finished_recving
         if not self.is_producer or not p.get("do_remote_decode"):
             return False, None
@@ -129,14 +129,13 @@ class FerryScheduler:
         return True, params_lib.producer_params(self.engine_id, rid, block_ids, request.num_computed_tokens,
                                                 self.tp_size, self._mailboxes, self.layout)
 
-    def _cancel(self, rid: str, p: dict) -> None:
+    def _cancel(self, rid: str, p: dict, num_prompt_tokens: int) -> None:
         remote = self._receiving.pop(rid, None)
         pulled = remote is not None
         if remote is None:  # aborted before its blocks were allocated: tell the producer to let go
             p["do_remote_prefill"] = False
             try:
-                remote = params_lib.parse(p, self.layout, self.tp_size, len(p.get("remote_block_ids") or ()) *
-                                          self.layout.block_size)
+                remote = params_lib.parse(p, self.layout, self.tp_size, num_prompt_tokens)
             except params_lib.BadParams:
                 return  # nothing a producer could be holding for us
         self._plan.cancel[rid] = (remote.request_id, remote.mailboxes, pulled)

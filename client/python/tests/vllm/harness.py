@@ -37,7 +37,7 @@ class Engine:
     """One vLLM instance's scheduler and its workers' connectors (one per TP rank; their
     outputs combined by vLLM's own KVOutputAggregator when there are several)."""
 
-    def __init__(self, role: str, socket: str, engine_id: str, num_blocks: int = 64, policy: str = "fail",
+    def __init__(self, role: str, agent_socket: str, engine_id: str, num_blocks: int = 64, policy: str = "fail",
                  tp: int = 1, **extra):
         self.engine_id = engine_id
         cache = CacheConfig(block_size=BLOCK_TOKENS, enable_prefix_caching=True)
@@ -49,7 +49,7 @@ class Engine:
             cache_config=cache, device_config=DeviceConfig("cpu"), parallel_config=ParallelConfig(tensor_parallel_size=tp),
             kv_transfer_config=KVTransferConfig(kv_connector="FerryConnector", kv_connector_module_path="ferry.vllm",
                                                 kv_role=role, engine_id=engine_id, kv_load_failure_policy=policy,
-                                                kv_connector_extra_config={"socket": socket, **extra}))
+                                                kv_connector_extra_config={"socket": agent_socket, **extra}))
         names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
         self.kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
             KVCacheGroupSpec(names, FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=KV_HEADS,

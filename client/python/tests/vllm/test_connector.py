@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+import ferry
 from harness import RECORDER, Engine
 
 PROMPT = 40  # tokens: 3 blocks of 16, the last partial
@@ -289,3 +290,20 @@ def test_mismatched_layout_and_tp_size_are_refused_naming_both_sides(pd, caplog)
         run(p, d, until=lambda: rid in d.outputs and d.outputs[rid].finished)
         assert why in caplog.text
     run(p, d, until=lambda: d.free_blocks() == FREE)
+
+
+@pytest.mark.parametrize("extra, why", [
+    ({"lease_s": "abc"}, "kv_connector_extra_config['lease_s'] must be a positive number of seconds, got 'abc'"),
+    ({"timeout_s": 0}, "kv_connector_extra_config['timeout_s'] must be a positive number of seconds, got 0"),
+    ({"socket": ""}, "kv_connector_extra_config['socket'] must be the agent's socket path"),
+])
+def test_bad_extra_config_is_refused_naming_the_key(node_agents, extra, why):
+    with pytest.raises(ValueError) as e:
+        Engine("kv_producer", node_agents[0].socket, "prefill-0", **extra)
+    assert why in str(e.value)
+
+
+def test_an_agent_that_is_not_there_is_named(tmp_path):
+    with pytest.raises(ferry.FerryError) as e:
+        Engine("kv_producer", str(tmp_path / "no.sock"), "prefill-0")
+    assert "is ferryd running" in str(e.value)
