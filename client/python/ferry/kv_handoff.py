@@ -19,6 +19,10 @@ carries the request id; the consumer counts it as received.
     ... producer.poll() -> Progress(done={"req-1"}, failed={})   # blocks may be freed
     ... consumer.poll() -> Progress(done={"req-1"}, failed={})   # blocks may be used
 
+A consumer that gives a request up (an abort) sends CANCEL: a producer that has not
+started the write drops the request and says so; one that has, lets the write answer.
+A long request's block ids span several PULL messages (4 KiB each).
+
 Failures are reported, never waited on forever: a PULL that does not match what the
 producer holds (unknown request, block counts, layouts) fails that request on the
 producer and, through a notification with an error code, on the consumer; a consumer
