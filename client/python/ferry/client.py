@@ -306,11 +306,11 @@ class Client:
         self._host_regions.add(region)
         return region
 
-    def _register_fd(self, fd: int, size: int) -> ferry_pb2.RegisterMemoryResponse:
-        """Registers ``size`` bytes of the memfd ``fd`` (sent on the session socket)."""
+    def _register_fd(self, fd: int, size: int, offset: int = 0) -> ferry_pb2.RegisterMemoryResponse:
+        """Registers ``size`` bytes at ``offset`` of the memfd ``fd`` (sent on the session socket)."""
         handle = self._session.send_fd(fd)
         return self._call("RegisterMemory", ferry_pb2.RegisterMemoryRequest(
-            size=size, host=ferry_pb2.HostMemory(fd_handle=handle)))
+            size=size, host=ferry_pb2.HostMemory(fd_handle=handle, offset=offset)))
 
     def register_cuda(self, tensor) -> Region:
         """Registers a CUDA tensor's memory (PyTorch; contiguous). Tensors made with
@@ -338,13 +338,10 @@ class Client:
             raise errors.InvalidArgument(
                 "this CPU tensor's memory cannot be shared with the agent: allocate it with ferry.host.empty()")
         offset = ptr - buf.ptr
-        page = offset // mmap.PAGESIZE * mmap.PAGESIZE
-        if page != offset:
+        if offset % mmap.PAGESIZE:
             raise errors.InvalidArgument(f"the tensor starts {offset} bytes into its ferry.host buffer; "
                                          f"register a view that starts on a page ({mmap.PAGESIZE} bytes)")
-        handle = self._session.send_fd(buf.fd)
-        return Region(self, self._call("RegisterMemory", ferry_pb2.RegisterMemoryRequest(
-            size=size, host=ferry_pb2.HostMemory(fd_handle=handle, offset=offset))))
+        return Region(self, self._register_fd(buf.fd, size, offset))
 
     def register_cuda_ptr(self, ptr: int, size: int, device: int) -> Region:
         """Registers ``size`` bytes of device memory at ``ptr`` on CUDA device ``device``."""

@@ -9,6 +9,7 @@ made here can: ``Client.register_tensor`` sends their buffer's fd.
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import mmap
 import os
@@ -28,8 +29,6 @@ class HostBuffer:
         self.fd = os.memfd_create("ferry-host", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, self.size)
         self.mapping = mmap.mmap(self.fd, self.size)
-        import ctypes
-
         self.ptr = ctypes.addressof(ctypes.c_char.from_buffer(self.mapping))
         _buffers[self.ptr] = self
         # The mapping lives until the last view of it goes; the fd and the entry go with the buffer.

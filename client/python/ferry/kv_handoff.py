@@ -46,6 +46,8 @@ _HELLO, _PULL, _CANCEL = 1, 2, 3
 # Message tags, producer -> consumer: the request needed no write / the producer refused
 # its pull / the producer dropped it on the consumer's cancel. Its write carries _DONE too.
 _DONE, _REFUSED, _DROPPED = 1, 2, 3
+# KVConsumer.poll()'s reason for a request given up with cancel(): its blocks may be reused.
+CANCELLED = "cancelled"
 _MAX_PAYLOAD = 4096
 
 
@@ -261,7 +263,7 @@ class KVProducer:
                 del self._held[rid]
                 progress.failed[rid] = why
             if descriptors is not None and all(d is not None for d in descriptors):
-                self._client.send_message(descriptors[0], f"{reply}\n{why}".encode()[:_MAX_PAYLOAD], tag=_REFUSED)
+                refuse(self._client, (descriptors[0], reply), why)
             return
         if not dst_ids:  # the consumer had every block already
             del self._held[rid]
@@ -338,9 +340,7 @@ class KVConsumer:
         bad = [i for i in dst_block_ids if not 0 <= i < self._spec.num_blocks]
         if bad:
             raise ValueError(f"block id {bad[0]} is outside 0..{self._spec.num_blocks - 1}")
-        if producer_mailbox not in self._introduced:
-            self._hello(producer_mailbox)
-            self._introduced.add(producer_mailbox)
+        self._introduce(producer_mailbox)
         self._waiting[request_id] = time.monotonic() + self._timeout
         head = _pack_str(self.engine_id) + _pack_str(producer_request_id or request_id)
         tail = _pack_str(request_id)
@@ -354,8 +354,11 @@ class KVConsumer:
             if first >= len(dst_block_ids):
                 break
 
-    def _hello(self, mailbox: bytes) -> None:
-        # As many descriptors per message as fit in a payload.
+    def _introduce(self, mailbox: bytes) -> None:
+        """Sends the producer behind ``mailbox`` this consumer's layout and layer
+        descriptors (HELLO), once; as many descriptors per message as fit in a payload."""
+        if mailbox in self._introduced:
+            return
         head = _pack_str(self.engine_id) + self._spec._pack()
         first = 0
         while first < len(self._descriptors):
@@ -368,6 +371,7 @@ class KVConsumer:
                 struct.pack("<H", len(d)) + d for d in self._descriptors[first:first + count])
             self._client.send_message(mailbox, _message(_HELLO, body))
             first += count
+        self._introduced.add(mailbox)
 
     def cancel(self, request_id: str, producer_mailbox: bytes, producer_request_id: Optional[str] = None) -> bool:
         """Tells the producer to drop ``request_id``. Returns True when nothing can be
@@ -376,9 +380,7 @@ class KVConsumer:
         then may the blocks be reused."""
         if request_id in self._waiting:
             self._cancelled.add(request_id)
-        if producer_mailbox not in self._introduced:
-            self._hello(producer_mailbox)
-            self._introduced.add(producer_mailbox)
+        self._introduce(producer_mailbox)
         body = _pack_str(self.engine_id) + _pack_str(producer_request_id or request_id) + _pack_str(request_id)
         self._client.send_message(producer_mailbox, _message(_CANCEL, body))
         return request_id not in self._waiting
@@ -401,7 +403,7 @@ class KVConsumer:
             elif n.tag == _REFUSED:
                 progress.failed[rid] = f"the producer refused: {why}"
             else:
-                progress.failed[rid] = "cancelled"
+                progress.failed[rid] = CANCELLED
         now = time.monotonic()
         for rid, deadline in list(self._waiting.items()):
             if now > deadline:
@@ -410,7 +412,7 @@ class KVConsumer:
         for rid in list(progress.done):
             if rid in self._cancelled:  # landed after all, but nobody wants it
                 progress.done.discard(rid)
-                progress.failed[rid] = "cancelled"
+                progress.failed[rid] = CANCELLED
         self._cancelled -= progress.done | set(progress.failed)
         return progress
 

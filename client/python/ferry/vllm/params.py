@@ -46,7 +46,6 @@ class RemotePrefill:
     request_id: str
     block_ids: List[int]
     mailboxes: List[bytes]
-    tp_size: int
 
 
 def producer_params(engine_id: str, request_id: str, block_ids: List[int], num_tokens: int, tp_size: int,
@@ -106,4 +105,4 @@ def parse(params: Optional[Mapping[str, Any]], layout: Layout, tp_size: int, num
         raise BadParams("remote_block_ids must be non-negative integers")
     return RemotePrefill(engine_id=_field(params, "remote_engine_id", str),
                          request_id=_field(params, "remote_request_id", str), block_ids=list(block_ids),
-                         mailboxes=decoded, tp_size=their_tp)
+                         mailboxes=decoded)

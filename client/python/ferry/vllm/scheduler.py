@@ -130,7 +130,8 @@ class FerryScheduler:
                                                 self.tp_size, self._mailboxes, self.layout)
 
     def _cancel(self, rid: str, p: dict, num_prompt_tokens: int) -> None:
-        remote = self._receiving.pop(rid, None)
+        # A pulled request stays in _receiving until the worker reports it (finished_recving).
+        remote = self._receiving.get(rid)
         pulled = remote is not None
         if remote is None:  # aborted before its blocks were allocated: tell the producer to let go
             p["do_remote_prefill"] = False
@@ -139,8 +140,6 @@ class FerryScheduler:
             except params_lib.BadParams:
                 return  # nothing a producer could be holding for us
         self._plan.cancel[rid] = (remote.request_id, remote.mailboxes, pulled)
-        if pulled:
-            self._receiving[rid] = remote  # until the worker reports it (finished_recving)
 
     def build_plan(self) -> StepPlan:
         plan, self._plan = self._plan, StepPlan()

@@ -23,7 +23,7 @@ from typing import Dict, List, Mapping, Optional, Set
 
 from .. import errors
 from ..client import Client
-from ..kv_handoff import KVCacheSpec, KVConsumer, KVProducer, refuse
+from ..kv_handoff import CANCELLED, KVCacheSpec, KVConsumer, KVProducer, refuse
 from .scheduler import StepPlan
 
 logger = logging.getLogger("ferry.vllm")
@@ -70,6 +70,7 @@ class FerryWorker:
         self._held: Set[str] = set()  # producer: requests not yet reported in finished_sending
         self._pending = StepResults()  # reported at the next results()
         self._tensors: List = []
+        self._spec: Optional[KVCacheSpec] = None
         self._next_reconnect = 0.0
         self.mailbox_changed = False  # a new mailbox since the scheduler last heard (after a reconnect)
         self._orphans: List[tuple] = []  # consumers whose writes were lost with the old session
@@ -78,7 +79,7 @@ class FerryWorker:
         """Registers every layer's tensor once (in the model's layer order, which both
         sides share) and starts the producer and consumer roles."""
         tensors = list(kv_caches.values())
-        cache_spec(tensors)
+        self._spec = cache_spec(tensors)
         if any(t.is_cuda for t in tensors) and "expandable_segments:true" in \
                 os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower():
             raise errors.FailedPrecondition(
@@ -88,12 +89,11 @@ class FerryWorker:
         self._start()
 
     def _start(self) -> None:
-        spec = cache_spec(self._tensors)
         regions = [self._client.register_tensor(t) for t in self._tensors]
         if self._roles[0]:
-            self.producer = KVProducer(self._client, spec, regions, self.engine_id)
+            self.producer = KVProducer(self._client, self._spec, regions, self.engine_id)
         if self._roles[1]:
-            self.consumer = KVConsumer(self._client, spec, regions, self.engine_id, timeout=self._timeout)
+            self.consumer = KVConsumer(self._client, self._spec, regions, self.engine_id, timeout=self._timeout)
 
     @property
     def mailbox(self) -> Optional[bytes]:
@@ -161,7 +161,7 @@ class FerryWorker:
                 self._pending.finished_recving.add(rid)
                 self._pulled.pop(rid, None)
             for rid, why in c.failed.items():
-                if why == "cancelled":
+                if why == CANCELLED:
                     self._pending.finished_recving.add(rid)
                     self._pulled.pop(rid, None)
                 else:
