@@ -24,6 +24,7 @@ absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricE
     o.index = static_cast<int>(i);
     o.tx_size = options.tx_size;
     o.hmem = options.hmem;
+    if (options.fabric_messages) o.on_message = [p = e.get()](absl::string_view m) { p->OnMessage(m); };
     absl::StatusOr<std::unique_ptr<FabricNic>> nic = FabricNic::Open(o);
     if (!nic.ok()) return nic.status();
     if (!e->nics_.empty() && (*nic)->provider() != e->nics_[0]->provider()) {
@@ -158,7 +159,12 @@ void FabricEngine::Submit(std::shared_ptr<Transfer> t, Done done) {
 }
 
 void FabricEngine::NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done) {
-  SendNotify(t, {}, std::move(done));
+  SendNotify(t, DeliveredRequest(*t, {}), std::move(done));
+}
+
+void FabricEngine::OnMessage(absl::string_view bytes) {
+  absl::ReaderMutexLock lock(&handler_mu_);
+  if (handler_) handler_(bytes);
 }
 
 void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerConnection> peer,
@@ -190,23 +196,23 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
   std::vector<uint64_t> nic_bytes(remote_nics, 0);
   for (size_t i = 0; i < pieces.size(); ++i) nic_bytes[rail[i % local_nics] % remote_nics] += pieces[i].length;
 
-  auto state = TransferState::Create(
-      t, peer, pieces.size(),
-      [this, t, peer, region_id, nic_bytes = std::move(nic_bytes), done = std::move(done)](absl::Status s) {
-        if (!s.ok()) {
-          if (s.code() == absl::StatusCode::kUnavailable) {
-            peer->MarkSuspect();
-            peer->ForgetRegion(region_id);
-            if (IsConnectionReset(s)) peer->NoteConnectionDrop();
-          }
-          done(s);
-        } else if (t->notify) {
-          Enqueue([this, t, nic_bytes, done] { SendNotify(t, nic_bytes, done); });
-        } else {
-          AddRxReport(*t, peer, nic_bytes);
-          done(absl::OkStatus());
-        }
-      });
+  auto state = TransferState::Create(t, peer, pieces.size(),
+                                     [this, t, peer, region_id, first_nic = static_cast<size_t>(rail[0]),
+                                      nic_bytes = std::move(nic_bytes), done = std::move(done)](absl::Status s) {
+                                       if (!s.ok()) {
+                                         if (s.code() == absl::StatusCode::kUnavailable) {
+                                           peer->MarkSuspect();
+                                           peer->ForgetRegion(region_id);
+                                           if (IsConnectionReset(s)) peer->NoteConnectionDrop();
+                                         }
+                                         done(s);
+                                       } else if (t->notify) {
+                                         NotifyPeer(t, peer, first_nic, DeliveredRequest(*t, nic_bytes), done);
+                                       } else {
+                                         AddRxReport(*t, peer, nic_bytes);
+                                         done(absl::OkStatus());
+                                       }
+                                     });
   {
     absl::MutexLock lock(&mu_);
     active_.push_back(state);
@@ -233,11 +239,47 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
   }
 }
 
-void FabricEngine::SendNotify(const std::shared_ptr<Transfer>& t, const std::vector<uint64_t>& nic_bytes, Done done) {
-  const v1::RegionDescriptor& d = *t->dst_descriptor;
-  v1::NotifyRequest req = DeliverNotifyRequest(d, options_.incarnation, v1::NOTIFICATION_KIND_WRITE, t->id, t->tag,
-                                               t->plan.total_bytes, t->notify_payload);
+v1::NotifyRequest FabricEngine::DeliveredRequest(const Transfer& t, const std::vector<uint64_t>& nic_bytes) const {
+  v1::NotifyRequest req = DeliverNotifyRequest(*t.dst_descriptor, options_.incarnation, v1::NOTIFICATION_KIND_WRITE,
+                                               t.id, t.tag, t.plan.total_bytes, t.notify_payload);
   for (uint64_t b : nic_bytes) req.add_nic_bytes(b);
+  return req;
+}
+
+void FabricEngine::NotifyPeer(const std::shared_ptr<Transfer>& t, const std::shared_ptr<PeerConnection>& peer,
+                              size_t nic, v1::NotifyRequest req, Done done) {
+  if (options_.fabric_messages && peer->fabric_messages() && req.ByteSizeLong() <= kMaxFabricMessageBytes) {
+    SendNotifyMessage(t, peer, nic, req, std::move(done));
+  } else {
+    Enqueue([this, t, req = std::move(req), done = std::move(done)] { SendNotify(t, req, done); });
+  }
+}
+
+void FabricEngine::SendNotifyMessage(const std::shared_ptr<Transfer>& t, const std::shared_ptr<PeerConnection>& peer,
+                                     size_t nic, const v1::NotifyRequest& req, Done done) {
+  auto state = TransferState::Create(
+      t, peer, 1, [peer, agent = t->dst_descriptor->agent_address(), done = std::move(done)](absl::Status s) {
+        if (s.ok()) return done(s);
+        if (s.code() == absl::StatusCode::kUnavailable) peer->MarkSuspect();
+        done(absl::UnavailableError(
+            absl::StrCat("the bytes landed but notifying agent ", agent, " failed: ", s.message())));
+      });
+  req.SerializeToString(&state->message());
+  {
+    absl::MutexLock lock(&mu_);
+    active_.push_back(state);  // the watchdog holds it to the transfer's deadline
+  }
+  WriteOp op;
+  op.state = state.get();
+  op.message = true;
+  op.local = reinterpret_cast<const uint8_t*>(state->message().data());
+  op.length = state->message().size();
+  op.peer = peer->fi_addr(nic, nic % peer->remote_nic_count());
+  workers_[nic]->Submit(absl::MakeConstSpan(&op, 1));
+}
+
+void FabricEngine::SendNotify(const std::shared_ptr<Transfer>& t, const v1::NotifyRequest& req, Done done) {
+  const v1::RegionDescriptor& d = *t->dst_descriptor;
   v1::NotifyResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(std::max(t->deadline, absl::Now() + absl::Milliseconds(100))));

@@ -11,8 +11,15 @@
 // (a GPU's nearest NICs, or those of a host region's NUMA node; see agent/topology);
 // local NIC i writes to remote NIC i mod R, so rail-aligned networks stay on their rail.
 // Each NIC's RailWorker, pinned to its NIC's NUMA-local cores, posts and completes its ops.
-// Once every op reported delivery-complete, the target agent is told over gRPC (Notify)
-// when the writer asked for a notification; only then does the writer see success.
+// Once every op reported delivery-complete, the target agent is told when the writer
+// asked for a notification: by a fabric message carrying the NotifyRequest, from the
+// first NIC of the rail, where both agents have messages (FabricNic::messages; the
+// target says so in its handshake), else by the Notify RPC. Only once the message is in
+// the target's receive buffer (or the RPC answered) does the writer see success. The
+// message saves the RPC's round trip and its thread hand-offs: the target's NIC worker
+// reads it from its own CQ and hands it to the receiver (PeerService::AcceptMessage).
+// Remote CQ data (fi_writedata) would not do: 8 bytes hold no tag, id or payload, and
+// pieces on other NICs may still be in flight when one NIC's last write lands.
 // Transfers without a notification are reported to the target in the background, at
 // most once a second per target region, so its receive counters stay complete.
 // A watchdog enforces each transfer's deadline; a peer restart fails its transfers with
@@ -32,6 +39,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/engine/rail_worker.h"
@@ -54,6 +62,9 @@ struct FabricEngineOptions {
   bool hmem = true;                                      // use FI_HMEM for GPU memory where the provider has it
   absl::Duration worker_spin = absl::Microseconds(100);  // see RailWorker
   int notify_threads = 2;
+  // Notifications by fabric message where the peer receives them, and receive them
+  // here; false: by the Notify RPC only (--fabric_messages).
+  bool fabric_messages = true;
   // The node's topology (agent/topology): rails and worker pinning. Null: every region
   // stripes over every NIC, workers unpinned.
   std::shared_ptr<const Topology> topology;
@@ -65,6 +76,12 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   static absl::StatusOr<std::unique_ptr<FabricEngine>> Create(const FabricEngineOptions& options, Metrics* metrics);
   ~FabricEngine() override;
 
+  // Where fabric messages from peers go (PeerService::AcceptMessage), on the NIC
+  // workers' threads. Set before StartPeers; until then messages are dropped.
+  void SetMessageHandler(std::function<void(absl::string_view)> handler) {
+    absl::MutexLock lock(&handler_mu_);
+    handler_ = std::move(handler);
+  }
   // Enables outgoing transfers; `self_address` is this agent's peer address.
   void StartPeers(const std::string& self_address, std::shared_ptr<grpc::ChannelCredentials> creds,
                   grpc::ChannelArguments args = {});
@@ -91,6 +108,14 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
                 const std::vector<v1::RemoteKey>& keys, uint64_t region_id, absl::Time keys_since, Done done);
   // Notifies the destination's owner (t->peer) that all of `t` landed. Blocks for the RPC.
   void NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done);
+  // Sends `req` (a delivered write's NotifyRequest) to `peer`: as a fabric message from
+  // local NIC `nic` where both agents have them, else by the Notify RPC (on a notify
+  // thread). `done` once the target has it; an error says the bytes landed regardless.
+  void NotifyPeer(const std::shared_ptr<Transfer>& t, const std::shared_ptr<PeerConnection>& peer, size_t nic,
+                  v1::NotifyRequest req, Done done);
+  // The NotifyRequest that delivers `t`'s notification (`nic_bytes`: what arrived
+  // through each of the target's NICs, for its receive counters).
+  v1::NotifyRequest DeliveredRequest(const Transfer& t, const std::vector<uint64_t>& nic_bytes) const;
 
   std::vector<FabricNic*> nics() const;
   // Each NIC's device in the topology (nullptr: none, e.g. loopback), the rails built
@@ -108,7 +133,11 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   void NotifyLoop();
   void Enqueue(std::function<void()> job);
   void FailTransfersTo(const PeerConnection& peer);
-  void SendNotify(const std::shared_ptr<Transfer>& t, const std::vector<uint64_t>& nic_bytes, Done done);
+  void OnMessage(absl::string_view bytes);
+  // NotifyPeer's two ways: by RPC (blocks for it), or as a message from local NIC `nic`.
+  void SendNotify(const std::shared_ptr<Transfer>& t, const v1::NotifyRequest& req, Done done);
+  void SendNotifyMessage(const std::shared_ptr<Transfer>& t, const std::shared_ptr<PeerConnection>& peer, size_t nic,
+                         const v1::NotifyRequest& req, Done done);
 
   // Receive accounting for transfers the target was not notified of: one-sided writes
   // are invisible to the target agent, so the initiator adds them up per target region
@@ -140,6 +169,8 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::Mutex report_mu_;
   std::map<std::pair<const PeerConnection*, uint64_t>, RxReport> rx_reports_ ABSL_GUARDED_BY(report_mu_);
+  absl::Mutex handler_mu_;
+  std::function<void(absl::string_view)> handler_ ABSL_GUARDED_BY(handler_mu_);
   std::thread watchdog_;
   std::vector<std::thread> notifiers_;
 };

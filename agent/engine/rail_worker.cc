@@ -214,7 +214,7 @@ bool RailWorker::PostPending() {
         progressed = true;
         continue;
       }
-      if (drop != nullptr && op.keys_since < drop->at) {
+      if (drop != nullptr && !op.message && op.keys_since < drop->at) {
         // Its keys predate the drop: they may be what broke the connection (a region
         // deregistered since). Posting them could break the new one as well.
         q.ops.pop_front();
@@ -228,8 +228,9 @@ bool RailWorker::PostPending() {
         continue;
       }
       PostedOp* slot = FreeSlot();  // taken off the free list only if the post succeeds
-      ssize_t rc = nic_->PostWrite(op.local, op.length, op.desc, op.peer, op.remote_addr, op.key, &slot->context,
-                                   /*more=*/q.ops.size() > 1);
+      ssize_t rc = op.message ? nic_->PostMessage(op.local, op.length, op.peer, &slot->context)
+                              : nic_->PostWrite(op.local, op.length, op.desc, op.peer, op.remote_addr, op.key,
+                                                &slot->context, /*more=*/q.ops.size() > 1);
       if (rc == -FI_EAGAIN) {
         eagain_.Increment();
         break;  // the op stays at the front; progress the CQ, then retry
@@ -238,7 +239,9 @@ bool RailWorker::PostPending() {
       --pending_;
       progressed = true;
       if (rc != 0) {
-        Fail(op, static_cast<int>(rc), absl::StrCat("posting a write failed: ", fi_strerror(static_cast<int>(-rc))));
+        Fail(op, static_cast<int>(rc),
+             absl::StrCat("posting a ", op.message ? "message" : "write",
+                          " failed: ", fi_strerror(static_cast<int>(-rc))));
         drop = LastDrop(q.peer);  // Fail may have added it
         if (drop != nullptr && absl::Now() < drop->at + kReconnectHold) {
           holding_ = true;
@@ -264,8 +267,10 @@ bool RailWorker::PostPending() {
 
 void RailWorker::Complete(const WriteOp& op, const absl::Status& status, absl::Time posted, absl::Time now) {
   if (status.ok()) {
-    tx_bytes_.fetch_add(op.length, std::memory_order_relaxed);
-    tx_counter_.Increment(static_cast<double>(op.length));
+    if (!op.message) {  // the counters are of data written
+      tx_bytes_.fetch_add(op.length, std::memory_order_relaxed);
+      tx_counter_.Increment(static_cast<double>(op.length));
+    }
     const double seconds = absl::ToDoubleSeconds(now - posted);
     // The bucket prometheus-cpp's Observe would pick: the first bound >= the value.
     latency_counts_[std::lower_bound(latency_bounds_.begin(), latency_bounds_.end(), seconds) -
@@ -311,9 +316,12 @@ bool RailWorker::ReadCompletions() {
         const WriteOp op = slot->op;
         slot->next_free = free_slots_;
         free_slots_ = slot;
-        Fail(op, err.err, absl::StrCat("write to peer failed: ", fi_strerror(err.err), " (", err.detail, ")"));
+        Fail(op, err.err,
+             absl::StrCat(op.message ? "message" : "write", " to peer failed: ", fi_strerror(err.err), " (", err.detail,
+                          ")"));
       } else {
         errors_.Increment();
+        FERRY_LOG(WARNING) << nic_->name() << ": " << fi_strerror(err.err) << " (" << err.detail << ")";
       }
     }
     return true;

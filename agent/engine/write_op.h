@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -40,6 +41,10 @@ class TransferState {
     state->self_ = state;
     return state;
   }
+
+  // Bytes a message op of this state sends: they live as long as the state, which
+  // outlives its ops.
+  std::string& message() { return message_; }
 
   const Transfer& transfer() const { return *transfer_; }
   const std::shared_ptr<PeerConnection>& peer() const { return peer_; }
@@ -88,11 +93,14 @@ class TransferState {
   absl::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   Done done_;
+  std::string message_;
 };
 
-// One write, as the engine hands it to a NIC's worker.
+// One write, as the engine hands it to a NIC's worker; or, with `message`, one message
+// of [local, local + length) to `peer` (a notification; no key, desc or remote_addr).
 struct WriteOp {
   TransferState* state = nullptr;  // alive until this op's OpDone (see Create)
+  bool message = false;
   const uint8_t* local = nullptr;
   uint64_t length = 0;
   void* desc = nullptr;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -58,13 +59,14 @@ bool DomainMatches(const char* domain, const std::string& want) {
   return domain != nullptr && (want == domain || absl::StrCat(want, "-rdm") == domain);
 }
 
-// Asks libfabric for an RDM endpoint with RMA writes (and device memory, with `hmem`)
-// from `provider` bound to the address, or on the domain, `where` names.
-absl::StatusOr<fi_info*> GetInfo(const std::string& provider, const Iface& where, size_t tx_size, bool hmem) {
+// Asks libfabric for an RDM endpoint with RMA writes (and device memory, with `hmem`;
+// messages, with `msg`) from `provider` bound to the address, or on the domain, `where`
+// names.
+absl::StatusOr<fi_info*> GetInfo(const std::string& provider, const Iface& where, size_t tx_size, bool hmem, bool msg) {
   fi_info* hints = fi_allocinfo();
   absl::Cleanup free_hints = [hints] { fi_freeinfo(hints); };
   hints->ep_attr->type = FI_EP_RDM;
-  hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | (hmem ? FI_HMEM : 0);
+  hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | (hmem ? FI_HMEM : 0) | (msg ? FI_MSG | FI_SEND | FI_RECV : 0);
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   // The modes ferry can honour; the provider keeps the ones it needs.
   hints->domain_attr->mr_mode =
@@ -112,10 +114,13 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
   fi_info* info = nullptr;
   std::string tried;
   for (const std::string& p : candidates) {
-    // With FI_HMEM where the provider has it, else without (GPU memory is then staged).
+    // With FI_HMEM where the provider has it, else without (GPU memory is then staged);
+    // with messages where it has them, else without (notifications then go by RPC).
     absl::StatusOr<fi_info*> i = absl::NotFoundError("FI_HMEM not asked for");
-    if (options.hmem) i = GetInfo(p, iface, options.tx_size, /*hmem=*/true);
-    if (!i.ok()) i = GetInfo(p, iface, options.tx_size, /*hmem=*/false);
+    for (bool msg : {true, false}) {
+      if (options.hmem && !i.ok()) i = GetInfo(p, iface, options.tx_size, /*hmem=*/true, msg);
+      if (!i.ok()) i = GetInfo(p, iface, options.tx_size, /*hmem=*/false, msg);
+    }
     if (i.ok()) {
       info = *i;
       break;
@@ -145,7 +150,7 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
   rc = fi_av_open(nic->domain_, &av_attr, &nic->av_, nullptr);
   if (rc) return FiError("fi_av_open", rc);
   fi_cq_attr cq_attr{};
-  cq_attr.format = FI_CQ_FORMAT_CONTEXT;
+  cq_attr.format = FI_CQ_FORMAT_MSG;  // a received message's length
   cq_attr.size = std::max<size_t>(nic->tx_size_ * 2, 1024);
   cq_attr.wait_obj = FI_WAIT_FD;
   rc = fi_cq_open(nic->domain_, &cq_attr, &nic->cq_, nullptr);
@@ -165,6 +170,11 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
   if (rc) return FiError("fi_ep_bind(cq)", rc);
   rc = fi_enable(nic->ep_);
   if (rc) return FiError("fi_enable", rc);
+  if ((info->caps & FI_MSG) && options.on_message) {
+    nic->on_message_ = options.on_message;
+    absl::Status buffers = nic->OpenMessageBuffers();
+    if (!buffers.ok()) return buffers;
+  }
 
   char name[256];
   size_t len = sizeof(name);
@@ -175,12 +185,62 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
                   << nic->address_string() << " (netdev " << nic->netdev_ << ", domain " << nic->domain_name_
                   << ") mr_mode 0x" << std::hex << nic->mr_mode_ << std::dec << " tx_size " << nic->tx_size_
                   << (nic->wait_fd_ >= 0 ? " (wait fd)" : " (polling)")
-                  << (nic->hmem_ ? ", FI_HMEM" : ", no FI_HMEM (GPU memory will be staged)");
+                  << (nic->hmem_ ? ", FI_HMEM" : ", no FI_HMEM (GPU memory will be staged)")
+                  << (nic->messages_ ? ", messages" : ", no messages (notifications go by RPC)");
   return nic;
+}
+
+absl::Status FabricNic::OpenMessageBuffers() {
+  const size_t n = 2 * kMessageBuffers;
+  message_memory_.reset(new uint8_t[n * kMaxFabricMessageBytes]);
+  iovec iov{message_memory_.get(), n * kMaxFabricMessageBytes};
+  fi_mr_attr attr{};
+  attr.mr_iov = &iov;
+  attr.iov_count = 1;
+  attr.access = FI_SEND | FI_RECV;
+  attr.requested_key = (mr_mode_ & FI_MR_PROV_KEY) ? 0 : next_key_.fetch_add(1);
+  attr.iface = FI_HMEM_SYSTEM;
+  int rc = fi_mr_regattr(domain_, &attr, 0, &message_mr_);
+  if (rc) return FiError(absl::StrCat(name_, ": registering message buffers"), rc);
+  if (mr_mode_ & FI_MR_ENDPOINT) {
+    rc = fi_mr_bind(message_mr_, &ep_->fid, 0);
+    if (rc == 0) rc = fi_mr_enable(message_mr_);
+    if (rc) return FiError(absl::StrCat(name_, ": binding the message buffers to the endpoint"), rc);
+  }
+  message_desc_ = fi_mr_desc(message_mr_);
+  slots_.resize(n);
+  for (size_t i = 0; i < n; ++i) slots_[i].buf = message_memory_.get() + i * kMaxFabricMessageBytes;
+  for (size_t i = kMessageBuffers; i < n; ++i) slots_[i].next_free = i + 1 < n ? &slots_[i + 1] : nullptr;
+  free_send_ = &slots_[kMessageBuffers];
+  for (size_t i = 0; i < kMessageBuffers; ++i) PostReceive(&slots_[i]);
+  if (!unposted_.empty()) {
+    return FiError(absl::StrCat(name_, ": posting receive buffers"), -FI_EAGAIN);
+  }
+  messages_ = true;
+  return absl::OkStatus();
+}
+
+void FabricNic::PostReceive(MessageSlot* s) {
+  iovec iov{s->buf, kMaxFabricMessageBytes};
+  fi_msg msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &message_desc_;
+  msg.iov_count = 1;
+  msg.addr = FI_ADDR_UNSPEC;
+  msg.context = &s->context;
+  if (fi_recvmsg(ep_, &msg, 0) != 0) unposted_.push_back(s);
+}
+
+FabricNic::MessageSlot* FabricNic::SlotOf(void* context) {
+  const auto at = reinterpret_cast<uintptr_t>(context);  // &slot->context, its first member
+  const auto first = reinterpret_cast<uintptr_t>(slots_.data());
+  if (slots_.empty() || at < first || at >= first + slots_.size() * sizeof(MessageSlot)) return nullptr;
+  return reinterpret_cast<MessageSlot*>(context);
 }
 
 FabricNic::~FabricNic() {
   if (ep_) fi_close(&ep_->fid);
+  if (message_mr_) fi_close(&message_mr_->fid);
   if (cq_) fi_close(&cq_->fid);
   if (av_) fi_close(&av_->fid);
   if (domain_) fi_close(&domain_->fid);
@@ -253,12 +313,54 @@ ssize_t FabricNic::PostWrite(const void* local, size_t len, void* desc, fi_addr_
   return fi_writemsg(ep_, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION | (more ? FI_MORE : 0));
 }
 
+ssize_t FabricNic::PostMessage(const void* data, size_t len, fi_addr_t peer, void* context) {
+  if (!messages_) return -FI_ENOSYS;
+  if (len > kMaxFabricMessageBytes) return -FI_EMSGSIZE;
+  if (free_send_ == nullptr) return -FI_EAGAIN;
+  MessageSlot* s = free_send_;
+  std::memcpy(s->buf, data, len);
+  iovec iov{s->buf, len};
+  fi_msg msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &message_desc_;
+  msg.iov_count = 1;
+  msg.addr = peer;
+  msg.context = &s->context;
+  const ssize_t rc = fi_sendmsg(ep_, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION);
+  if (rc == 0) {
+    free_send_ = s->next_free;
+    s->op_context = context;
+  }
+  return rc;
+}
+
 ssize_t FabricNic::ReadCompletions(void** contexts, size_t max) {
   constexpr size_t kBatch = 64;
-  fi_cq_entry entries[kBatch];
-  const ssize_t n = fi_cq_read(cq_, entries, std::min(max, kBatch));
-  for (ssize_t i = 0; i < n; ++i) contexts[i] = entries[i].op_context;
-  return n == -FI_EAGAIN ? 0 : n;
+  fi_cq_msg_entry entries[kBatch];
+  if (!unposted_.empty()) {
+    for (MessageSlot* s : std::exchange(unposted_, {})) PostReceive(s);
+  }
+  // A batch of nothing but received messages is read past, so the worker's answer is
+  // about its own ops.
+  for (;;) {
+    const ssize_t n = fi_cq_read(cq_, entries, std::min(max, kBatch));
+    if (n <= 0) return n == -FI_EAGAIN ? 0 : n;
+    ssize_t ops = 0;
+    for (ssize_t i = 0; i < n; ++i) {
+      MessageSlot* s = SlotOf(entries[i].op_context);
+      if (s == nullptr) {
+        contexts[ops++] = entries[i].op_context;
+      } else if (IsReceive(s)) {
+        on_message_(absl::string_view(reinterpret_cast<const char*>(s->buf), entries[i].len));
+        PostReceive(s);
+      } else {
+        contexts[ops++] = s->op_context;
+        s->next_free = free_send_;
+        free_send_ = s;
+      }
+    }
+    if (ops > 0) return ops;
+  }
 }
 
 bool FabricNic::ReadError(ErrorCompletion* out) {
@@ -269,6 +371,19 @@ bool FabricNic::ReadError(ErrorCompletion* out) {
   out->context = err.op_context;
   out->err = err.err;
   out->detail = detail != nullptr ? detail : "";
+  if (MessageSlot* s = SlotOf(err.op_context)) {
+    if (IsReceive(s)) {
+      // No op of the worker's: count it, and keep the buffer posted (unless the endpoint
+      // is closing, which cancels every receive).
+      out->context = nullptr;
+      out->detail = absl::StrCat("receiving a message: ", out->detail);
+      if (err.err != FI_ECANCELED) PostReceive(s);
+    } else {
+      out->context = s->op_context;
+      s->next_free = free_send_;
+      free_send_ = s;
+    }
+  }
   return true;
 }
 

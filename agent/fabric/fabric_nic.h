@@ -11,6 +11,13 @@
 // assuming one. Writes request FI_DELIVERY_COMPLETE: a completion means the bytes are in
 // the target's memory, not merely sent.
 //
+// Messages: where the provider has FI_MSG (tcp;ofi_rxm, verbs;ofi_rxm and efa all do)
+// and the owner gives an `on_message` handler, the NIC keeps kMessageBuffers registered
+// receive buffers posted and as many send buffers. A message that arrives is handed to
+// `on_message` from ReadCompletions (the worker's thread), then its buffer is posted
+// again; what the worker sees of the NIC's CQ is only its own ops' completions. The
+// agent sends its notifications this way (agent/engine/fabric_engine.h).
+//
 // GPU memory: when the provider offers FI_HMEM (GPUDirect RDMA on efa and verbs, CUDA
 // IPC on shm), the NIC asks for it and registers CUDA memory with FI_HMEM_CUDA and its
 // device, so writes go to and from GPU memory directly; otherwise hmem() is false and
@@ -25,10 +32,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "agent/fabric/nic_interface.h"
 #include "agent/memory/region.h"
 
@@ -46,6 +56,9 @@ struct FabricNicOptions {
   size_t tx_size = 0;
   // Ask for FI_HMEM (device memory registration) where the provider has it.
   bool hmem = true;
+  // Receives messages from peers (called on the NIC worker's thread, with a view into a
+  // receive buffer that is reused once it returns). Null: the NIC receives none.
+  std::function<void(absl::string_view)> on_message;
 };
 
 class FabricNic : public NicInterface {
@@ -68,6 +81,9 @@ class FabricNic : public NicInterface {
 
   // Whether GPU memory can be registered (the provider granted FI_HMEM).
   bool hmem() const { return hmem_; }
+  // Whether the NIC receives messages (the provider granted FI_MSG and on_message was
+  // given): what peers ask before they send one (HandshakeResponse.fabric_messages).
+  bool messages() const { return messages_; }
 
   // Registers [buf, buf + len) for local and remote writes on this NIC. Thread-safe.
   // `cuda_device` >= 0: buf is CUDA memory of that device (needs hmem()).
@@ -80,6 +96,7 @@ class FabricNic : public NicInterface {
   // when the provider has none.
   ssize_t PostWrite(const void* local, size_t len, void* desc, fi_addr_t peer, uint64_t remote_addr, uint64_t key,
                     void* context, bool more) override;
+  ssize_t PostMessage(const void* data, size_t len, fi_addr_t peer, void* context) override;
   ssize_t ReadCompletions(void** contexts, size_t max) override;
   bool ReadError(ErrorCompletion* out) override;
   int wait_fd() const override { return wait_fd_; }
@@ -87,6 +104,20 @@ class FabricNic : public NicInterface {
 
  private:
   FabricNic() = default;
+  absl::Status OpenMessageBuffers();
+  // A message buffer, receive or send. `context` comes first: its address is what the
+  // CQ hands back.
+  struct MessageSlot {
+    fi_context2 context;
+    uint8_t* buf = nullptr;
+    void* op_context = nullptr;  // a send's: the worker's op it completes
+    MessageSlot* next_free = nullptr;
+  };
+  static constexpr size_t kMessageBuffers = 32;  // each way
+  // The slot a completion context is, or null for the worker's own ops.
+  MessageSlot* SlotOf(void* context);
+  bool IsReceive(const MessageSlot* s) const { return s < &slots_[kMessageBuffers]; }
+  void PostReceive(MessageSlot* s);
 
   std::string name_, provider_, iface_, netdev_, domain_name_, address_;
   fi_info* info_ = nullptr;
@@ -101,6 +132,17 @@ class FabricNic : public NicInterface {
   uint64_t max_msg_size_ = 0;
   size_t tx_size_ = 0;
   std::atomic<uint64_t> next_key_{1};
+
+  bool messages_ = false;
+  std::function<void(absl::string_view)> on_message_;
+  // kMessageBuffers receive slots, then kMessageBuffers send slots, over one registered
+  // buffer. Touched only from the worker's thread once Open returns.
+  std::vector<MessageSlot> slots_;
+  std::unique_ptr<uint8_t[]> message_memory_;
+  fid_mr* message_mr_ = nullptr;
+  void* message_desc_ = nullptr;
+  MessageSlot* free_send_ = nullptr;
+  std::vector<MessageSlot*> unposted_;  // receive slots a full queue refused: posted again later
 };
 
 // Releases the MRs of one region on every NIC (the region's TransportAttachment).

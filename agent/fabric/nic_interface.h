@@ -1,8 +1,10 @@
 // NicInterface: what a NIC's worker (agent/engine/rail_worker) needs of one NIC: post a
-// one-sided write, read completions, and a way to sleep until there may be some.
+// one-sided write or a small message, read completions, and a way to sleep until there
+// may be some.
 //
 //   NicInterface* nic = fabric_nic.get();             // FabricNic implements it
 //   ssize_t rc = nic->PostWrite(local, len, desc, peer, remote_addr, key, &op->context, more);
+//   rc = nic->PostMessage(record.data(), record.size(), peer, &op->context);
 //   void* done[64];
 //   ssize_t n = nic->ReadCompletions(done, 64);       // n contexts, 0, or -FI_EAVAIL
 //
@@ -23,6 +25,10 @@
 
 namespace ferry {
 
+// The largest message PostMessage takes (a notification record: a 4 KiB payload and its
+// header).
+inline constexpr size_t kMaxFabricMessageBytes = 8192;
+
 class NicInterface {
  public:
   virtual ~NicInterface() = default;
@@ -36,6 +42,13 @@ class NicInterface {
   // another negative fi_errno (nothing was posted). `more`: another post follows at once.
   virtual ssize_t PostWrite(const void* local, size_t len, void* desc, fi_addr_t peer, uint64_t remote_addr,
                             uint64_t key, void* context, bool more) = 0;
+
+  // Posts a two-sided message of [data, data + len) (len <= kMaxFabricMessageBytes) to
+  // `peer`, delivery-complete: its completion means the message is in a receive buffer
+  // of the peer. The NIC copies it into a buffer of its own, so `data` may go as soon as
+  // this returns. Returns as PostWrite does (-FI_EAGAIN also while all the NIC's send
+  // buffers are in flight; -FI_ENOSYS from a NIC without messages).
+  virtual ssize_t PostMessage(const void* data, size_t len, fi_addr_t peer, void* context) = 0;
 
   // Takes up to `max` successful completions, storing their contexts. Returns how many
   // (0: none now), -FI_EAVAIL when an error completion is next (ReadError takes it), or

@@ -127,6 +127,10 @@ void Agent::StartTransferPaths() {
     route.peers = engine_->peers();
     route.fabric_nics = engine_->nics().size();
     route.fabric = engine_.get();
+    route.notify_peer = [e = engine_.get()](const std::shared_ptr<Transfer>& t, v1::NotifyRequest req,
+                                            std::function<void(absl::Status)> done) {
+      e->NotifyPeer(t, t->peer, /*nic=*/0, std::move(req), std::move(done));
+    };
     route.staged = staged_.get();
     route.stage_host_regions = config_.stage_host_regions;
   }
@@ -230,6 +234,7 @@ absl::Status Agent::StartFabric() {
   options.incarnation = incarnation_;
   options.tx_size = config_.fabric_tx_size;
   options.hmem = config_.fabric_hmem;
+  options.fabric_messages = config_.fabric_messages;
   options.max_op_bytes = config_.fabric_max_op_bytes;
   options.worker_spin = absl::Microseconds(config_.fabric_spin_us);
   options.topology = topology_;
@@ -247,6 +252,7 @@ absl::Status Agent::StartFabric() {
   if (!tls.ok()) return tls.status();
   peer_service_ =
       std::make_unique<PeerService>(incarnation_, engine_->nics(), regions_.get(), transfers_.get(), metrics_.get());
+  engine_->SetMessageHandler([p = peer_service_.get()](absl::string_view m) { p->AcceptMessage(m); });
   // The staged path, both sides: GPU memory through host staging buffers.
   const CudaDriver* cu = cuda_memory_ != nullptr ? *CudaDriver::Load() : nullptr;
   if (cu != nullptr) {

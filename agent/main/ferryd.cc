@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, fabric_iface, "",
 ABSL_FLAG(bool, fabric_hmem, true,
           "Register GPU memory with the NICs (FI_HMEM: GPUDirect RDMA) where the provider offers it; false, or a "
           "provider without it, sends GPU memory through host staging buffers.");
+ABSL_FLAG(bool, fabric_messages, true,
+          "Send a notified write's notification to the target agent as a fabric message after the data (no RPC), "
+          "and receive them, where both agents' providers have FI_MSG; false: by the peer Notify RPC.");
 ABSL_FLAG(uint64_t, fabric_tx_size, 0,
           "Transmit queue depth per NIC; 0 keeps the provider's. Small values force -FI_EAGAIN (tests).");
 ABSL_FLAG(std::string, peer_tls_cert, "",
@@ -140,6 +143,7 @@ absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
   config.fabric_ifaces = absl::StrSplit(absl::GetFlag(FLAGS_fabric_iface), ',', absl::SkipEmpty());
   config.fabric_tx_size = absl::GetFlag(FLAGS_fabric_tx_size);
   config.fabric_hmem = absl::GetFlag(FLAGS_fabric_hmem);
+  config.fabric_messages = absl::GetFlag(FLAGS_fabric_messages);
   config.fabric_max_op_bytes = absl::GetFlag(FLAGS_fabric_max_op_bytes);
   config.fabric_spin_us = absl::GetFlag(FLAGS_fabric_spin_us);
   config.sysfs_root = absl::GetFlag(FLAGS_sysfs_root);

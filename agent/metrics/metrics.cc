@@ -93,6 +93,11 @@ Metrics::Metrics()
                          .Help("Notifications delivered to local region owners")
                          .Register(*registry_)
                          .Add({})),
+      peer_notifications_(BuildCounter()
+                              .Name("ferry_peer_notifications_total")
+                              .Help("Notifications peer agents sent for this agent's regions, by how they came "
+                                    "(fabric_message, rpc)")
+                              .Register(*registry_)),
       errors_(BuildCounter()
                   .Name("ferry_errors_total")
                   .Help("API calls answered with an error, by API and gRPC status code")
@@ -100,6 +105,9 @@ Metrics::Metrics()
   for (const char* kind : {"host", "cuda"}) {
     regions(kind).Set(0);
     registered_bytes(kind).Set(0);
+  }
+  for (const char* via : {"fabric_message", "rpc"}) {
+    peer_notifications(via);
   }
 }
 

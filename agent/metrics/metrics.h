@@ -76,6 +76,7 @@ class Metrics {
   prometheus::Gauge& peers(const std::string& state) { return peers_.Add({{"state", state}}); }
   prometheus::Gauge& staging_buffers() { return staging_buffers_; }
   prometheus::Counter& notifications() { return notifications_; }
+  prometheus::Counter& peer_notifications(const std::string& via) { return peer_notifications_.Add({{"via", via}}); }
   prometheus::Counter& errors(const std::string& api, const std::string& code) {
     return errors_.Add({{"api", api}, {"code", code}});
   }
@@ -101,6 +102,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& peers_;
   prometheus::Gauge& staging_buffers_;
   prometheus::Counter& notifications_;
+  prometheus::Family<prometheus::Counter>& peer_notifications_;
   prometheus::Family<prometheus::Counter>& errors_;
 };
 

@@ -1,7 +1,10 @@
 #include "agent/peers/peer_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "agent/common/grpc_status.h"
+#include "agent/common/log.h"
 #include "agent/common/token.h"
 #include "agent/peers/peer_table.h"
 
@@ -29,6 +32,8 @@ grpc::Status PeerService::Handshake(grpc::ServerContext*, const v1::HandshakeReq
   resp->set_incarnation(incarnation_);
   resp->set_provider(nics_.empty() ? "" : nics_[0]->provider());
   for (FabricNic* nic : nics_) resp->add_fabric_addresses(nic->address());
+  resp->set_fabric_messages(!nics_.empty() &&
+                            std::all_of(nics_.begin(), nics_.end(), [](FabricNic* n) { return n->messages(); }));
   return grpc::Status::OK;
 }
 
@@ -82,33 +87,51 @@ grpc::Status PeerService::OpenRegion(grpc::ServerContext*, const v1::OpenRegionR
 }
 
 grpc::Status PeerService::Notify(grpc::ServerContext*, const v1::NotifyRequest* req, v1::NotifyResponse*) {
-  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(req->target_incarnation(), req->region_id(), req->token());
-  if (!region.ok()) return Reply("peer.Notify", region.status());
+  return Reply("peer.Notify", Accept(*req, "rpc"));
+}
+
+void PeerService::AcceptMessage(absl::string_view bytes) {
+  v1::NotifyRequest req;
+  absl::Status s = req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))
+                       ? Accept(req, "fabric_message")
+                       : absl::InvalidArgumentError(
+                             absl::StrCat("a fabric message of ", bytes.size(), " bytes is no NotifyRequest"));
+  // Nobody waits for an answer: what went wrong is counted and logged here.
+  if (!s.ok()) {
+    metrics_->errors("peer.NotifyMessage", StatusCodeName(static_cast<int>(s.code()))).Increment();
+    FERRY_LOG(WARNING) << "notification by fabric message refused: " << s;
+  }
+}
+
+absl::Status PeerService::Accept(const v1::NotifyRequest& req, const char* via) {
+  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(req.target_incarnation(), req.region_id(), req.token());
+  if (!region.ok()) return region.status();
   // Counted only for a caller holding the region's token: nobody else can skew them.
-  for (int i = 0; i < req->nic_bytes_size() && i < static_cast<int>(rx_bytes_.size()); ++i) {
-    rx_bytes_[i]->Increment(static_cast<double>(req->nic_bytes(i)));
+  for (int i = 0; i < req.nic_bytes_size() && i < static_cast<int>(rx_bytes_.size()); ++i) {
+    rx_bytes_[i]->Increment(static_cast<double>(req.nic_bytes(i)));
   }
-  if (req->payload().size() > kMaxNotifyPayloadBytes) {
-    return Reply("peer.Notify", absl::InvalidArgumentError(absl::StrCat("payload is ", req->payload().size(),
-                                                                        " bytes; at most ", kMaxNotifyPayloadBytes)));
+  if (req.payload().size() > kMaxNotifyPayloadBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload is ", req.payload().size(), " bytes; at most ", kMaxNotifyPayloadBytes));
   }
-  if (req->deliver()) {
+  if (req.deliver()) {
+    metrics_->peer_notifications(via).Increment();
     v1::Notification n;
-    n.set_region_id(req->region_id());
-    n.set_tag(req->tag());
-    n.set_transfer_id(req->transfer_id());
-    n.set_source_incarnation(req->source_incarnation());
-    n.set_bytes(req->bytes());
-    n.set_payload(req->payload());
-    n.set_code(req->code());
-    n.set_message(req->message());
-    const bool message = req->kind() == v1::NOTIFICATION_KIND_MESSAGE;
+    n.set_region_id(req.region_id());
+    n.set_tag(req.tag());
+    n.set_transfer_id(req.transfer_id());
+    n.set_source_incarnation(req.source_incarnation());
+    n.set_bytes(req.bytes());
+    n.set_payload(req.payload());
+    n.set_code(req.code());
+    n.set_message(req.message());
+    const bool message = req.kind() == v1::NOTIFICATION_KIND_MESSAGE;
     n.set_kind(message ? v1::NOTIFICATION_KIND_MESSAGE : v1::NOTIFICATION_KIND_WRITE);
     absl::Status delivered = transfers_->Notify(**region, n);
     // A message's sender learns it was not delivered; a write's bytes landed regardless.
-    if (message) return Reply("peer.Notify", delivered);
+    if (message) return delivered;
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 grpc::Status PeerService::CommitStaged(grpc::ServerContext*, const v1::CommitStagedRequest* req,

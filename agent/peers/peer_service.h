@@ -3,8 +3,9 @@
 // Serves other agents: the handshake, OpenRegion (region id + capability token ->
 // bounds and per-NIC remote keys; the token is compared in constant time and a wrong
 // one learns nothing about the region), and Notify (bytes landed: count them and
-// notify the region's owner). Raw keys leave the agent only through OpenRegion, only
-// to an agent that presented the region's token.
+// notify the region's owner). The same NotifyRequest also arrives as a fabric message
+// (AcceptMessage, from the NIC workers) and is checked the same way. Raw keys leave the
+// agent only through OpenRegion, only to an agent that presented the region's token.
 #ifndef FERRY_AGENT_PEERS_PEER_SERVICE_H_
 #define FERRY_AGENT_PEERS_PEER_SERVICE_H_
 
@@ -33,6 +34,10 @@ class PeerService final : public v1::Peer::Service {
   grpc::Status CommitStaged(grpc::ServerContext* ctx, const v1::CommitStagedRequest* req,
                             v1::CommitStagedResponse* resp) override;
 
+  // A NotifyRequest that came as a fabric message (serialized; untrusted). Errors are
+  // counted and logged: its sender is not waiting for an answer. Thread-safe.
+  void AcceptMessage(absl::string_view bytes);
+
   // Serves regions the NICs cannot reach; without one they are refused. Set before
   // serving.
   void set_staging(StagingProvider* staging) { staging_ = staging; }
@@ -41,6 +46,8 @@ class PeerService final : public v1::Peer::Service {
   // The region a peer names, if the incarnation and token are right.
   absl::StatusOr<std::shared_ptr<Region>> Authorize(uint64_t incarnation, uint64_t region_id, const std::string& token);
   grpc::Status Reply(const char* api, const absl::Status& s);
+  // Counts and delivers a Notify, however it came (`via`: "rpc", "fabric_message").
+  absl::Status Accept(const v1::NotifyRequest& req, const char* via);
 
   const uint64_t incarnation_;
   const std::vector<FabricNic*> nics_;

@@ -155,9 +155,10 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Connect(const std::st
       addrs.push_back(*fa);
     }
   }
-  FERRY_LOG(INFO) << "peer " << address << " incarnation " << resp.incarnation() << ": " << remote << " NICs";
+  FERRY_LOG(INFO) << "peer " << address << " incarnation " << resp.incarnation() << ": " << remote << " NICs"
+                  << (resp.fabric_messages() ? ", fabric messages" : "");
   return std::make_shared<PeerConnection>(address, resp.incarnation(), std::move(channel), std::move(addrs), remote,
-                                          self_.incarnation, self_.address);
+                                          resp.fabric_messages(), self_.incarnation, self_.address);
 }
 
 void PeerTable::RetireLocked(const std::shared_ptr<PeerConnection>& peer) {

@@ -63,14 +63,15 @@ class PeerConnection {
   // `local_incarnation` and `local_address` name this agent in OpenRegion (the target
   // keeps one staging buffer per initiator agent).
   PeerConnection(std::string address, uint64_t incarnation, std::shared_ptr<grpc::Channel> channel,
-                 std::vector<fi_addr_t> remote_nics_per_local, size_t remote_nic_count, uint64_t local_incarnation,
-                 std::string local_address)
+                 std::vector<fi_addr_t> remote_nics_per_local, size_t remote_nic_count, bool fabric_messages,
+                 uint64_t local_incarnation, std::string local_address)
       : address_(std::move(address)),
         incarnation_(incarnation),
         channel_(std::move(channel)),
         stub_(v1::Peer::NewStub(channel_)),
         fi_addrs_(std::move(remote_nics_per_local)),
         remote_nic_count_(remote_nic_count),
+        fabric_messages_(fabric_messages),
         local_incarnation_(local_incarnation),
         local_address_(std::move(local_address)) {}
 
@@ -81,6 +82,8 @@ class PeerConnection {
   // fi_addr of remote NIC `remote` in local NIC `local`'s address vector.
   fi_addr_t fi_addr(size_t local, size_t remote) const { return fi_addrs_[local * remote_nic_count_ + remote]; }
   const std::vector<fi_addr_t>& fi_addrs() const { return fi_addrs_; }
+  // The peer receives fabric messages (its notifications may go as one).
+  bool fabric_messages() const { return fabric_messages_; }
 
   // Opens (or finds in the cache) the region a descriptor names; the token is checked
   // against the cached one in constant time. A direct region's keys cached from before
@@ -118,6 +121,7 @@ class PeerConnection {
   std::unique_ptr<v1::Peer::Stub> stub_;
   const std::vector<fi_addr_t> fi_addrs_;
   const size_t remote_nic_count_;
+  const bool fabric_messages_;
   const uint64_t local_incarnation_;
   const std::string local_address_;
   std::atomic<bool> suspect_{false};

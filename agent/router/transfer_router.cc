@@ -153,22 +153,25 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
   auto progress = std::make_shared<BatchProgress>(t->parts.size());
   for (const std::shared_ptr<Transfer>& part : t->parts) {
     part->id = t->id;
-    part->executor->Submit(part, [manager, t, progress, incarnation, stopping = stopping_](absl::Status s) {
+    part->executor->Submit(part, [manager, t, progress, incarnation, stopping = stopping_,
+                                  notify_peer = deps_.notify_peer](absl::Status s) {
       absl::Status result;
       if (!progress->Done(s, &result)) return;
       // Every part's bytes landed. A local owner is notified by Finish; a remote one
       // through its agent first, so that the writer's success means "notified".
       if (!result.ok() && !stopping->load()) NotifyRemoteFailure(*t, incarnation, result);
       if (!result.ok() || !t->notify || t->dst != nullptr) return manager->Finish(*t, result);
-      SendNotifyAsync(
-          t->peer,
-          DeliverNotifyRequest(*t->dst_descriptor, incarnation, v1::NOTIFICATION_KIND_WRITE, t->id, t->tag,
-                               t->plan.total_bytes, t->notify_payload),
-          std::max(t->deadline, absl::Now() + absl::Milliseconds(100)), [manager, t](absl::Status notified) {
-            manager->Finish(
-                *t, notified.ok() ? notified
-                                  : absl::UnavailableError(absl::StrCat("the bytes landed but ", notified.message())));
-          });
+      v1::NotifyRequest req = DeliverNotifyRequest(*t->dst_descriptor, incarnation, v1::NOTIFICATION_KIND_WRITE, t->id,
+                                                   t->tag, t->plan.total_bytes, t->notify_payload);
+      if (notify_peer) {
+        return notify_peer(t, std::move(req), [manager, t](absl::Status notified) { manager->Finish(*t, notified); });
+      }
+      SendNotifyAsync(t->peer, std::move(req), std::max(t->deadline, absl::Now() + absl::Milliseconds(100)),
+                      [manager, t](absl::Status notified) {
+                        manager->Finish(*t, notified.ok() ? notified
+                                                          : absl::UnavailableError(absl::StrCat("the bytes landed but ",
+                                                                                                notified.message())));
+                      });
     });
   }
 }

@@ -62,7 +62,11 @@ struct TransferRouterDeps {
   size_t fabric_nics = 0;              // every host region is registered on each
   TransferExecutor* fabric = nullptr;  // FabricEngine
   TransferExecutor* staged = nullptr;  // StagedExecutor
-  bool stage_host_regions = false;     // --stage_host_regions
+  // Tells a WriteBatch's remote owner that every part landed (FabricEngine::NotifyPeer:
+  // a fabric message where the peer has them); null: the peer Notify RPC.
+  std::function<void(const std::shared_ptr<Transfer>&, v1::NotifyRequest, std::function<void(absl::Status)>)>
+      notify_peer;
+  bool stage_host_regions = false;  // --stage_host_regions
 };
 
 class TransferRouter {

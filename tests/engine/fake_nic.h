@@ -38,6 +38,7 @@ class FakeNic : public NicInterface {
     uint64_t key;
     size_t length;
     absl::Time at;
+    bool message = false;  // PostMessage rather than PostWrite
   };
 
   FakeNic() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
@@ -71,25 +72,10 @@ class FakeNic : public NicInterface {
 
   ssize_t PostWrite(const void* local, size_t len, void* desc, fi_addr_t peer, uint64_t remote_addr, uint64_t key,
                     void* context, bool more) override {
-    absl::MutexLock lock(&mu_);
-    auto failing = post_error_.find(peer);
-    if (failing != post_error_.end() && failing->second != 0) return -failing->second;
-    if (outstanding_ >= capacity_) {
-      ++eagains_;
-      return -FI_EAGAIN;
-    }
-    ++outstanding_;
-    posts_.push_back({peer, remote_addr, key, len, absl::Now()});
-    Completion c{context, 0, ""};
-    auto error = next_error_.find(peer);
-    if (error != next_error_.end()) {
-      c.err = error->second.first;
-      c.detail = error->second.second;
-      next_error_.erase(error);
-    }
-    ready_.push_back(std::move(c));
-    Signal();
-    return 0;
+    return Accept(peer, remote_addr, key, len, context, /*message=*/false);
+  }
+  ssize_t PostMessage(const void* data, size_t len, fi_addr_t peer, void* context) override {
+    return Accept(peer, 0, 0, len, context, /*message=*/true);
   }
 
   ssize_t ReadCompletions(void** contexts, size_t max) override {
@@ -124,6 +110,29 @@ class FakeNic : public NicInterface {
   }
 
  private:
+  // A post of either kind: recorded, completed on the next read (or refused).
+  ssize_t Accept(fi_addr_t peer, uint64_t remote_addr, uint64_t key, size_t len, void* context, bool message) {
+    absl::MutexLock lock(&mu_);
+    auto failing = post_error_.find(peer);
+    if (failing != post_error_.end() && failing->second != 0) return -failing->second;
+    if (outstanding_ >= capacity_) {
+      ++eagains_;
+      return -FI_EAGAIN;
+    }
+    ++outstanding_;
+    posts_.push_back({peer, remote_addr, key, len, absl::Now(), message});
+    Completion c{context, 0, ""};
+    auto error = next_error_.find(peer);
+    if (error != next_error_.end()) {
+      c.err = error->second.first;
+      c.detail = error->second.second;
+      next_error_.erase(error);
+    }
+    ready_.push_back(std::move(c));
+    Signal();
+    return 0;
+  }
+
   struct Completion {
     void* context;
     int err;

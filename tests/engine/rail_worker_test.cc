@@ -176,6 +176,42 @@ TEST_CASE(
   CHECK(AllOpsDone(stale));
 }
 
+TEST_CASE("rail worker: a message (a notification) is posted as one, waits out a drop's hold, and is no data") {
+  Harness h;
+  h.nic.FailNextCompletion(kPeerA, FI_ECONNRESET);
+  Transfer_ dropped = NewTransfer(1, 1);
+  h.worker.Submit({MakeOp(dropped, kPeerA, 0)});
+  REQUIRE(dropped.outcome->Wait());
+
+  // A message carries no key, so no drop makes it stale; it goes once the hold is over.
+  static const char kRecord[] = "a notification record";
+  Transfer_ notify = NewTransfer(1, 2);
+  WriteOp m;
+  m.state = notify.state.get();
+  m.message = true;
+  m.local = reinterpret_cast<const uint8_t*>(kRecord);
+  m.length = sizeof(kRecord);
+  m.peer = kPeerA;
+  h.worker.Submit({m});
+  REQUIRE(notify.outcome->Wait());
+  CHECK(notify.outcome->status.ok());
+  const auto posts = h.nic.posts();
+  REQUIRE(posts.size() == 2);
+  CHECK(posts[1].message);
+  CHECK(posts[1].length == sizeof(kRecord));
+  CHECK(posts[1].at - dropped.outcome->at >= RailWorker::kReconnectHold - absl::Milliseconds(5));
+  CHECK(h.worker.tx_bytes() == 0);  // the data counters count data
+  CHECK(AllOpsDone(notify));
+
+  h.nic.FailPosts(kPeerB, FI_EINVAL);
+  Transfer_ refused = NewTransfer(1, 3);
+  m.state = refused.state.get();
+  m.peer = kPeerB;
+  h.worker.Submit({m});
+  REQUIRE(refused.outcome->Wait());
+  CHECK(refused.outcome->status.message().find("posting a message failed") != std::string::npos);
+}
+
 TEST_CASE("rail worker: an error completion that keeps the connection fails the transfer and holds nobody") {
   Harness h;
   h.nic.FailNextCompletion(kPeerA, FI_EIO, "remote access error");

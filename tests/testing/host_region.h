@@ -15,13 +15,13 @@
 
 namespace ferry::testing {
 
-inline std::shared_ptr<Region> MemfdRegion(uint64_t id, uint64_t size) {
+inline std::shared_ptr<Region> MemfdRegion(uint64_t id, uint64_t size, uint64_t owner_session = 1) {
   int fd = memfd_create("ferry-test-region", MFD_CLOEXEC);
   REQUIRE(fd >= 0);
   REQUIRE(ftruncate(fd, static_cast<off_t>(size)) == 0);
   auto backing = MapHostFd(fd, 0, size);  // takes fd
   REQUIRE(backing.ok());
-  return std::make_shared<Region>(id, /*owner_session=*/1, Token::Random(), std::move(*backing));
+  return std::make_shared<Region>(id, owner_session, Token::Random(), std::move(*backing));
 }
 
 }  // namespace ferry::testing

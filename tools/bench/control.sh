@@ -3,7 +3,9 @@
 # what one call of the local API costs — in one run, p50 and p99 of 8-byte round trips:
 #   the floor: a bare gRPC unary echo over a unix socket, same gRPC library, same
 #   synchronous server kind as the agent (tools/bench/grpc_echo);
-#   GetStatus; Write + Wait node-local, cross-agent, cross-agent with a notification;
+#   GetStatus; Write + Wait node-local, cross-agent, cross-agent with a notification (by
+#   fabric message, and by the peer Notify RPC from an agent R run with
+#   --fabric_messages=false);
 #   the write queue cross-agent — from C++ (ferry_bench control) and from Python
 #   (tools/bench/py_control.py); and raw fi_write (fi_write_bench) as the transport's own.
 # Two agents on loopback over tcp;ofi_rxm as in `tools/bench.sh cross-node`: agent A,
@@ -37,13 +39,18 @@ for node in a b; do
     --peer_address=$addr:0 --fabric_iface=$addr --fabric_provider='tcp;ofi_rxm' --fabric_spin_us=$spin \
     --ready_file="$work/$node.ready" --log_level=warning 2>"$work/$node.log"
 done
+start_bg taskset -c $cpu_a $bin/agent/main/ferryd --socket="$work/r.sock" --metrics_address=127.0.0.1:0 \
+  --peer_address=127.0.0.3:0 --fabric_iface=127.0.0.3 --fabric_provider='tcp;ofi_rxm' --fabric_messages=false \
+  --ready_file="$work/r.ready" --log_level=warning 2>"$work/r.log"
 start_bg taskset -c $cpu_a $bin/tools/bench/grpc_echo serve --socket="$work/echo.sock"
-wait_for "$work/a.ready" 20; wait_for "$work/b.ready" 20; wait_for "$work/echo.sock" 20
+wait_for "$work/a.ready" 20; wait_for "$work/b.ready" 20; wait_for "$work/r.ready" 20; wait_for "$work/echo.sock" 20
 start_bg taskset -c $cpu_b $bin/tools/bench/ferry_bench receive --socket="$work/b.sock" --dir="$work" --size=$((1 << 20))
 wait_for "$work/descriptor" 20
 
 taskset -c $cpu_a $bin/tools/bench/grpc_echo call --socket="$work/echo.sock" --iters="$iters" > "$work/rows.txt"
 taskset -c $cpu_a $bin/tools/bench/ferry_bench control --socket="$work/a.sock" --dir="$work" --iters="$iters" >> "$work/rows.txt"
+taskset -c $cpu_a $bin/tools/bench/ferry_bench control --socket="$work/r.sock" --dir="$work" --iters="$iters" |
+  awk '$1 == "remote_notify" {print "remote_notify_rpc", $2, $3}' >> "$work/rows.txt"
 taskset -c $cpu_a .venv/bin/python tools/bench/py_control.py --socket="$work/a.sock" --descriptor="$work/descriptor" \
   --iters="$iters" >> "$work/rows.txt"
 sleep 0.3  # agent B back to sleep before the raw target spins on its core
@@ -62,6 +69,7 @@ names = [
     ("local", "C++ Write+Wait node-local 8 B"),
     ("remote", "C++ Write+Wait cross-agent 8 B"),
     ("remote_notify", "C++ Write+Wait cross-agent 8 B, notify"),
+    ("remote_notify_rpc", "  notified by RPC (--fabric_messages=false)"),
     ("queue_remote", "C++ write queue cross-agent 8 B"),
     ("py_local", "Python write().result() node-local 8 B"),
     ("py_remote", "Python write().result() cross-agent 8 B"),
@@ -78,6 +86,7 @@ def ratio(a, b, k=1.0):
 print("\ngoals (p50 ratios; issue 23):")
 print(f"  Write+Wait node-local / 2 x echo        {ratio('local', 'echo', 2):5.2f}  (goal <= 1.2)")
 print(f"  notified / un-notified cross-agent      {ratio('remote_notify', 'remote'):5.2f}  (goal <= 1.2)")
+print(f"    (notified by RPC / un-notified        {ratio('remote_notify_rpc', 'remote'):5.2f})")
 print(f"  Python / C++ Write+Wait cross-agent     {ratio('py_remote', 'remote'):5.2f}  (goal <= 1.5)")
 print(f"  Python / C++ write queue cross-agent    {ratio('py_queue_remote', 'queue_remote'):5.2f}  (goal <= 1.5)")
 PY

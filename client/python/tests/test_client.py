@@ -126,6 +126,40 @@ def test_cross_agent_write_through_the_fabric(fabric_agents):
         assert [n.tag for n in cb.notifications(timeout=2)] == [3]
 
 
+def _counter(agent, series: str) -> float:
+    """One series of the agent's /metrics, e.g. 'ferry_peer_notifications_total{via="rpc"}'."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{agent.ready()['metrics_port']}/metrics", timeout=5).read()
+    for line in text.decode().splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{series} is not in the metrics")
+
+
+@pytest.mark.parametrize("via", ["fabric_message", "rpc"])
+def test_a_notification_comes_by_fabric_message_or_by_rpc_and_says_the_same(agent_factory, via):
+    """The writer's agent sends its notifications as fabric messages after the data
+    (--fabric_messages, the default) or by the peer Notify RPC: the receiver gets the
+    same notifications, in order, payloads up to the 4 KiB limit intact, either way."""
+    a = agent_factory("--peer_address=127.0.0.1:0", "--fabric_iface=127.0.0.1", "--fabric_provider=tcp;ofi_rxm",
+                      f"--fabric_messages={'true' if via == 'fabric_message' else 'false'}")
+    b = agent_factory("--peer_address=127.0.0.2:0", "--fabric_iface=127.0.0.2", "--fabric_provider=tcp;ofi_rxm")
+    with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb:
+        src = ca.register_host(1 << 20)
+        dst = cb.register_host(1 << 20)
+        src.buffer[:] = os.urandom(1 << 20)
+        payloads = [b"", b"req-1", os.urandom(4096), b"\0" * 100]
+        for i, p in enumerate(payloads):
+            ca.write(src, dst.descriptor(), [(i << 12, i << 12, 4096), (1 << 19, 1 << 19, 1 << 19)], notify=True,
+                     tag=i, notify_payload=p).result(30)
+        got = [(n.tag, n.payload, n.bytes, n.kind) for n in cb.notifications(timeout=2)]
+        assert got == [(i, p, 4096 + (1 << 19), "write") for i, p in enumerate(payloads)]
+        assert dst.buffer[1 << 19:] == src.buffer[1 << 19:]
+        assert _counter(b, f'ferry_peer_notifications_total{{via="{via}"}}') == len(payloads)
+        other = "rpc" if via == "fabric_message" else "fabric_message"
+        assert _counter(b, f'ferry_peer_notifications_total{{via="{other}"}}') == 0
+
+
 def test_messages_and_notify_payloads_reach_the_regions_owner(fabric_agents):
     a, b = fabric_agents
     with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb, ferry.Client(b.socket) as neighbour:
@@ -171,6 +205,9 @@ def test_write_batch_moves_one_block_mapping_into_every_layer_with_one_notificat
                         src[l].buffer[base + s * block:base + (s + 1) * block]
         got = [(n.kind, n.tag, n.payload, n.bytes) for n in consumer.notifications(timeout=2)]
         assert got == [("write", 11, b"req-1", r.bytes)]
+        # Told by one fabric message after the last part, not by an RPC.
+        assert _counter(b, 'ferry_peer_notifications_total{via="fabric_message"}') == 1
+        assert _counter(b, 'ferry_peer_notifications_total{via="rpc"}') == 0
         with pytest.raises(ferry.OutOfRange, match=r"parts\[1\]"):
             producer.write_batch([(src[0], dst[0].descriptor(), 0, 0), (src[0], dst[0].descriptor(), 0, 2 * half)],
                                  block, src_ids, dst_ids)
