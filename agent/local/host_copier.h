@@ -4,7 +4,10 @@
 //   copier.Submit(transfer, done);   // done(OK) once every chunk is in the destination
 //
 // Source and destination are both mapped in the agent, so one pass copies each chunk
-// directly: no bounce, no NIC. Deadlines are checked between chunks.
+// directly: no bounce, no NIC. Deadlines are checked between chunks. A small transfer
+// (kInlineBytes, kInlineChunks) is copied inside Submit, on the caller's thread, and
+// `done` runs there: waking a copier thread would cost more than the copy (a Write RPC
+// or a queue entry of a few KiB).
 #ifndef FERRY_AGENT_LOCAL_HOST_COPIER_H_
 #define FERRY_AGENT_LOCAL_HOST_COPIER_H_
 
@@ -25,6 +28,9 @@ class HostCopier : public TransferExecutor {
   ~HostCopier() override;
 
   void Submit(std::shared_ptr<Transfer> t, Done done) override;
+
+  static constexpr uint64_t kInlineBytes = 64 << 10;
+  static constexpr size_t kInlineChunks = 64;
 
  private:
   void Work();

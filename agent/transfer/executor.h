@@ -20,8 +20,9 @@ class TransferExecutor {
  public:
   using Done = std::function<void(absl::Status)>;
   virtual ~TransferExecutor() = default;
-  // Starts moving `t`'s bytes; calls `done` exactly once, from any thread, never from
-  // inside Submit. Must respect t->deadline (DEADLINE_EXCEEDED, never a hang).
+  // Starts moving `t`'s bytes; calls `done` exactly once, from any thread, possibly
+  // before Submit returns (HostCopier copies small transfers inline): callers hold no
+  // lock `done` may take. Must respect t->deadline (DEADLINE_EXCEEDED, never a hang).
   virtual void Submit(std::shared_ptr<Transfer> t, Done done) = 0;
 };
 

@@ -26,6 +26,8 @@ TransferManager::TransferManager(uint64_t incarnation, Metrics* metrics, Session
     const char* label = PathLabel(p);
     path_metrics_[p] = {&metrics->transfers_total(label, "OK"), &metrics->transfer_duration(label)};
   }
+  local_tx_ = &metrics->transfer_bytes("tx", PathLabel(v1::TRANSFER_PATH_LOCAL), "none");
+  local_rx_ = &metrics->transfer_bytes("rx", PathLabel(v1::TRANSFER_PATH_LOCAL), "none");
 }
 
 void TransferManager::Finish(const Transfer& t, const absl::Status& status) {
@@ -42,8 +44,8 @@ void TransferManager::Finish(const Transfer& t, const absl::Status& status) {
   (status.ok() ? completed_ : failed_).fetch_add(1);
   if (status.ok() && t.path == v1::TRANSFER_PATH_LOCAL) {
     // Node-local: this agent both sends and receives; no NIC is involved.
-    metrics_->transfer_bytes("tx", path, "none").Increment(static_cast<double>(t.plan.total_bytes));
-    metrics_->transfer_bytes("rx", path, "none").Increment(static_cast<double>(t.plan.total_bytes));
+    local_tx_->Increment(static_cast<double>(t.plan.total_bytes));
+    local_rx_->Increment(static_cast<double>(t.plan.total_bytes));
   }
   inflight_.fetch_sub(1);
 

@@ -105,7 +105,9 @@ class TransferManager {
     prometheus::Histogram* duration = nullptr;
   };
   static constexpr int kPaths = v1::TRANSFER_PATH_STAGED + 1;
-  PathMetrics path_metrics_[kPaths];  // indexed by v1::TransferPath; [0] unused
+  PathMetrics path_metrics_[kPaths];         // indexed by v1::TransferPath; [0] unused
+  prometheus::Counter* local_tx_ = nullptr;  // node-local bytes, both directions
+  prometheus::Counter* local_rx_ = nullptr;
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> inflight_{0};
   std::atomic<uint64_t> completed_{0};

@@ -2,7 +2,8 @@
 # `tools/bench.sh control [--iters=N] [--cpus_a=LIST --cpus_b=LIST]`: the control path —
 # what one call of the local API costs — in one run, p50 and p99 of 8-byte round trips:
 #   the floor: a bare gRPC unary echo over a unix socket, same gRPC library, same
-#   synchronous server kind as the agent (tools/bench/grpc_echo);
+#   synchronous server kind as the agent (tools/bench/grpc_echo), and the same echo on
+#   gRPC's callback server (what moving the agent to it could gain);
 #   GetStatus; Write + Wait node-local, cross-agent, cross-agent with a notification (by
 #   fabric message, and by the peer Notify RPC from an agent R run with
 #   --fabric_messages=false);
@@ -43,15 +44,19 @@ start_bg taskset -c $cpu_a $bin/agent/main/ferryd --socket="$work/r.sock" --metr
   --peer_address=127.0.0.3:0 --fabric_iface=127.0.0.3 --fabric_provider='tcp;ofi_rxm' --fabric_messages=false \
   --ready_file="$work/r.ready" --log_level=warning 2>"$work/r.log"
 start_bg taskset -c $cpu_a $bin/tools/bench/grpc_echo serve --socket="$work/echo.sock"
-wait_for "$work/a.ready" 20; wait_for "$work/b.ready" 20; wait_for "$work/r.ready" 20; wait_for "$work/echo.sock" 20
+start_bg taskset -c $cpu_a $bin/tools/bench/grpc_echo serve --socket="$work/echo_cb.sock" --callback
+wait_for "$work/a.ready" 20; wait_for "$work/b.ready" 20; wait_for "$work/r.ready" 20; wait_for "$work/echo.sock" 20; wait_for "$work/echo_cb.sock" 20
 start_bg taskset -c $cpu_b $bin/tools/bench/ferry_bench receive --socket="$work/b.sock" --dir="$work" --size=$((1 << 20))
 wait_for "$work/descriptor" 20
 
 taskset -c $cpu_a $bin/tools/bench/grpc_echo call --socket="$work/echo.sock" --iters="$iters" > "$work/rows.txt"
+taskset -c $cpu_a $bin/tools/bench/grpc_echo call --socket="$work/echo_cb.sock" --iters="$iters" --label=echo_callback \
+  >> "$work/rows.txt"
 taskset -c $cpu_a $bin/tools/bench/ferry_bench control --socket="$work/a.sock" --dir="$work" --iters="$iters" >> "$work/rows.txt"
 taskset -c $cpu_a $bin/tools/bench/ferry_bench control --socket="$work/r.sock" --dir="$work" --iters="$iters" |
   awk '$1 == "remote_notify" {print "remote_notify_rpc", $2, $3}' >> "$work/rows.txt"
 taskset -c $cpu_a .venv/bin/python tools/bench/py_control.py --socket="$work/a.sock" --descriptor="$work/descriptor" \
+  --echo_socket="$work/echo.sock" \
   --iters="$iters" >> "$work/rows.txt"
 sleep 0.3  # agent B back to sleep before the raw target spins on its core
 mkdir -p "$work/raw"
@@ -65,12 +70,14 @@ import sys
 rows = {l.split()[0]: (float(l.split()[1]), float(l.split()[2])) for l in open(sys.argv[1]) if l.strip()}
 names = [
     ("echo", "bare gRPC unary echo (the floor)"),
+    ("echo_callback", "  the same on gRPC's callback server"),
     ("getstatus", "GetStatus"),
     ("local", "C++ Write+Wait node-local 8 B"),
     ("remote", "C++ Write+Wait cross-agent 8 B"),
     ("remote_notify", "C++ Write+Wait cross-agent 8 B, notify"),
     ("remote_notify_rpc", "  notified by RPC (--fabric_messages=false)"),
     ("queue_remote", "C++ write queue cross-agent 8 B"),
+    ("py_echo", "Python (grpcio) bare unary echo"),
     ("py_local", "Python write().result() node-local 8 B"),
     ("py_remote", "Python write().result() cross-agent 8 B"),
     ("py_remote_notify", "Python write().result() cross-agent 8 B, notify"),
@@ -88,5 +95,6 @@ print(f"  Write+Wait node-local / 2 x echo        {ratio('local', 'echo', 2):5.2
 print(f"  notified / un-notified cross-agent      {ratio('remote_notify', 'remote'):5.2f}  (goal <= 1.2)")
 print(f"    (notified by RPC / un-notified        {ratio('remote_notify_rpc', 'remote'):5.2f})")
 print(f"  Python / C++ Write+Wait cross-agent     {ratio('py_remote', 'remote'):5.2f}  (goal <= 1.5)")
+print(f"    (grpcio / C++ bare echo               {ratio('py_echo', 'echo'):5.2f})")
 print(f"  Python / C++ write queue cross-agent    {ratio('py_queue_remote', 'queue_remote'):5.2f}  (goal <= 1.5)")
 PY

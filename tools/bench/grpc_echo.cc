@@ -3,7 +3,9 @@
 //
 //   grpc_echo serve --socket=/tmp/echo.sock       # until killed; the synchronous
 //                                                 # server, as the agent's local API
+//   grpc_echo serve --socket=/tmp/cb.sock --callback   # gRPC's callback server
 //   grpc_echo call --socket=/tmp/echo.sock --iters=2000   # prints "echo <p50_us> <p99_us>"
+//   (--label names the row; --metadata adds a session-token-sized metadata entry)
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -18,6 +20,9 @@
 
 ABSL_FLAG(std::string, socket, "/tmp/ferry-echo.sock", "unix socket path");
 ABSL_FLAG(int, iters, 2000, "call: calls measured (after 50 warm-up calls)");
+ABSL_FLAG(bool, callback, false, "serve: gRPC's callback server instead of the synchronous one");
+ABSL_FLAG(std::string, label, "echo", "call: the row's name");
+ABSL_FLAG(bool, metadata, false, "call: send a 32-character metadata entry, as ferry's session token");
 
 namespace {
 
@@ -29,11 +34,26 @@ class EchoService final : public ferry::bench::Echo::Service {
   }
 };
 
+class CallbackEchoService final : public ferry::bench::Echo::CallbackService {
+  grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* ctx, const ferry::bench::EchoMessage* req,
+                                 ferry::bench::EchoMessage* resp) override {
+    *resp = *req;
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+};
+
 int Serve() {
   EchoService service;
+  CallbackEchoService callback_service;
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + absl::GetFlag(FLAGS_socket), grpc::InsecureServerCredentials());
-  builder.RegisterService(&service);
+  if (absl::GetFlag(FLAGS_callback)) {
+    builder.RegisterService(&callback_service);
+  } else {
+    builder.RegisterService(&service);
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     fprintf(stderr, "grpc_echo: cannot serve on %s\n", absl::GetFlag(FLAGS_socket).c_str());
@@ -52,8 +72,9 @@ int Call() {
   const int iters = absl::GetFlag(FLAGS_iters);
   for (int i = 0; i < iters + 50; ++i) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     const absl::Time t0 = absl::Now();
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    if (absl::GetFlag(FLAGS_metadata)) ctx.AddMetadata("ferry-session", std::string(32, 'a'));
     grpc::Status s = stub->Echo(&ctx, req, &resp);
     if (!s.ok()) {
       fprintf(stderr, "grpc_echo: %s\n", s.error_message().c_str());
@@ -62,7 +83,7 @@ int Call() {
     if (i >= 50) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
   std::sort(us.begin(), us.end());
-  printf("echo %.1f %.1f\n", us[us.size() / 2], us[us.size() * 99 / 100]);
+  printf("%s %.1f %.1f\n", absl::GetFlag(FLAGS_label).c_str(), us[us.size() / 2], us[us.size() * 99 / 100]);
   return 0;
 }
 

@@ -1,13 +1,16 @@
 """The Python client's side of ``tools/bench.sh control``: 8-byte round trips through
 the local API, one line each, "<name> <p50_us> <p99_us>": Write + result() into a
 region of this agent, into the receiver's (another agent), the same with a
-notification, and the write queue to the receiver.
+notification, and the write queue to the receiver; with --echo_socket, first a bare
+unary call to tools/bench/grpc_echo from grpcio (Python's own floor).
 
     .venv/bin/python tools/bench/py_control.py --socket=A.sock --descriptor=DIR/descriptor --iters=2000
 """
 import argparse
 import sys
 import time
+
+import grpc
 
 import ferry
 
@@ -28,7 +31,14 @@ def main():
     p.add_argument("--socket", required=True)
     p.add_argument("--descriptor", required=True, help="the receiver's descriptor (another agent's region)")
     p.add_argument("--iters", type=int, default=2000)
+    p.add_argument("--echo_socket", help="a grpc_echo server's socket")
     args = p.parse_args()
+    if args.echo_socket:
+        with grpc.insecure_channel(f"unix:{args.echo_socket}") as channel:
+            # EchoMessage{data: 8 bytes}, encoded by hand: no generated stubs needed.
+            echo = channel.unary_unary("/ferry.bench.Echo/Echo", request_serializer=None, response_deserializer=None)
+            message = b"\x0a\x08" + b"x" * 8
+            measure("py_echo", args.iters, lambda: echo(message, timeout=10))
     remote = open(args.descriptor, "rb").read()
     with ferry.Client(args.socket) as c:
         src = c.register_host(4096)
