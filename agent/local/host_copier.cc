@@ -20,11 +20,18 @@ HostCopier::~HostCopier() {
 
 void HostCopier::Submit(std::shared_ptr<Transfer> t, Done done) {
   if (t->plan.total_bytes <= kInlineBytes && t->plan.chunks.size() <= kInlineChunks) {
-    done(Copy(*t));  // a few microseconds: less than waking a copier thread
+    done(Run(*t));  // a few microseconds: less than waking a copier thread
     return;
   }
   absl::MutexLock lock(&mu_);
   queue_.emplace_back(std::move(t), std::move(done));
+}
+
+absl::Status HostCopier::Run(const Transfer& t) {
+  if (absl::Now() > t.deadline) {
+    return absl::DeadlineExceededError(absl::StrCat("transfer ", t.id, " passed its deadline before it started"));
+  }
+  return Copy(t);
 }
 
 absl::Status HostCopier::Copy(const Transfer& t) {
@@ -58,11 +65,7 @@ void HostCopier::Work() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    absl::Status s =
-        absl::Now() > job.first->deadline
-            ? absl::DeadlineExceededError(absl::StrCat("transfer ", job.first->id, " passed its deadline while queued"))
-            : Copy(*job.first);
-    job.second(s);
+    job.second(Run(*job.first));
   }
 }
 

@@ -34,6 +34,8 @@ class HostCopier : public TransferExecutor {
 
  private:
   void Work();
+  // Copies `t` unless its deadline has already passed.
+  static absl::Status Run(const Transfer& t);
   static absl::Status Copy(const Transfer& t);
 
   absl::Mutex mu_;

@@ -198,6 +198,12 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::
   return deps_.router->Join(std::move(parts), whole);
 }
 
+void LocalService::Answer(Session& session, uint64_t id, v1::WriteResponse* resp) {
+  resp->set_transfer_id(id);
+  absl::StatusOr<v1::WaitResponse> now = session.Wait(id, absl::ZeroDuration());
+  if (now.ok() && now->done()) *resp->mutable_result() = std::move(*now->mutable_result());
+}
+
 absl::StatusOr<uint64_t> LocalService::Start(Session& session, std::shared_ptr<Transfer> t) {
   t->id = deps_.transfers->NextId();
   absl::Status begun = session.BeginTransfer(t->id);
@@ -215,7 +221,7 @@ grpc::Status LocalService::Write(grpc::ServerContext* ctx, const v1::WriteReques
   if (!t.ok()) return Reply("Write", t.status());
   absl::StatusOr<uint64_t> id = Start(**session, std::move(*t));
   if (!id.ok()) return Reply("Write", id.status());
-  resp->set_transfer_id(*id);
+  Answer(**session, *id, resp);
   return grpc::Status::OK;
 }
 
@@ -228,7 +234,7 @@ grpc::Status LocalService::WriteBatch(grpc::ServerContext* ctx, const v1::WriteB
   if (!t.ok()) return Reply("WriteBatch", t.status());
   absl::StatusOr<uint64_t> id = Start(**session, std::move(*t));
   if (!id.ok()) return Reply("WriteBatch", id.status());
-  resp->set_transfer_id(*id);
+  Answer(**session, *id, resp);
   return grpc::Status::OK;
 }
 

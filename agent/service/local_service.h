@@ -90,6 +90,8 @@ class LocalService final : public v1::Agent::Service {
                                                          const v1::WriteBatchRequest& req);
   // Gives a prepared transfer its id and starts it; the id, or why it cannot start.
   absl::StatusOr<uint64_t> Start(Session& session, std::shared_ptr<Transfer> t);
+  // Write's answer: the id, and the result if the transfer has already finished.
+  void Answer(Session& session, uint64_t id, v1::WriteResponse* resp);
   absl::StatusOr<uint64_t> DoCreateQueue(const std::shared_ptr<Session>& session, const v1::CreateQueueRequest& req);
   // Counts errors by API and code, converts to grpc::Status.
   grpc::Status Reply(const char* api, const absl::Status& status);

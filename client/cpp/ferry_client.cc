@@ -215,11 +215,17 @@ absl::Status Client::Deregister(uint64_t region_id) {
 }
 
 absl::StatusOr<uint64_t> Client::Write(const v1::WriteRequest& request) {
+  absl::StatusOr<v1::WriteResponse> resp = WriteCall(request);
+  if (!resp.ok()) return resp.status();
+  return resp->transfer_id();
+}
+
+absl::StatusOr<v1::WriteResponse> Client::WriteCall(const v1::WriteRequest& request) {
   v1::WriteResponse resp;
   auto ctx = NewContext();
   absl::Status s = Checked(stub_->Write(ctx.get(), request, &resp));
   if (!s.ok()) return s;
-  return resp.transfer_id();
+  return resp;
 }
 
 absl::StatusOr<uint64_t> Client::WriteBatch(const v1::WriteBatchRequest& request) {
@@ -281,9 +287,12 @@ absl::StatusOr<v1::TransferResult> Client::Wait(uint64_t transfer_id, absl::Dura
 }
 
 absl::StatusOr<v1::TransferResult> Client::WriteAndWait(const v1::WriteRequest& request, absl::Duration timeout) {
-  absl::StatusOr<uint64_t> id = Write(request);
-  if (!id.ok()) return id.status();
-  absl::StatusOr<v1::TransferResult> r = Wait(*id, timeout);
+  absl::StatusOr<v1::WriteResponse> resp = WriteCall(request);
+  if (!resp.ok()) return resp.status();
+  // A transfer that finished inside the call (a small node-local copy) came back with
+  // its result: no Wait.
+  absl::StatusOr<v1::TransferResult> r =
+      resp->has_result() ? absl::StatusOr<v1::TransferResult>(resp->result()) : Wait(resp->transfer_id(), timeout);
   if (!r.ok()) return r.status();
   absl::Status s = ResultStatus(*r);
   if (!s.ok()) return s;

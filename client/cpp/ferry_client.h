@@ -99,7 +99,8 @@ class Client {
   // Waits for a transfer; returns its result (whose code may be an error), or
   // DEADLINE_EXCEEDED if it is still running after `timeout`.
   absl::StatusOr<v1::TransferResult> Wait(uint64_t transfer_id, absl::Duration timeout);
-  // Write + Wait; the transfer's own error becomes the returned status.
+  // Write + Wait (no Wait when the Write's answer already carries the result); the
+  // transfer's own error becomes the returned status.
   absl::StatusOr<v1::TransferResult> WriteAndWait(const v1::WriteRequest& request, absl::Duration timeout);
 
   // Sends `payload` (at most 4 KiB) with `tag` to the owner of `dst`'s region, which
@@ -122,6 +123,7 @@ class Client {
   bool SessionAlive() const;
   // FromGrpc, but UNAVAILABLE with a hint when the agent has closed the session.
   absl::Status Checked(const grpc::Status& s) const;
+  absl::StatusOr<v1::WriteResponse> WriteCall(const v1::WriteRequest& request);
 
   std::string socket_;
   int session_fd_ = -1;

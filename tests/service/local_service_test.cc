@@ -87,6 +87,26 @@ TEST_CASE("a write between two sessions lands byte for byte and notifies the rec
   ctx->TryCancel();
 }
 
+TEST_CASE("a small node-local write answers with its result; Wait still finds it") {
+  auto agent = StartAgent();
+  Pod sender = MakePod(agent->socket(), 1 << 16);
+  Pod receiver = MakePod(agent->socket(), 1 << 16);
+  FillRandom(sender.buf->data(), 1 << 16, 3);
+  v1::WriteRequest req = ChunkRequest(sender.reg.region_id(), receiver.reg.region(), {{8, 0, 4096}, {0, 8192, 8}});
+  v1::WriteResponse resp;
+  auto ctx = sender.client->NewContext(absl::Seconds(10));
+  REQUIRE(sender.client->stub()->Write(ctx.get(), req, &resp).ok());
+  REQUIRE(resp.has_result());  // copied inside the call
+  CHECK(resp.result().transfer_id() == resp.transfer_id());
+  CHECK(resp.result().code() == 0);
+  CHECK(resp.result().bytes() == 4096 + 8);
+  CHECK(memcmp(receiver.buf->data(), sender.buf->data() + 8, 4096) == 0);
+  CHECK(memcmp(receiver.buf->data() + 8192, sender.buf->data(), 8) == 0);
+  auto waited = sender.client->Wait(resp.transfer_id(), absl::Seconds(1));
+  REQUIRE(waited.ok());
+  CHECK(waited->bytes() == resp.result().bytes());
+}
+
 TEST_CASE("a paged write of 10,000 blocks moves every block to its slot") {
   auto agent = StartAgent();
   const uint64_t kBlock = 256, kBlocks = 10000;

@@ -191,10 +191,12 @@ class NotificationStream:
 class TransferFuture:
     """A submitted write. result() waits for it and raises the transfer's error."""
 
-    def __init__(self, client: "Client", transfer_id: int):
+    def __init__(self, client: "Client", answer: ferry_pb2.WriteResponse):
         self._client = client
-        self.transfer_id = transfer_id
-        self._result: Optional[ferry_pb2.TransferResult] = None
+        self.transfer_id = answer.transfer_id
+        # A transfer that finished inside the Write call (a small node-local copy) came
+        # back with its result: result() needs no Wait.
+        self._result: Optional[ferry_pb2.TransferResult] = answer.result if answer.HasField("result") else None
 
     def done(self) -> bool:
         return self._poll(0.0)
@@ -373,7 +375,7 @@ class Client:
         req = self._write_request(src, dst, tag, notify, notify_payload, timeout)
         for s, d, n in chunks:
             req.chunks.chunks.add(src_offset=s, dst_offset=d, length=n)
-        return TransferFuture(self, self._call("Write", req).transfer_id)
+        return TransferFuture(self, self._call("Write", req))
 
     def write_blocks(self, src: Region, dst: Union[RegionDescriptor, bytes], block_size: int,
                      src_ids: Iterable[int], dst_ids: Iterable[int], *, tag: int = 0, notify: bool = False,
@@ -384,7 +386,7 @@ class Client:
         req.paged.block_size = block_size
         req.paged.src_blocks.extend(int(i) for i in src_ids)
         req.paged.dst_blocks.extend(int(i) for i in dst_ids)
-        return TransferFuture(self, self._call("Write", req).transfer_id)
+        return TransferFuture(self, self._call("Write", req))
 
     def write_batch(self, parts: Sequence[Tuple[Region, Union[RegionDescriptor, bytes], int, int]], block_size: int,
                     src_ids: Iterable[int], dst_ids: Iterable[int], *, tag: int = 0, notify: bool = False,
@@ -402,7 +404,7 @@ class Client:
         for src, dst, src_base, dst_base in parts:
             req.parts.add(src_region_id=src.id, dst=self._descriptor(dst)._proto, src_base=src_base,
                           dst_base=dst_base)
-        return TransferFuture(self, self._call("WriteBatch", req).transfer_id)
+        return TransferFuture(self, self._call("WriteBatch", req))
 
     def create_queue(self, destinations: Sequence[Union[RegionDescriptor, bytes]], entries: int = 256,
                      timeout: Optional[float] = None) -> WriteQueue:
