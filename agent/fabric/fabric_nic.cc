@@ -220,14 +220,19 @@ absl::Status FabricNic::OpenMessageBuffers() {
   return absl::OkStatus();
 }
 
-void FabricNic::PostReceive(MessageSlot* s) {
-  iovec iov{s->buf, kMaxFabricMessageBytes};
+fi_msg FabricNic::SlotMessage(MessageSlot* s, iovec* iov, fi_addr_t peer) {
   fi_msg msg{};
-  msg.msg_iov = &iov;
+  msg.msg_iov = iov;
   msg.desc = &message_desc_;
   msg.iov_count = 1;
-  msg.addr = FI_ADDR_UNSPEC;
+  msg.addr = peer;
   msg.context = &s->context;
+  return msg;
+}
+
+void FabricNic::PostReceive(MessageSlot* s) {
+  iovec iov{s->buf, kMaxFabricMessageBytes};
+  const fi_msg msg = SlotMessage(s, &iov, FI_ADDR_UNSPEC);
   if (fi_recvmsg(ep_, &msg, 0) != 0) unposted_.push_back(s);
 }
 
@@ -320,12 +325,7 @@ ssize_t FabricNic::PostMessage(const void* data, size_t len, fi_addr_t peer, voi
   MessageSlot* s = free_send_;
   std::memcpy(s->buf, data, len);
   iovec iov{s->buf, len};
-  fi_msg msg{};
-  msg.msg_iov = &iov;
-  msg.desc = &message_desc_;
-  msg.iov_count = 1;
-  msg.addr = peer;
-  msg.context = &s->context;
+  const fi_msg msg = SlotMessage(s, &iov, peer);
   const ssize_t rc = fi_sendmsg(ep_, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION);
   if (rc == 0) {
     free_send_ = s->next_free;

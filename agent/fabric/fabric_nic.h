@@ -118,6 +118,8 @@ class FabricNic : public NicInterface {
   MessageSlot* SlotOf(void* context);
   bool IsReceive(const MessageSlot* s) const { return s < &slots_[kMessageBuffers]; }
   void PostReceive(MessageSlot* s);
+  // A one-buffer fi_msg over slot `s`'s `iov` (which the caller fills and keeps).
+  fi_msg SlotMessage(MessageSlot* s, iovec* iov, fi_addr_t peer);
 
   std::string name_, provider_, iface_, netdev_, domain_name_, address_;
   fi_info* info_ = nullptr;
