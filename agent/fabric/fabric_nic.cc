@@ -116,10 +116,12 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
   for (const std::string& p : candidates) {
     // With FI_HMEM where the provider has it, else without (GPU memory is then staged);
     // with messages where it has them, else without (notifications then go by RPC).
-    absl::StatusOr<fi_info*> i = absl::NotFoundError("FI_HMEM not asked for");
-    for (bool msg : {true, false}) {
-      if (options.hmem && !i.ok()) i = GetInfo(p, iface, options.tx_size, /*hmem=*/true, msg);
-      if (!i.ok()) i = GetInfo(p, iface, options.tx_size, /*hmem=*/false, msg);
+    absl::StatusOr<fi_info*> i = absl::NotFoundError("not asked");
+    for (bool hmem : {true, false}) {
+      if (hmem && !options.hmem) continue;
+      for (bool msg : {true, false}) {
+        if (!i.ok()) i = GetInfo(p, iface, options.tx_size, hmem, msg);
+      }
     }
     if (i.ok()) {
       info = *i;
