@@ -39,6 +39,8 @@ _SQ_TAIL, _SQ_HEAD, _CQ_TAIL, _CQ_HEAD, _AGENT_SLEEPING, _CLIENT_WAITING = 64, 1
 _SUBMIT_OFFSET = 448
 _SUBMIT = struct.Struct("<QQQQQQIIQ")  # user_data src_region src_offset dst_offset length tag dst_index flags reserved
 _COMPLETION = struct.Struct("<QQQQiI216s")  # user_data transfer_id bytes duration_ns code path message
+_COMPLETION_HEAD = struct.Struct("<QQQQiI")  # all but the message, which only a failure needs
+_MESSAGE = struct.Struct("216s")
 _FLAG_NOTIFY = 1
 PATH_NAMES = {ferry_pb2.TRANSFER_PATH_LOCAL: "local", ferry_pb2.TRANSFER_PATH_FABRIC: "fabric",
               ferry_pb2.TRANSFER_PATH_STAGED: "staged"}
@@ -52,6 +54,15 @@ class Completion:
     error: Optional[errors.FerryError]  # None when the write succeeded
     path: str = ""  # local, fabric or staged
     seconds: float = 0.0  # post -> completion, as the agent measured it
+
+
+def _refuse(src, **values) -> None:
+    """Raises what is wrong with a post that struct could not pack."""
+    if not isinstance(getattr(src, "id", None), int):
+        raise TypeError("src must be a Region of this client")
+    for name, v in values.items():
+        if not isinstance(v, int) or not 0 <= v < (1 << (32 if name == "dst_index" else 64)):
+            raise errors.InvalidArgument(f"{name} out of range: {v}")
 
 
 class WriteQueue:
@@ -108,18 +119,21 @@ class WriteQueue:
         tokens are the agent's to check; its verdict arrives through ``reap``."""
         if self._map is None:
             raise errors.FailedPrecondition("this queue is closed")
-        if not isinstance(getattr(src, "id", None), int):
-            raise TypeError("src must be a Region of this client")
-        for name, v in (("length", length), ("src_offset", src_offset), ("dst_offset", dst_offset),
-                        ("user_data", user_data), ("tag", tag), ("dst_index", dst_index)):
-            if not 0 <= v < (1 << (32 if name == "dst_index" else 64)):
-                raise errors.InvalidArgument(f"{name} out of range: {v}")
         if self._posted - self._reaped >= self._entries:
+            _refuse(src, length=length, src_offset=src_offset, dst_offset=dst_offset, user_data=user_data, tag=tag,
+                    dst_index=dst_index)  # a bad argument says so, full ring or not
             raise errors.ResourceExhausted(
                 f"the queue already has {self._entries} writes in flight; reap completions first")
+        # The slot's last entry was reaped, so the agent is done with it; struct checks
+        # every value's type and range (a refused entry is never published).
         slot = _SUBMIT_OFFSET + (self._posted & (self._entries - 1)) * _SUBMIT.size
-        _SUBMIT.pack_into(self._map, slot, user_data, src.id, src_offset, dst_offset, length, tag, dst_index,
-                          _FLAG_NOTIFY if notify else 0, 0)
+        try:
+            _SUBMIT.pack_into(self._map, slot, user_data, src.id, src_offset, dst_offset, length, tag, dst_index,
+                              _FLAG_NOTIFY if notify else 0, 0)
+        except (AttributeError, struct.error):
+            _refuse(src, length=length, src_offset=src_offset, dst_offset=dst_offset, user_data=user_data, tag=tag,
+                    dst_index=dst_index)
+            raise
         self._posted += 1
         self._words[_SQ_TAIL // 4] = self._posted & 0xFFFFFFFF  # after the entry: x86 keeps store order
         self._fence()
@@ -198,15 +212,17 @@ class WriteQueue:
     def _take(self, max_count: int) -> List[Completion]:
         out: List[Completion] = []
         n = min(self._ready(), max_count)
-        for _ in range(n):
-            slot = self._cq_offset + (self._reaped & (self._entries - 1)) * _COMPLETION.size
-            user_data, transfer_id, nbytes, duration_ns, code, path, message = _COMPLETION.unpack_from(self._map, slot)
+        ring, unpack, mask, size = self._map, _COMPLETION_HEAD.unpack_from, self._entries - 1, _COMPLETION.size
+        for r in range(self._reaped, self._reaped + n):
+            slot = self._cq_offset + (r & mask) * size
+            user_data, transfer_id, nbytes, duration_ns, code, path = unpack(ring, slot)
             error = None
             if code != 0:
+                message = _MESSAGE.unpack_from(ring, slot + _COMPLETION_HEAD.size)[0]
                 error = errors.from_code(code, message.split(b"\0", 1)[0].decode("utf-8", "replace"))
             out.append(Completion(user_data, transfer_id, nbytes, error, PATH_NAMES.get(path, ""), duration_ns / 1e9))
-            self._reaped += 1
         if n:
+            self._reaped += n
             self._words[_CQ_HEAD // 4] = self._reaped & 0xFFFFFFFF
         return out
 

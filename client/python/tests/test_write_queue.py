@@ -88,6 +88,16 @@ def test_a_full_ring_and_bad_arguments_raise_at_once(agent):
         assert q.reap(timeout=0.05) == []  # nothing in flight: returns at the timeout
         q.post(src, 8, user_data=9)  # room again
         assert [x.user_data for x in reap_all(q, 1)] == [9]
+        # Refused before anything is published, with the field named.
+        for bad, field in (({"length": 1 << 64}, "length"), ({"user_data": -1}, "user_data"),
+                           ({"dst_index": 1 << 32}, "dst_index"), ({"tag": "7"}, "tag"),
+                           ({"src_offset": 1.5}, "src_offset")):
+            with pytest.raises(ferry.InvalidArgument, match=field):
+                q.post(src, **{"length": 8, **bad})
+        with pytest.raises(TypeError, match="src must be a Region"):
+            q.post("not a region", 8)
+        q.post(src, 8, user_data=10)  # the refusals took no slot
+        assert [x.user_data for x in reap_all(q, 1)] == [10]
         q.close()
         with pytest.raises(ferry.FailedPrecondition):
             q.post(src, 8)
