@@ -154,7 +154,7 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
   for (const std::shared_ptr<Transfer>& part : t->parts) {
     part->id = t->id;
     part->executor->Submit(part, [manager, t, progress, incarnation, stopping = stopping_,
-                                  notify_peer = deps_.notify_peer](absl::Status s) {
+                                  notify_peer = &deps_.notify_peer](absl::Status s) {
       absl::Status result;
       if (!progress->Done(s, &result)) return;
       // Every part's bytes landed. A local owner is notified by Finish; a remote one
@@ -163,8 +163,9 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
       if (!result.ok() || !t->notify || t->dst != nullptr) return manager->Finish(*t, result);
       v1::NotifyRequest req = DeliverNotifyRequest(*t->dst_descriptor, incarnation, v1::NOTIFICATION_KIND_WRITE, t->id,
                                                    t->tag, t->plan.total_bytes, t->notify_payload);
-      if (notify_peer) {
-        return notify_peer(t, std::move(req), [manager, t](absl::Status notified) { manager->Finish(*t, notified); });
+      if (*notify_peer) {
+        return (*notify_peer)(t, std::move(req),
+                              [manager, t](absl::Status notified) { manager->Finish(*t, notified); });
       }
       SendNotifyAsync(t->peer, std::move(req), std::max(t->deadline, absl::Now() + absl::Milliseconds(100)),
                       [manager, t](absl::Status notified) {
