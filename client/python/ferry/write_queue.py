@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import mmap
+import operator
 import os
 import platform
 import select
@@ -61,7 +62,11 @@ def _refuse(src, **values) -> None:
     if not isinstance(getattr(src, "id", None), int):
         raise TypeError("src must be a Region of this client")
     for name, v in values.items():
-        if not isinstance(v, int) or not 0 <= v < (1 << (32 if name == "dst_index" else 64)):
+        try:
+            v = operator.index(v)  # ints, and integer types that say so (numpy's)
+        except TypeError:
+            raise errors.InvalidArgument(f"{name} must be an integer, got {v!r}") from None
+        if not 0 <= v < (1 << (32 if name == "dst_index" else 64)):
             raise errors.InvalidArgument(f"{name} out of range: {v}")
 
 

@@ -69,6 +69,16 @@ def test_refused_entries_come_back_as_errors_and_move_nothing(agent):
         assert bytes(dst.buffer[4096:]) == bytes(4096)  # the refused writes moved nothing
 
 
+class _Index:
+    """An integer that is no int, as numpy's are: it only has __index__."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+
 def test_a_full_ring_and_bad_arguments_raise_at_once(agent):
     with ferry.Client(agent.socket) as c:
         src = c.register_host(4096)
@@ -82,6 +92,8 @@ def test_a_full_ring_and_bad_arguments_raise_at_once(agent):
             q.post(src, 8, user_data=i)
         with pytest.raises(ferry.ResourceExhausted):
             q.post(src, 8)
+        with pytest.raises(ferry.ResourceExhausted):  # an integer type that is no int (numpy's) is no bad argument
+            q.post(src, _Index(8), user_data=_Index(1))
         with pytest.raises(ferry.InvalidArgument):
             q.post(src, -1)
         assert len(reap_all(q, 8)) == 8
@@ -96,7 +108,7 @@ def test_a_full_ring_and_bad_arguments_raise_at_once(agent):
                 q.post(src, **{"length": 8, **bad})
         with pytest.raises(TypeError, match="src must be a Region"):
             q.post("not a region", 8)
-        q.post(src, 8, user_data=10)  # the refusals took no slot
+        q.post(src, _Index(8), user_data=_Index(10))  # the refusals took no slot
         assert [x.user_data for x in reap_all(q, 1)] == [10]
         q.close()
         with pytest.raises(ferry.FailedPrecondition):
