@@ -207,7 +207,7 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
                                          }
                                          done(s);
                                        } else if (t->notify) {
-                                         NotifyPeer(t, peer, first_nic, DeliveredRequest(*t, nic_bytes), done);
+                                         NotifyPeer(t, peer, first_nic, nic_bytes, done);
                                        } else {
                                          AddRxReport(*t, peer, nic_bytes);
                                          done(absl::OkStatus());
@@ -247,8 +247,9 @@ v1::NotifyRequest FabricEngine::DeliveredRequest(const Transfer& t, const std::v
 }
 
 void FabricEngine::NotifyPeer(const std::shared_ptr<Transfer>& t, const std::shared_ptr<PeerConnection>& peer,
-                              size_t nic, v1::NotifyRequest req, Done done) {
-  if (options_.fabric_messages && peer->fabric_messages() && req.ByteSizeLong() <= kMaxFabricMessageBytes) {
+                              size_t nic, const std::vector<uint64_t>& nic_bytes, Done done) {
+  v1::NotifyRequest req = DeliveredRequest(*t, nic_bytes);
+  if (nics_[nic]->messages() && peer->fabric_messages() && req.ByteSizeLong() <= kMaxFabricMessageBytes) {
     SendNotifyMessage(t, peer, nic, req, std::move(done));
   } else {
     Enqueue([this, t, req = std::move(req), done = std::move(done)] { SendNotify(t, req, done); });

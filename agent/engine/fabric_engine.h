@@ -62,8 +62,8 @@ struct FabricEngineOptions {
   bool hmem = true;                                      // use FI_HMEM for GPU memory where the provider has it
   absl::Duration worker_spin = absl::Microseconds(100);  // see RailWorker
   int notify_threads = 2;
-  // Notifications by fabric message where the peer receives them, and receive them
-  // here; false: by the Notify RPC only (--fabric_messages).
+  // Receive notifications as fabric messages (and so send them, where the peer does
+  // too); false: by the Notify RPC only (--fabric_messages).
   bool fabric_messages = true;
   // The node's topology (agent/topology): rails and worker pinning. Null: every region
   // stripes over every NIC, workers unpinned.
@@ -108,14 +108,12 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
                 const std::vector<v1::RemoteKey>& keys, uint64_t region_id, absl::Time keys_since, Done done);
   // Notifies the destination's owner (t->peer) that all of `t` landed. Blocks for the RPC.
   void NotifyDelivered(const std::shared_ptr<Transfer>& t, Done done);
-  // Sends `req` (a delivered write's NotifyRequest) to `peer`: as a fabric message from
-  // local NIC `nic` where both agents have them, else by the Notify RPC (on a notify
-  // thread). `done` once the target has it; an error says the bytes landed regardless.
+  // Tells `peer` that all of `t` landed (`nic_bytes`: what arrived through each of its
+  // NICs, for its receive counters; may be empty): as a fabric message from local NIC
+  // `nic` where both agents have them, else by the Notify RPC (on a notify thread).
+  // `done` once the target has it; an error says the bytes landed regardless.
   void NotifyPeer(const std::shared_ptr<Transfer>& t, const std::shared_ptr<PeerConnection>& peer, size_t nic,
-                  v1::NotifyRequest req, Done done);
-  // The NotifyRequest that delivers `t`'s notification (`nic_bytes`: what arrived
-  // through each of the target's NICs, for its receive counters).
-  v1::NotifyRequest DeliveredRequest(const Transfer& t, const std::vector<uint64_t>& nic_bytes) const;
+                  const std::vector<uint64_t>& nic_bytes, Done done);
 
   std::vector<FabricNic*> nics() const;
   // Each NIC's device in the topology (nullptr: none, e.g. loopback), the rails built
@@ -134,6 +132,8 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   void Enqueue(std::function<void()> job);
   void FailTransfersTo(const PeerConnection& peer);
   void OnMessage(absl::string_view bytes);
+  // The NotifyRequest that delivers `t`'s notification.
+  v1::NotifyRequest DeliveredRequest(const Transfer& t, const std::vector<uint64_t>& nic_bytes) const;
   // NotifyPeer's two ways: by RPC (blocks for it), or as a message from local NIC `nic`.
   void SendNotify(const std::shared_ptr<Transfer>& t, const v1::NotifyRequest& req, Done done);
   void SendNotifyMessage(const std::shared_ptr<Transfer>& t, const std::shared_ptr<PeerConnection>& peer, size_t nic,

@@ -29,10 +29,10 @@ class HostCopier : public TransferExecutor {
 
   void Submit(std::shared_ptr<Transfer> t, Done done) override;
 
+ private:
   static constexpr uint64_t kInlineBytes = 64 << 10;
   static constexpr size_t kInlineChunks = 64;
 
- private:
   void Work();
   // Copies `t` unless its deadline has already passed.
   static absl::Status Run(const Transfer& t);

@@ -127,9 +127,9 @@ void Agent::StartTransferPaths() {
     route.peers = engine_->peers();
     route.fabric_nics = engine_->nics().size();
     route.fabric = engine_.get();
-    route.notify_peer = [e = engine_.get()](const std::shared_ptr<Transfer>& t, v1::NotifyRequest req,
+    route.notify_peer = [e = engine_.get()](const std::shared_ptr<Transfer>& t,
                                             std::function<void(absl::Status)> done) {
-      e->NotifyPeer(t, t->peer, /*nic=*/0, std::move(req), std::move(done));
+      e->NotifyPeer(t, t->peer, /*nic=*/0, /*nic_bytes=*/{}, std::move(done));
     };
     route.staged = staged_.get();
     route.stage_host_regions = config_.stage_host_regions;

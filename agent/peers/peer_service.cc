@@ -98,7 +98,7 @@ void PeerService::AcceptMessage(absl::string_view bytes) {
                              absl::StrCat("a fabric message of ", bytes.size(), " bytes is no NotifyRequest"));
   // Nobody waits for an answer: what went wrong is counted and logged here.
   if (!s.ok()) {
-    metrics_->errors("peer.NotifyMessage", StatusCodeName(static_cast<int>(s.code()))).Increment();
+    Reply("peer.NotifyMessage", s);  // counts it
     FERRY_LOG(WARNING) << "notification by fabric message refused: " << s;
   }
 }

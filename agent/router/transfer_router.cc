@@ -161,18 +161,7 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
       // through its agent first, so that the writer's success means "notified".
       if (!result.ok() && !stopping->load()) NotifyRemoteFailure(*t, incarnation, result);
       if (!result.ok() || !t->notify || t->dst != nullptr) return manager->Finish(*t, result);
-      v1::NotifyRequest req = DeliverNotifyRequest(*t->dst_descriptor, incarnation, v1::NOTIFICATION_KIND_WRITE, t->id,
-                                                   t->tag, t->plan.total_bytes, t->notify_payload);
-      if (*notify_peer) {
-        return (*notify_peer)(t, std::move(req),
-                              [manager, t](absl::Status notified) { manager->Finish(*t, notified); });
-      }
-      SendNotifyAsync(t->peer, std::move(req), std::max(t->deadline, absl::Now() + absl::Milliseconds(100)),
-                      [manager, t](absl::Status notified) {
-                        manager->Finish(*t, notified.ok() ? notified
-                                                          : absl::UnavailableError(absl::StrCat("the bytes landed but ",
-                                                                                                notified.message())));
-                      });
+      (*notify_peer)(t, [manager, t](absl::Status notified) { manager->Finish(*t, notified); });
     });
   }
 }

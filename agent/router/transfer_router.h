@@ -62,10 +62,9 @@ struct TransferRouterDeps {
   size_t fabric_nics = 0;              // every host region is registered on each
   TransferExecutor* fabric = nullptr;  // FabricEngine
   TransferExecutor* staged = nullptr;  // StagedExecutor
-  // Tells a WriteBatch's remote owner that every part landed (FabricEngine::NotifyPeer:
-  // a fabric message where the peer has them); null: the peer Notify RPC.
-  std::function<void(const std::shared_ptr<Transfer>&, v1::NotifyRequest, std::function<void(absl::Status)>)>
-      notify_peer;
+  // Tells a WriteBatch's remote owner (t->peer) that every part landed
+  // (FabricEngine::NotifyPeer); set whenever `peers` is.
+  std::function<void(const std::shared_ptr<Transfer>&, std::function<void(absl::Status)>)> notify_peer;
   bool stage_host_regions = false;  // --stage_host_regions
 };
 

@@ -80,6 +80,16 @@ struct Harness {
   ~Harness() { worker.Stop(); }
 };
 
+// Transfer 1, one op to `peer` whose completion reports a dropped connection (the
+// worker then holds that peer for kReconnectHold); returns once it has failed.
+Transfer_ DropConnection(Harness& h, fi_addr_t peer) {
+  h.nic.FailNextCompletion(peer, FI_ECONNRESET);
+  Transfer_ dropped = NewTransfer(1, 1);
+  h.worker.Submit({MakeOp(dropped, peer, 0)});
+  REQUIRE(dropped.outcome->Wait());
+  return dropped;
+}
+
 TEST_CASE("rail worker: every op is posted once, in order, and the transfer ends when the last completes") {
   Harness h;
   Transfer_ t = NewTransfer(100, 1);
@@ -135,10 +145,7 @@ TEST_CASE("rail worker: with the provider queue full, freed slots go to every pe
 
 TEST_CASE("rail worker: a dropped connection fails the op as connection-reset and holds only that peer") {
   Harness h;
-  h.nic.FailNextCompletion(kPeerA, FI_ECONNRESET);
-  Transfer_ dropped = NewTransfer(1, 1);
-  h.worker.Submit({MakeOp(dropped, kPeerA, 0)});
-  REQUIRE(dropped.outcome->Wait());
+  Transfer_ dropped = DropConnection(h, kPeerA);
   CHECK(dropped.outcome->status.code() == absl::StatusCode::kUnavailable);
   CHECK(IsConnectionReset(dropped.outcome->status));
   CHECK(dropped.outcome->status.message().find("injected by the test") != std::string::npos);
@@ -161,10 +168,7 @@ TEST_CASE(
     "rail worker: ops whose keys predate a drop are failed, never posted (a stale key breaks the new connection)") {
   Harness h;
   const absl::Time before_drop = absl::Now();
-  h.nic.FailNextCompletion(kPeerA, FI_ECONNRESET);
-  Transfer_ dropped = NewTransfer(1, 1);
-  h.worker.Submit({MakeOp(dropped, kPeerA, 0)});
-  REQUIRE(dropped.outcome->Wait());
+  Transfer_ dropped = DropConnection(h, kPeerA);
 
   Transfer_ stale = NewTransfer(3, 2);
   h.worker.Submit({MakeOp(stale, kPeerA, 0, before_drop), MakeOp(stale, kPeerA, 1, before_drop),
@@ -178,10 +182,7 @@ TEST_CASE(
 
 TEST_CASE("rail worker: a message (a notification) is posted as one, waits out a drop's hold, and is no data") {
   Harness h;
-  h.nic.FailNextCompletion(kPeerA, FI_ECONNRESET);
-  Transfer_ dropped = NewTransfer(1, 1);
-  h.worker.Submit({MakeOp(dropped, kPeerA, 0)});
-  REQUIRE(dropped.outcome->Wait());
+  Transfer_ dropped = DropConnection(h, kPeerA);
 
   // A message carries no key, so no drop makes it stale; it goes once the hold is over.
   static const char kRecord[] = "a notification record";

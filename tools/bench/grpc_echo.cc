@@ -5,7 +5,7 @@
 //                                                 # server, as the agent's local API
 //   grpc_echo serve --socket=/tmp/cb.sock --callback   # gRPC's callback server
 //   grpc_echo call --socket=/tmp/echo.sock --iters=2000   # prints "echo <p50_us> <p99_us>"
-//   (--label names the row; --metadata adds a session-token-sized metadata entry)
+//   (--label names the row)
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -22,7 +22,6 @@ ABSL_FLAG(std::string, socket, "/tmp/ferry-echo.sock", "unix socket path");
 ABSL_FLAG(int, iters, 2000, "call: calls measured (after 50 warm-up calls)");
 ABSL_FLAG(bool, callback, false, "serve: gRPC's callback server instead of the synchronous one");
 ABSL_FLAG(std::string, label, "echo", "call: the row's name");
-ABSL_FLAG(bool, metadata, false, "call: send a 32-character metadata entry, as ferry's session token");
 
 namespace {
 
@@ -72,9 +71,8 @@ int Call() {
   const int iters = absl::GetFlag(FLAGS_iters);
   for (int i = 0; i < iters + 50; ++i) {
     grpc::ClientContext ctx;
-    const absl::Time t0 = absl::Now();
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    if (absl::GetFlag(FLAGS_metadata)) ctx.AddMetadata("ferry-session", std::string(32, 'a'));
+    const absl::Time t0 = absl::Now();
     grpc::Status s = stub->Echo(&ctx, req, &resp);
     if (!s.ok()) {
       fprintf(stderr, "grpc_echo: %s\n", s.error_message().c_str());
