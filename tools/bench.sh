@@ -10,6 +10,8 @@
 #                                           the local API's round trips vs a bare gRPC echo and raw fi_write
 #   tools/bench.sh kv [--tokens=T,T..] [--rounds=R] [--cpus_a=LIST --cpus_b=LIST]
 #                                           one request's KV handoff through FerryConnector vs raw fi_write
+#   tools/bench.sh qos [--seconds=T] [--ferryd_flags='...'] [--cpus_a=LIST --cpus_b=LIST]
+#                                           tenants sharing a NIC: traffic classes vs first in first out, weights
 #
 # Pinning: initiator side (agent A, the bench client, the raw initiator) on --cpus_a,
 # target side (agent B, the raw target) on --cpus_b (taskset lists; default CPU 0 and
@@ -48,7 +50,8 @@ case $mode in
   gpu) exec bash tools/bench/gpu.sh "$@" ;;
   control) exec bash tools/bench/control.sh "$@" ;;
   kv) exec bash tools/bench/kv.sh "$@" ;;
-  *) echo "usage: tools/bench.sh cross-node [--count=N] [--rounds=R] [--row_mib=M] [--sizes=B,B..] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR] [--ferryd_flags=..] [--queue_flags=..] | gpu [--bundle=DIR] | control [--iters=N] | kv [--tokens=T,T..]" >&2
+  qos) exec bash tools/bench/qos.sh "$@" ;;
+  *) echo "usage: tools/bench.sh cross-node [--count=N] [--rounds=R] [--row_mib=M] [--sizes=B,B..] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR] [--ferryd_flags=..] [--queue_flags=..] | gpu [--bundle=DIR] | control [--iters=N] | kv [--tokens=T,T..] | qos [--seconds=T]" >&2
      exit 2 ;;
 esac
 

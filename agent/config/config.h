@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "agent/qos/qos_policy.h"
+
 namespace ferry {
 
 inline constexpr char kFerryVersion[] = "0.1.0";
@@ -55,6 +57,8 @@ struct AgentConfig {
   uint32_t max_staging_buffers = 64;
   bool stage_host_regions = false;
   uint32_t shutdown_grace_ms = 5000;
+  // Traffic classes and each pod's share of the NICs (--qos_*).
+  QosPolicy qos;
 };
 
 }  // namespace ferry

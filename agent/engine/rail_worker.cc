@@ -18,9 +18,6 @@ namespace ferry {
 namespace {
 constexpr int kCqBatch = 64;
 constexpr size_t kLatencyBatch = 256;  // ops between two op_duration updates while busy
-// Empty per-peer queues are kept for the next op to that peer (no deque rebuilt per
-// turn) unless there are more than this many.
-constexpr size_t kIdleQueuesKept = 16;
 // Post slots per block: more than a provider's usual transmit queue (rxm/tcp: 256), so
 // one block serves a worker for good.
 constexpr size_t kSlotBlock = 1024;
@@ -54,7 +51,7 @@ absl::Status ConnectionResetError(absl::string_view message) {
 bool IsConnectionReset(const absl::Status& status) { return status.GetPayload(kConnectionResetPayload).has_value(); }
 
 RailWorker::RailWorker(NicInterface* nic, Metrics* metrics, absl::Duration spin, std::vector<int> cpus,
-                       absl::Duration stop_grace)
+                       absl::Duration stop_grace, const OpScheduler::Options& qos)
     : nic_(nic),
       spin_(spin),
       stop_grace_(stop_grace),
@@ -66,6 +63,7 @@ RailWorker::RailWorker(NicInterface* nic, Metrics* metrics, absl::Duration spin,
       errors_(metrics->fabric_errors(nic->name())),
       reconnects_(metrics->fabric_reconnects(nic->name())),
       latency_bounds_(LatencyBuckets()),
+      scheduler_(qos, metrics, nic->name()),
       latency_counts_(latency_bounds_.size() + 1, 0) {
   event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   FreeSlot();  // the first block, before any op needs it
@@ -89,7 +87,8 @@ void RailWorker::Stop() {
 
 void RailWorker::Submit(absl::Span<const WriteOp> ops) {
   if (current_worker == this && !walking_queues_) {
-    for (const WriteOp& op : ops) Enqueue(op);
+    const absl::Time now = absl::Now();
+    for (const WriteOp& op : ops) scheduler_.Enqueue(op, now);
     return;
   }
   {
@@ -123,18 +122,6 @@ void RailWorker::Wake() {
   (void)ignored;
 }
 
-void RailWorker::Enqueue(const WriteOp& op) {
-  ++pending_;
-  for (PeerQueue& q : queues_) {
-    if (q.peer == op.peer) {
-      q.ops.push_back(op);
-      return;
-    }
-  }
-  queues_.push_back({op.peer, {}});
-  queues_.back().ops.push_back(op);
-}
-
 RailWorker::PostedOp* RailWorker::FreeSlot() {
   if (free_slots_ == nullptr) {
     slot_blocks_.push_back(std::make_unique<PostedOp[]>(kSlotBlock));
@@ -155,7 +142,8 @@ bool RailWorker::TakeIncoming() {
       source_change_ = false;
     }
   }
-  for (const WriteOp& op : taken_) Enqueue(op);
+  const absl::Time now = absl::Now();
+  for (const WriteOp& op : taken_) scheduler_.Enqueue(op, now);
   const bool took = !taken_.empty();
   taken_.clear();
   return took;
@@ -192,77 +180,65 @@ void RailWorker::Fail(const WriteOp& op, int err, absl::string_view what) {
   Complete(op, ConnectionResetError(message), now, now);
 }
 
-// Posts from the front of each peer's queue until it is empty or the provider pushes back.
+// Posts queued ops in the scheduler's order until the provider pushes back.
 bool RailWorker::PostPending() {
-  bool progressed = false;
   const absl::Time now = absl::Now();
   // While a peer is held the CQ must be polled even with nothing else to do.
   holding_ = std::any_of(drops_.begin(), drops_.end(), [now](const Drop& d) { return now < d.at + kReconnectHold; });
   walking_queues_ = true;
-  const size_t n = queues_.size();
-  first_queue_ = n == 0 ? 0 : (first_queue_ + 1) % n;
-  for (size_t k = 0; k < n; ++k) {
-    PeerQueue& q = queues_[(first_queue_ + k) % n];
-    const Drop* drop = LastDrop(q.peer);
-    if (drop != nullptr && now < drop->at + kReconnectHold) continue;
-    while (!q.ops.empty()) {
-      const WriteOp op = q.ops.front();
-      if (op.state->finished()) {  // deadline passed or failed: don't send the rest
-        q.ops.pop_front();
-        --pending_;
-        op.state->OpDone(absl::CancelledError("transfer already finished"));
-        progressed = true;
-        continue;
-      }
-      if (drop != nullptr && !op.message && op.keys_since < drop->at) {
-        // Its keys predate the drop: they may be what broke the connection (a region
-        // deregistered since). Posting them could break the new one as well.
-        q.ops.pop_front();
-        --pending_;
-        progressed = true;
-        Complete(op,
-                 ConnectionResetError(absl::StrCat(nic_->name(),
-                                                   ": the connection to the peer dropped after "
-                                                   "the destination's keys were fetched")),
-                 now, now);
-        continue;
-      }
-      PostedOp* slot = FreeSlot();  // taken off the free list only if the post succeeds
-      ssize_t rc = op.message ? nic_->PostMessage(op.local, op.length, op.peer, &slot->context)
-                              : nic_->PostWrite(op.local, op.length, op.desc, op.peer, op.remote_addr, op.key,
-                                                &slot->context, /*more=*/q.ops.size() > 1);
-      if (rc == -FI_EAGAIN) {
-        eagain_.Increment();
-        break;  // the op stays at the front; progress the CQ, then retry
-      }
-      q.ops.pop_front();
-      --pending_;
-      progressed = true;
-      if (rc != 0) {
-        Fail(op, static_cast<int>(rc),
-             absl::StrCat("posting a ", op.message ? "message" : "write",
-                          " failed: ", fi_strerror(static_cast<int>(-rc))));
-        drop = LastDrop(q.peer);  // Fail may have added it
-        if (drop != nullptr && absl::Now() < drop->at + kReconnectHold) {
-          holding_ = true;
-          break;
-        }
-        continue;
-      }
-      free_slots_ = slot->next_free;
-      slot->op = op;
-      slot->posted = now;
-      ++inflight_;
-    }
-  }
+  const bool progressed = scheduler_.Post(
+      now,
+      [&](fi_addr_t peer) {
+        const Drop* drop = LastDrop(peer);
+        return drop != nullptr && now < drop->at + kReconnectHold;
+      },
+      [&](const WriteOp& op, bool more, OpScheduler::Ticket ticket) { return PostOne(op, more, ticket, now); });
   walking_queues_ = false;
-  if (queues_.size() > kIdleQueuesKept) {
-    queues_.erase(std::remove_if(queues_.begin(), queues_.end(), [](const PeerQueue& q) { return q.ops.empty(); }),
-                  queues_.end());
-  }
   inflight_pub_.store(inflight_, std::memory_order_relaxed);
   inflight_gauge_.Set(static_cast<double>(inflight_));
   return progressed;
+}
+
+OpScheduler::Outcome RailWorker::PostOne(const WriteOp& op, bool more, OpScheduler::Ticket ticket, absl::Time now) {
+  if (op.state->finished()) {  // deadline passed or failed: don't send the rest
+    op.state->OpDone(absl::CancelledError("transfer already finished"));
+    return OpScheduler::Outcome::kDropped;
+  }
+  const Drop* drop = LastDrop(op.peer);
+  if (drop != nullptr && !op.message && op.keys_since < drop->at) {
+    // Its keys predate the drop: they may be what broke the connection (a region
+    // deregistered since). Posting them could break the new one as well.
+    Complete(op,
+             ConnectionResetError(absl::StrCat(nic_->name(),
+                                               ": the connection to the peer dropped after "
+                                               "the destination's keys were fetched")),
+             now, now);
+    return OpScheduler::Outcome::kDropped;
+  }
+  PostedOp* slot = FreeSlot();  // taken off the free list only if the post succeeds
+  ssize_t rc =
+      op.message ? nic_->PostMessage(op.local, op.length, op.peer, &slot->context)
+                 : nic_->PostWrite(op.local, op.length, op.desc, op.peer, op.remote_addr, op.key, &slot->context, more);
+  if (rc == -FI_EAGAIN) {
+    eagain_.Increment();
+    return OpScheduler::Outcome::kFull;  // the op stays at the front; progress the CQ, then retry
+  }
+  if (rc != 0) {
+    Fail(op, static_cast<int>(rc),
+         absl::StrCat("posting a ", op.message ? "message" : "write", " failed: ", fi_strerror(static_cast<int>(-rc))));
+    drop = LastDrop(op.peer);  // Fail may have added it
+    if (drop != nullptr && absl::Now() < drop->at + kReconnectHold) {
+      holding_ = true;
+      return OpScheduler::Outcome::kPeerStopped;
+    }
+    return OpScheduler::Outcome::kDropped;
+  }
+  free_slots_ = slot->next_free;
+  slot->op = op;
+  slot->posted = now;
+  slot->ticket = ticket;
+  ++inflight_;
+  return OpScheduler::Outcome::kPosted;
 }
 
 void RailWorker::Complete(const WriteOp& op, const absl::Status& status, absl::Time posted, absl::Time now) {
@@ -282,6 +258,7 @@ void RailWorker::Complete(const WriteOp& op, const absl::Status& status, absl::T
 }
 
 void RailWorker::FlushLatencies() {
+  scheduler_.Flush();
   if (latency_ops_ == 0) return;
   op_duration_.ObserveMultiple(latency_counts_, latency_sum_);
   std::fill(latency_counts_.begin(), latency_counts_.end(), 0);
@@ -300,6 +277,7 @@ bool RailWorker::ReadCompletions() {
       PostedOp* slot = reinterpret_cast<PostedOp*>(done[i]);  // &slot->context, its first member
       const WriteOp op = slot->op;
       const absl::Time posted = slot->posted;
+      scheduler_.Done(slot->ticket, op.length, /*ok=*/true, now);
       slot->next_free = free_slots_;
       free_slots_ = slot;
       Complete(op, absl::OkStatus(), posted, now);
@@ -314,6 +292,7 @@ bool RailWorker::ReadCompletions() {
         FERRY_DCHECK(inflight_ > 0) << nic_->name() << ": an error completion for an op that was not posted";
         --inflight_;
         const WriteOp op = slot->op;
+        scheduler_.Done(slot->ticket, op.length, /*ok=*/false, absl::Now());
         slot->next_free = free_slots_;
         free_slots_ = slot;
         Fail(op, err.err,
@@ -355,23 +334,20 @@ bool RailWorker::StopNow() {
   {
     absl::MutexLock lock(&mu_);
     if (stop_deadline_ == absl::InfiniteFuture()) stop_deadline_ = absl::Now() + stop_grace_;
-    for (const WriteOp& op : incoming_) Enqueue(op);
+    const absl::Time now = absl::Now();
+    for (const WriteOp& op : incoming_) scheduler_.Enqueue(op, now);
     incoming_.clear();
   }
-  if (pending_ == 0 && inflight_ == 0) return true;
+  if (scheduler_.pending() == 0 && inflight_ == 0) return true;
   if (absl::Now() < stop_deadline_) return false;
   // Ops still queued after the grace period are failed; ops the provider still holds
   // are abandoned with the endpoint (their transfers were already finished by the
   // engine), and so are their states: the NIC may still read their source memory.
   walking_queues_ = true;
   const absl::Time now = absl::Now();
-  for (PeerQueue& q : queues_) {
-    q.ops.ForEach(
-        [&](const WriteOp& op) { Complete(op, absl::UnavailableError("the agent is shutting down"), now, now); });
-  }
+  scheduler_.DrainAll(
+      [&](const WriteOp& op) { Complete(op, absl::UnavailableError("the agent is shutting down"), now, now); });
   walking_queues_ = false;
-  queues_.clear();
-  pending_ = 0;
   FERRY_LOG(WARNING) << nic_->name() << ": stopped with " << inflight_ << " writes still in flight";
   return true;
 }
@@ -409,7 +385,7 @@ void RailWorker::Loop() {
     const bool may_sleep = source_ == nullptr || source_->PrepareToSleep();
     // A held peer needs the CQ polled (rxm replaces the connection only then).
     bool woken = !may_sleep || has_incoming_.load(std::memory_order_seq_cst) ||
-                 Sleep(/*busy=*/inflight_ > 0 || pending_ > 0 || holding_);
+                 Sleep(/*busy=*/inflight_ > 0 || scheduler_.pending() > 0 || holding_);
     sleeping_.store(false, std::memory_order_seq_cst);
     if (source_ != nullptr) source_->Woke();
     // A wake-up by the CQ's fd is activity too: incoming writes progress only while we poll.

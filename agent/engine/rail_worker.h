@@ -7,12 +7,12 @@
 //                                // none when the worker itself submits (its PollSource)
 //   w.Stop();
 //
-// The loop: take newly submitted ops into per-peer queues, post from the front of each
-// until the provider says -FI_EAGAIN (the op stays at the front; a peer still being
-// connected to, or gone, never holds up the others), read the CQ, repeat. Each turn
-// starts at the next peer's queue: once the provider's queue is full, the slots that
-// completions free go to every peer in turn, not to the one with the deepest backlog. It
-// also progresses the endpoint for writes arriving from peers (rxm/tcp need the target
+// The loop: take newly submitted ops into the scheduler's queues (one per pod, traffic
+// class and peer: agent/engine/op_scheduler.h), post in its order until the provider
+// says -FI_EAGAIN (the op stays at the front; a peer still being connected to, or gone,
+// never holds up the others), read the CQ, repeat. The scheduler decides who gets the
+// slots that completions free: latency-class ops first, then pods and classes by weight.
+// It also progresses the endpoint for writes arriving from peers (rxm/tcp need the target
 // to call fi_cq_read). When there is nothing to do it blocks on the CQ's wait fd and an
 // eventfd, so an idle agent uses no CPU.
 //
@@ -27,8 +27,8 @@
 // key, one the target just closed, is what breaks the connection. All these failures
 // carry kConnectionResetPayload: the engine writes them again with fresh keys.
 //
-// Nothing is allocated per op (NCCL's request slots): ops wait in per-peer ring queues
-// by value, and a posted op lives in one of the worker's preallocated slots, whose
+// Nothing is allocated per op (NCCL's request slots): ops wait in the scheduler's ring
+// queues by value, and a posted op lives in one of the worker's preallocated slots, whose
 // address is the provider's context; a completion returns the slot to a free list the
 // worker alone touches. The slots grow by a block only if more ops are in flight than
 // ever before.
@@ -50,6 +50,7 @@
 #include "absl/types/span.h"
 #include "agent/common/poll_source.h"
 #include "agent/common/ring_queue.h"
+#include "agent/engine/op_scheduler.h"
 #include "agent/engine/write_op.h"
 #include "agent/fabric/nic_interface.h"
 #include "agent/metrics/metrics.h"
@@ -72,8 +73,9 @@ class RailWorker {
   // A dedicated progress core may spin far longer (--fabric_spin_us).
   // `stop_grace`: how long Stop() lets queued and posted ops finish before it fails the
   // queued ones.
+  // `qos`: how the worker shares its NIC between pods and classes.
   RailWorker(NicInterface* nic, Metrics* metrics, absl::Duration spin, std::vector<int> cpus = {},
-             absl::Duration stop_grace = absl::Seconds(2));
+             absl::Duration stop_grace = absl::Seconds(2), const OpScheduler::Options& qos = {});
   ~RailWorker();
 
   void Start();
@@ -94,8 +96,9 @@ class RailWorker {
  private:
   void Loop();
   bool TakeIncoming();
-  void Enqueue(const WriteOp& op);
   bool PostPending();
+  // Posts `op` (PostPending's part for one op).
+  OpScheduler::Outcome PostOne(const WriteOp& op, bool more, OpScheduler::Ticket ticket, absl::Time now);
   bool ReadCompletions();
   // Fails `op` for error `err` (a negative or positive fi_errno), holding its peer's
   // queue if the error means the connection is gone.
@@ -138,12 +141,7 @@ class RailWorker {
   int event_fd_ = -1;
 
   // Owned by the worker thread from here on.
-  // Ops not yet posted, one FIFO per destination.
-  struct PeerQueue {
-    fi_addr_t peer;
-    RingQueue<WriteOp> ops;
-  };
-  std::vector<PeerQueue> queues_;
+  OpScheduler scheduler_;       // the ops not yet posted
   std::vector<WriteOp> taken_;  // incoming_'s twin: the two swap, both keep their capacity
   // A posted op. `context` comes first: the provider hands its address back in the
   // completion, and that address is the slot's.
@@ -151,22 +149,21 @@ class RailWorker {
     fi_context2 context;
     WriteOp op;
     absl::Time posted;
+    OpScheduler::Ticket ticket;
     PostedOp* next_free = nullptr;
   };
   PostedOp* FreeSlot();  // the next free slot (still on the free list); grows if none
   std::vector<std::unique_ptr<PostedOp[]>> slot_blocks_;
   PostedOp* free_slots_ = nullptr;
-  // Set while a loop walks queues_: an op submitted from inside it (a completion
-  // callback) takes the locked path instead of changing queues_ under the walk.
+  // Set while a loop walks the scheduler's queues: an op submitted from inside it (a
+  // completion callback) takes the locked path instead of changing them under the walk.
   bool walking_queues_ = false;
   PollSource* source_ = nullptr;
   // The last connection drop of each peer that had one. Nothing is posted to it for
   // kReconnectHold after; ops whose keys were fetched before it are never posted.
   std::vector<Drop> drops_;
   bool holding_ = false;  // some peer is held now
-  size_t pending_ = 0;
   size_t inflight_ = 0;
-  size_t first_queue_ = 0;  // where PostPending's walk over queues_ starts; rotates
   absl::Time stop_deadline_ = absl::InfiniteFuture();
   // Op latencies not yet in op_duration_, per bucket of LatencyBuckets() (+Inf last):
   // one prometheus lock per batch, not per op.

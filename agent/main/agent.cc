@@ -71,7 +71,7 @@ absl::Status Agent::Init() {
         FERRY_LOG(INFO) << "session " << s.id() << " (pid " << s.creds().pid << ") ended; reclaimed " << n
                         << " regions";
       },
-      /*on_open=*/[m](Session&) { m->sessions().Increment(); });
+      /*on_open=*/[m](Session&) { m->sessions().Increment(); }, &config_.qos);
   transfers_ = std::make_unique<TransferManager>(incarnation_, m, sessions_.get(), regions);
   local_copier_ = std::make_unique<HostCopier>(config_.local_copy_threads);
   absl::StatusOr<Topology> topology = DiscoverTopology(config_.sysfs_root);
@@ -239,6 +239,11 @@ absl::Status Agent::StartFabric() {
   options.worker_spin = absl::Microseconds(config_.fabric_spin_us);
   options.topology = topology_;
   options.pin_workers = config_.pin_workers;
+  options.qos.enabled = config_.qos.enabled;
+  std::copy(std::begin(config_.qos.class_weights), std::end(config_.qos.class_weights),
+            std::begin(options.qos.class_weights));
+  options.qos.window_bytes = config_.qos.window_bytes;
+  options.qos.latency_window_bytes = config_.qos.latency_window_bytes;
   absl::StatusOr<std::unique_ptr<FabricEngine>> engine = FabricEngine::Create(options, metrics_.get());
   if (!engine.ok()) return engine.status();
   engine_ = std::move(*engine);

@@ -85,6 +85,23 @@ ABSL_FLAG(bool, stage_host_regions, false,
 ABSL_FLAG(bool, gpu_kernel_pull, false,
           "Run the GPU gather/scatter kernel on the destination GPU (remote reads) instead of the source GPU "
           "(remote writes).");
+ABSL_FLAG(bool, qos, true,
+          "Schedule each NIC's ops by traffic class and pod (latency first, weighted fair shares, caps); false: "
+          "each peer's ops first in, first out.");
+ABSL_FLAG(std::string, qos_tenants, "",
+          "Pods' traffic classes and shares: rules separated by ';', fields by ',': uid=N or gid=N, ceiling=CLASS, "
+          "class=CLASS, weight=1..1000, inflight=BYTES, rate=BYTES (per second); classes latency, bulk, background. "
+          "e.g. 'uid=1000,ceiling=latency,weight=4;gid=2000,ceiling=bulk,rate=2GB'.");
+ABSL_FLAG(std::string, qos_default_tenant, "ceiling=latency,class=bulk,weight=1",
+          "The rule of pods no --qos_tenants rule matches (the same fields, without uid/gid).");
+ABSL_FLAG(std::string, qos_class_weights, "latency=8,bulk=4,background=1",
+          "Shares between traffic classes while each has a backlog.");
+ABSL_FLAG(uint64_t, qos_window_bytes, 16 << 20,
+          "Bulk and background keep at most this many bytes posted per NIC (plus one op); the rest waits in ferry's "
+          "queues, ordered by class and weight.");
+ABSL_FLAG(uint64_t, qos_latency_window_bytes, 1 << 20,
+          "While latency-class writes are about, other classes keep at most this many bytes posted per NIC (plus "
+          "one op): what a latency write may find ahead of it.");
 ABSL_FLAG(uint32_t, shutdown_grace_ms, 5000, "On SIGTERM, how long in-flight transfers may finish.");
 ABSL_FLAG(std::string, ready_file, "",
           "When set, written once the agent serves: lines key=value with the bound addresses.");
@@ -178,6 +195,17 @@ absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--local_copy_threads must be 1..64");
   }
   if (config.transfer_timeout_ms == 0) return absl::InvalidArgumentError("--transfer_timeout_ms must be >= 1");
+  ferry::QosFlags qos;
+  qos.enabled = absl::GetFlag(FLAGS_qos);
+  qos.tenants = absl::GetFlag(FLAGS_qos_tenants);
+  qos.default_tenant = absl::GetFlag(FLAGS_qos_default_tenant);
+  qos.class_weights = absl::GetFlag(FLAGS_qos_class_weights);
+  qos.window_bytes = absl::GetFlag(FLAGS_qos_window_bytes);
+  qos.latency_window_bytes = absl::GetFlag(FLAGS_qos_latency_window_bytes);
+  qos.max_op_bytes = config.fabric_max_op_bytes;
+  absl::StatusOr<ferry::QosPolicy> policy = ferry::ParseQosPolicy(qos);
+  if (!policy.ok()) return policy.status();
+  config.qos = *std::move(policy);
   if (!config.peer_address.empty() && config.fabric_ifaces.empty()) {
     return absl::InvalidArgumentError("--peer_address needs --fabric_iface (e.g. 127.0.0.1 for a loopback test)");
   }

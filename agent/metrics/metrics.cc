@@ -62,6 +62,20 @@ Metrics::Metrics()
                       .Name("ferry_fabric_reconnects_total")
                       .Help("Connections to a peer the provider dropped (the next write reconnects)")
                       .Register(*registry_)),
+      qos_bytes_(BuildCounter()
+                     .Name("ferry_qos_bytes_total")
+                     .Help("Bytes written over the fabric, by NIC and traffic class")
+                     .Register(*registry_)),
+      qos_queue_delay_(BuildHistogram()
+                           .Name("ferry_qos_queue_delay_seconds")
+                           .Help("Time from a transfer's submission to the post of each of its fabric ops, by NIC "
+                                 "and traffic class")
+                           .Register(*registry_)),
+      qos_throttled_(BuildCounter()
+                         .Name("ferry_qos_throttled_seconds_total")
+                         .Help("Time pods' queued ops were held back by their rule's inflight or rate cap, by NIC "
+                               "and traffic class (summed over pods)")
+                         .Register(*registry_)),
       retries_(BuildCounter()
                    .Name("ferry_transfer_retries_total")
                    .Help("Transfers written a second time after their connection dropped")
@@ -136,6 +150,10 @@ void Metrics::SetBuildInfo(const std::string& version, const std::string& libfab
 
 prometheus::Histogram& Metrics::transfer_duration(const std::string& path) {
   return transfer_duration_.Add({{"path", path}}, LatencyBuckets());
+}
+
+prometheus::Histogram& Metrics::qos_queue_delay(const std::string& nic, const std::string& cls) {
+  return qos_queue_delay_.Add({{"nic", nic}, {"class", cls}}, LatencyBuckets());
 }
 
 prometheus::Histogram& Metrics::op_duration(const std::string& nic) {

@@ -67,6 +67,15 @@ class Metrics {
   prometheus::Counter& fabric_eagain(const std::string& nic) { return eagain_.Add({{"nic", nic}}); }
   prometheus::Counter& fabric_errors(const std::string& nic) { return fabric_errors_.Add({{"nic", nic}}); }
   prometheus::Counter& fabric_reconnects(const std::string& nic) { return reconnects_.Add({{"nic", nic}}); }
+  // Per NIC and traffic class (agent/engine/op_scheduler.h): bytes written, how long ops
+  // waited from their transfer's submission to their post, time a pod's cap held them.
+  prometheus::Counter& qos_bytes(const std::string& nic, const std::string& cls) {
+    return qos_bytes_.Add({{"nic", nic}, {"class", cls}});
+  }
+  prometheus::Histogram& qos_queue_delay(const std::string& nic, const std::string& cls);
+  prometheus::Counter& qos_throttled_seconds(const std::string& nic, const std::string& cls) {
+    return qos_throttled_.Add({{"nic", nic}, {"class", cls}});
+  }
   prometheus::Counter& transfer_retries() { return retries_; }
   prometheus::Gauge& regions(const std::string& kind) { return regions_.Add({{"kind", kind}}); }
   prometheus::Gauge& registered_bytes(const std::string& kind) { return registered_bytes_.Add({{"kind", kind}}); }
@@ -93,6 +102,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& eagain_;
   prometheus::Family<prometheus::Counter>& fabric_errors_;
   prometheus::Family<prometheus::Counter>& reconnects_;
+  prometheus::Family<prometheus::Counter>& qos_bytes_;
+  prometheus::Family<prometheus::Histogram>& qos_queue_delay_;
+  prometheus::Family<prometheus::Counter>& qos_throttled_;
   prometheus::Counter& retries_;
   prometheus::Family<prometheus::Gauge>& regions_;
   prometheus::Family<prometheus::Gauge>& registered_bytes_;

@@ -44,6 +44,9 @@ class TransferQueue {
   // Deadline of each transfer (set once, before the queue is served).
   uint32_t timeout_ms() const { return timeout_ms_; }
   void set_timeout_ms(uint32_t ms) { timeout_ms_ = ms; }
+  // The class of every entry (checked against the session's ceiling at CreateQueue).
+  v1::TrafficClass traffic_class() const { return traffic_class_; }
+  void set_traffic_class(v1::TrafficClass c) { traffic_class_ = c; }
 
   // The polling thread only (a NIC worker, or the poller's own). Copies up to `max`
   // submitted entries out of shared memory. Returns 0 once the queue is broken (the
@@ -68,6 +71,7 @@ class TransferQueue {
   const uint32_t entries_;
   std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations_;
   uint32_t timeout_ms_ = 0;
+  v1::TrafficClass traffic_class_ = v1::TRAFFIC_CLASS_UNSPECIFIED;
   UniqueFd ring_fd_, submit_doorbell_, complete_doorbell_;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;

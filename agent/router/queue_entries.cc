@@ -47,6 +47,7 @@ bool QueueEntries::Handle(const std::shared_ptr<TransferQueue>& q, const queue::
   spec.notify = (e.flags & queue::kFlagNotify) != 0;
   spec.tag = e.tag;
   spec.timeout = absl::Milliseconds(q->timeout_ms());
+  spec.traffic_class = q->traffic_class();
   absl::StatusOr<std::shared_ptr<Transfer>> t = router_->Prepare(
       session, spec,
       [&e](uint64_t src_size, uint64_t dst_size) {

@@ -37,9 +37,12 @@ absl::StatusOr<std::shared_ptr<Transfer>> TransferRouter::Prepare(const std::sha
 
   absl::Status payload = CheckNotifyPayload(spec.notify, spec.notify_payload);
   if (!payload.ok()) return payload;
+  absl::StatusOr<TrafficClass> traffic_class = ResolveClass(session->qos_rule(), spec.traffic_class);
+  if (!traffic_class.ok()) return traffic_class.status();
 
   auto t = std::make_shared<Transfer>();
   t->session = session;
+  t->share = session->Share(*traffic_class);
   t->src = *src;
   t->notify = spec.notify;
   t->tag = spec.tag;
@@ -85,6 +88,7 @@ std::shared_ptr<Transfer> TransferRouter::Join(std::vector<std::shared_ptr<Trans
   const Transfer& first = *parts.front();
   auto t = std::make_shared<Transfer>();
   t->session = first.session;
+  t->share = first.share;
   t->path = first.path;
   t->notify = whole.notify;
   t->tag = whole.tag;

@@ -44,6 +44,8 @@ struct WriteSpec {
   uint64_t tag = 0;
   std::string notify_payload;  // only with notify; at most kMaxNotifyPayloadBytes
   absl::Duration timeout;      // until the transfer's deadline
+  // UNSPECIFIED: the class the session's QoS rule gives by default.
+  v1::TrafficClass traffic_class = v1::TRAFFIC_CLASS_UNSPECIFIED;
 };
 
 // Lays out the chunks once both regions' sizes are known.

@@ -142,6 +142,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareWrite(const std::
   spec.tag = req.tag();
   spec.notify_payload = req.notify_payload();
   spec.timeout = absl::Milliseconds(req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms);
+  spec.traffic_class = req.traffic_class();
   const ChunkLimits limits{deps_.config->max_chunks_per_write};
   return deps_.router->Prepare(
       session, spec,
@@ -169,6 +170,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::
     spec.src_region_id = part.src_region_id();
     if (part.has_dst()) spec.dst = std::make_shared<const v1::RegionDescriptor>(part.dst());
     spec.timeout = timeout;
+    spec.traffic_class = req.traffic_class();
     auto plan = [&](uint64_t src_size, uint64_t dst_size) -> absl::StatusOr<ChunkPlan> {
       switch (part.layout_case()) {
         case v1::WritePart::kChunks:
@@ -276,6 +278,8 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
         absl::StrCat("destinations must hold 1..", kMaxDestinations, " descriptors, got ", req.destinations_size()));
   }
   const uint32_t timeout_ms = req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms;
+  absl::StatusOr<TrafficClass> traffic_class = ResolveClass(session->qos_rule(), req.traffic_class());
+  if (!traffic_class.ok()) return traffic_class.status();
   // Check every destination now and warm the peer and region caches, so that entries
   // (taken on a NIC worker, which never waits on the network) find them cached.
   std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations;
@@ -300,6 +304,7 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
                           std::move(destinations));
   if (!q.ok()) return q.status();
   (*q)->set_timeout_ms(timeout_ms);
+  (*q)->set_traffic_class(req.traffic_class());
   absl::Status added = deps_.queues->Add(*q, deps_.config->max_queues);
   if (!added.ok()) return added;
   return id;
@@ -367,6 +372,22 @@ grpc::Status LocalService::GetStatus(grpc::ServerContext*, const v1::GetStatusRe
     resp->set_cuda_imports(deps_.cuda->live_imports());
   } else {
     resp->set_cuda(std::string(deps_.cuda_unavailable.message()));
+  }
+  resp->set_qos(cfg.qos.enabled);
+  for (const std::shared_ptr<Session>& s : deps_.sessions->List()) {
+    const TenantRule& rule = s->qos_rule();
+    v1::TenantStatus* t = resp->add_tenants();
+    t->set_session_id(s->id());
+    t->set_pid(s->creds().pid);
+    t->set_uid(s->creds().uid);
+    t->set_gid(s->creds().gid);
+    t->set_rule(rule.name);
+    t->set_ceiling(ToProto(rule.ceiling));
+    t->set_default_class(ToProto(rule.default_class));
+    t->set_weight(rule.weight);
+    for (TrafficClass c : {TrafficClass::kLatency, TrafficClass::kBulk, TrafficClass::kBackground}) {
+      t->add_fabric_bytes(s->fabric_bytes(c));
+    }
   }
   if (deps_.fill_status) deps_.fill_status(resp);
   return grpc::Status::OK;

@@ -19,11 +19,12 @@ UniqueFd::~UniqueFd() {
   if (fd_ >= 0) close(fd_);
 }
 
-Session::Session(uint64_t id, PeerCredentials creds, const SessionLimits& limits)
+Session::Session(uint64_t id, PeerCredentials creds, const SessionLimits& limits, TenantRule rule)
     : id_(id),
       token_(Token::Random()),
       creds_(creds),
       limits_(limits),
+      rule_(std::move(rule)),
       completions_(limits.event_queue_capacity),
       notifications_(limits.event_queue_capacity) {}
 

@@ -15,6 +15,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "absl/time/time.h"
 #include "agent/common/event_queue.h"
 #include "agent/common/token.h"
+#include "agent/qos/qos_policy.h"
 #include "proto/ferry/v1/ferry.pb.h"
 
 namespace ferry {
@@ -65,11 +67,20 @@ struct SessionLimits {
 
 class Session {
  public:
-  Session(uint64_t id, PeerCredentials creds, const SessionLimits& limits);
+  // `rule`: the --qos_tenants rule the peer's credentials matched.
+  Session(uint64_t id, PeerCredentials creds, const SessionLimits& limits, TenantRule rule = {});
 
   uint64_t id() const { return id_; }
   const Token& token() const { return token_; }
   const PeerCredentials& creds() const { return creds_; }
+  const TenantRule& qos_rule() const { return rule_; }
+  // This pod's share of the NICs for a transfer of class `c`.
+  TenantShare Share(TrafficClass c) const { return {id_, c, rule_.weight, rule_.inflight_cap, rule_.rate_cap}; }
+  // Bytes of this session's finished transfers sent over the fabric, by class.
+  void AddFabricBytes(TrafficClass c, uint64_t n) {
+    fabric_bytes_[ClassIndex(c)].fetch_add(n, std::memory_order_relaxed);
+  }
+  uint64_t fabric_bytes(TrafficClass c) const { return fabric_bytes_[ClassIndex(c)].load(std::memory_order_relaxed); }
 
   // Keeps an fd the client sent until RegisterMemory consumes it. Returns its handle,
   // or RESOURCE_EXHAUSTED when the session already holds max_pending_fds.
@@ -97,6 +108,8 @@ class Session {
   const Token token_;
   const PeerCredentials creds_;
   const SessionLimits limits_;
+  const TenantRule rule_;
+  std::atomic<uint64_t> fabric_bytes_[kTrafficClasses] = {};
 
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

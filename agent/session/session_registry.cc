@@ -1,5 +1,7 @@
 #include "agent/session/session_registry.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 
 namespace ferry {
@@ -8,7 +10,8 @@ std::shared_ptr<Session> SessionRegistry::Create(const PeerCredentials& creds) {
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
-    session = std::make_shared<Session>(next_id_++, creds, limits_);
+    session = std::make_shared<Session>(next_id_++, creds, limits_,
+                                        qos_ != nullptr ? qos_->Match(creds.uid, creds.gid) : TenantRule());
     by_id_[session->id()] = session;
   }
   if (on_open_) on_open_(*session);
@@ -64,6 +67,16 @@ void SessionRegistry::CloseAll() {
 size_t SessionRegistry::size() const {
   absl::MutexLock lock(&mu_);
   return by_id_.size();
+}
+
+std::vector<std::shared_ptr<Session>> SessionRegistry::List() const {
+  std::vector<std::shared_ptr<Session>> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, session] : by_id_) out.push_back(session);
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a->id() < b->id(); });
+  return out;
 }
 
 }  // namespace ferry

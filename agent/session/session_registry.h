@@ -24,8 +24,10 @@ class SessionRegistry {
   using Callback = std::function<void(Session&)>;
 
   // `on_open` / `on_close` run outside the registry lock (for metrics and reclaiming).
-  SessionRegistry(SessionLimits limits, Callback on_close, Callback on_open = nullptr)
-      : limits_(limits), on_close_(std::move(on_close)), on_open_(std::move(on_open)) {}
+  // `qos`: the policy whose rule each new session gets (null: the default rule); it
+  // outlives the registry.
+  SessionRegistry(SessionLimits limits, Callback on_close, Callback on_open = nullptr, const QosPolicy* qos = nullptr)
+      : limits_(limits), on_close_(std::move(on_close)), on_open_(std::move(on_open)), qos_(qos) {}
 
   std::shared_ptr<Session> Create(const PeerCredentials& creds);
   // UNAUTHENTICATED when the token names no live session.
@@ -34,11 +36,14 @@ class SessionRegistry {
   void Close(uint64_t id);
   void CloseAll();
   size_t size() const;
+  // The live sessions, by id.
+  std::vector<std::shared_ptr<Session>> List() const;
 
  private:
   const SessionLimits limits_;
   Callback on_close_;
   Callback on_open_;
+  const QosPolicy* const qos_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> by_id_ ABSL_GUARDED_BY(mu_);

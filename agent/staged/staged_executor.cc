@@ -185,6 +185,7 @@ absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, cons
   auto sub = std::make_shared<Transfer>();
   sub->id = t->id;
   sub->session = t->session;
+  sub->share = t->share;
   sub->path = v1::TRANSFER_PATH_STAGED;
   sub->src = t->src;
   sub->deadline = t->deadline;

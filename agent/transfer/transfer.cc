@@ -42,6 +42,9 @@ void TransferManager::Finish(const Transfer& t, const absl::Status& status) {
   }
   (m != nullptr ? *m->duration : metrics_->transfer_duration(path)).Observe(absl::ToDoubleSeconds(elapsed));
   (status.ok() ? completed_ : failed_).fetch_add(1);
+  if (status.ok() && t.path != v1::TRANSFER_PATH_LOCAL && t.session != nullptr) {
+    t.session->AddFabricBytes(t.share.traffic_class, t.plan.total_bytes);
+  }
   if (status.ok() && t.path == v1::TRANSFER_PATH_LOCAL) {
     // Node-local: this agent both sends and receives; no NIC is involved.
     local_tx_->Increment(static_cast<double>(t.plan.total_bytes));

@@ -21,6 +21,7 @@
 #include "agent/memory/region.h"
 #include "agent/memory/region_table.h"
 #include "agent/metrics/metrics.h"
+#include "agent/qos/traffic_class.h"
 #include "agent/session/session_registry.h"
 #include "agent/transfer/chunk_plan.h"
 #include "proto/ferry/v1/ferry.pb.h"
@@ -42,6 +43,9 @@ struct Transfer {
   std::string notify_payload;  // with notify: handed to the destination's owner
   absl::Time submitted;
   absl::Time deadline;
+  // The writer's share of the NICs: its pod (session) and rule, and the class this
+  // transfer runs in (agent/qos); the NIC workers schedule its ops by it.
+  TenantShare share;
   // Node-local destination (path LOCAL).
   std::shared_ptr<Region> dst;
   // Remote destination (path FABRIC / STAGED); shared by all entries of a queue. The

@@ -16,7 +16,8 @@ namespace ferry {
 
 absl::StatusOr<std::unique_ptr<WriteQueue>> WriteQueue::Create(Client& client,
                                                                const std::vector<v1::RegionDescriptor>& destinations,
-                                                               uint32_t entries, uint32_t timeout_ms) {
+                                                               uint32_t entries, uint32_t timeout_ms,
+                                                               v1::TrafficClass traffic_class) {
   if (!queue::ValidEntries(entries)) {
     return absl::InvalidArgumentError(absl::StrCat("entries must be a power of two in [", queue::kMinEntries, ", ",
                                                    queue::kMaxEntries, "], got ", entries));
@@ -52,6 +53,7 @@ absl::StatusOr<std::unique_ptr<WriteQueue>> WriteQueue::Create(Client& client,
     if (fd == q->complete_fd_) req.set_complete_doorbell_fd(*handle);
   }
   req.set_entries(entries);
+  req.set_traffic_class(traffic_class);
   req.set_timeout_ms(timeout_ms);
   for (const v1::RegionDescriptor& d : destinations) *req.add_destinations() = d;
   v1::CreateQueueResponse resp;

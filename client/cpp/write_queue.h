@@ -48,9 +48,10 @@ class WriteQueue {
   };
 
   // `timeout_ms`: deadline of each write; 0 means the agent's --transfer_timeout_ms.
-  static absl::StatusOr<std::unique_ptr<WriteQueue>> Create(Client& client,
-                                                            const std::vector<v1::RegionDescriptor>& destinations,
-                                                            uint32_t entries = 256, uint32_t timeout_ms = 0);
+  // `traffic_class`: of every write (UNSPECIFIED: the pod's default; see ferry.proto).
+  static absl::StatusOr<std::unique_ptr<WriteQueue>> Create(
+      Client& client, const std::vector<v1::RegionDescriptor>& destinations, uint32_t entries = 256,
+      uint32_t timeout_ms = 0, v1::TrafficClass traffic_class = v1::TRAFFIC_CLASS_UNSPECIFIED);
   ~WriteQueue();
   WriteQueue(const WriteQueue&) = delete;
   WriteQueue& operator=(const WriteQueue&) = delete;

@@ -5,6 +5,10 @@
 //   ferry_bench latency --socket=S --dir=D --iters=K [--api=queue]   8-byte write p50/p99
 //   ferry_bench blocks --socket=S --dir=D --blocks=10000 --block=4096   paged chunk rate
 //   ferry_bench control --socket=S --dir=D --iters=K   the local API's 8-byte round trips (p50/p99)
+//   ferry_bench stream --socket=S --dir=D --size=B --window=W --seconds=T [--traffic_class=C]
+//                                                      W writes of B bytes in flight for T s: "stream bytes s GBps"
+//   ferry_bench probe --socket=S --dir=D --size=B --seconds=T [--traffic_class=C]
+//                                                      Write+Wait of B bytes, one at a time: "probe n p50_us p99_us"
 //
 // `send` keeps `window` transfers in flight (Write without waiting; completions from
 // WatchCompletions) and prints "size count time_us algbw_GBps" lines. The paged layout
@@ -45,6 +49,8 @@ ABSL_FLAG(int, reap_min, 0,
 ABSL_FLAG(int, reap_spin_us, -1,
           "--api=queue (send, latency): Reap polls the ring this long before it sleeps (-1: 1000 when this process "
           "may run on 2+ CPUs, as the raw sender polls its CQ; else 0, so as not to take the agent's core)");
+ABSL_FLAG(double, seconds, 5, "stream, probe: how long");
+ABSL_FLAG(std::string, traffic_class, "", "stream, probe: latency, bulk or background (empty: the pod's default)");
 ABSL_FLAG(int, blocks, 10000, "blocks: block count");
 ABSL_FLAG(int, block, 4096, "blocks: block size");
 
@@ -308,6 +314,92 @@ int Control() {
   return 0;
 }
 
+ferry::v1::TrafficClass ClassFlag() {
+  const std::string c = absl::GetFlag(FLAGS_traffic_class);
+  if (c == "latency") return ferry::v1::TRAFFIC_CLASS_LATENCY;
+  if (c == "bulk") return ferry::v1::TRAFFIC_CLASS_BULK;
+  if (c == "background") return ferry::v1::TRAFFIC_CLASS_BACKGROUND;
+  return ferry::v1::TRAFFIC_CLASS_UNSPECIFIED;
+}
+
+// One tenant of `tools/bench.sh qos`: `window` writes of --size in flight for --seconds
+// (Write + WatchCompletions, as `send`); prints the bytes completed and the rate.
+int Stream() {
+  const uint64_t size = absl::GetFlag(FLAGS_size);
+  auto s = Connect(size);
+  if (!s.ok()) return Fail(s.status());
+  ferry::v1::WriteRequest req;
+  req.set_src_region_id(s->region);
+  *req.mutable_dst() = s->dst;
+  req.mutable_chunks()->add_chunks()->set_length(size);
+  req.set_traffic_class(ClassFlag());
+  absl::Mutex mu;
+  int completed = 0, failed = 0;
+  auto ctx = s->client->NewContext(absl::Hours(1));
+  auto stream = s->client->stub()->WatchCompletions(ctx.get(), ferry::v1::WatchCompletionsRequest());
+  std::thread reader([&] {
+    ferry::v1::TransferResult r;
+    while (stream->Read(&r)) {
+      absl::MutexLock lock(&mu);
+      ++completed;
+      if (r.code() != 0) ++failed;
+    }
+  });
+  const int window = absl::GetFlag(FLAGS_window);
+  const absl::Time t0 = absl::Now(), end = t0 + absl::Seconds(absl::GetFlag(FLAGS_seconds));
+  int posted = 0;
+  while (absl::Now() < end) {
+    {
+      absl::MutexLock lock(&mu);
+      auto room = [&]() { return posted - completed < window; };
+      mu.AwaitWithDeadline(absl::Condition(&room), end);
+      if (posted - completed >= window) break;
+    }
+    auto id = s->client->Write(req);
+    if (!id.ok()) return Fail(id.status());
+    ++posted;
+  }
+  int done_at_end;
+  {
+    absl::MutexLock lock(&mu);
+    done_at_end = completed;  // what finished within the run's time
+    auto all = [&]() { return completed >= posted; };
+    mu.AwaitWithTimeout(absl::Condition(&all), absl::Minutes(2));
+  }
+  const double secs = absl::ToDoubleSeconds(end - t0);
+  printf("stream %llu %.3f %.3f\n", static_cast<unsigned long long>(done_at_end * size), secs,
+         done_at_end * size / secs / 1e9);
+  ctx->TryCancel();
+  reader.join();
+  return failed == 0 ? 0 : 3;
+}
+
+// The other tenant of `tools/bench.sh qos`: Write + Wait of --size, one at a time, for
+// --seconds; prints the count and the p50 / p99 round trip (all but the first write).
+int Probe() {
+  const uint64_t size = absl::GetFlag(FLAGS_size);
+  auto s = Connect(size);
+  if (!s.ok()) return Fail(s.status());
+  ferry::v1::WriteRequest req;
+  req.set_src_region_id(s->region);
+  *req.mutable_dst() = s->dst;
+  req.mutable_chunks()->add_chunks()->set_length(size);
+  req.set_traffic_class(ClassFlag());
+  std::vector<double> us;
+  const absl::Time end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds));
+  for (int i = 0; absl::Now() < end; ++i) {
+    const absl::Time t0 = absl::Now();
+    auto r = s->client->WriteAndWait(req, absl::Seconds(30));
+    if (!r.ok()) return Fail(r.status());
+    if (r->code() != 0) return Fail(ferry::ResultStatus(*r));
+    if (i > 0) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));  // the first opens the region
+  }
+  if (us.empty()) return Fail(absl::DeadlineExceededError("fewer than two writes finished in --seconds"));
+  std::sort(us.begin(), us.end());
+  printf("probe %zu %.1f %.1f\n", us.size(), us[us.size() / 2], us[us.size() * 99 / 100]);
+  return 0;
+}
+
 int Blocks() {
   const uint64_t block = absl::GetFlag(FLAGS_block), n = absl::GetFlag(FLAGS_blocks);
   auto s = Connect(block * n);
@@ -351,7 +443,7 @@ int Receive() {
 int main(int argc, char** argv) {
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
-    fprintf(stderr, "usage: ferry_bench receive|send|latency|blocks|control [flags]\n");
+    fprintf(stderr, "usage: ferry_bench receive|send|latency|blocks|control|stream|probe [flags]\n");
     return 2;
   }
   std::string mode = args[1];
@@ -360,5 +452,7 @@ int main(int argc, char** argv) {
   if (mode == "latency") return Latency();
   if (mode == "blocks") return Blocks();
   if (mode == "control") return Control();
+  if (mode == "stream") return Stream();
+  if (mode == "probe") return Probe();
   return 2;
 }

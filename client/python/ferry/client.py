@@ -227,12 +227,27 @@ def _now() -> float:
     return time.monotonic()
 
 
-class Client:
-    """A session with the local agent; thread-safe."""
+# Traffic classes by name (ferry.proto's TrafficClass): how a pod's writes share the NICs.
+TRAFFIC_CLASSES = {
+    "latency": ferry_pb2.TRAFFIC_CLASS_LATENCY,
+    "bulk": ferry_pb2.TRAFFIC_CLASS_BULK,
+    "background": ferry_pb2.TRAFFIC_CLASS_BACKGROUND,
+}
 
-    def __init__(self, socket: str = "/run/ferry/ferry.sock", timeout: float = 30.0):
+
+class Client:
+    """A session with the local agent; thread-safe.
+
+    ``traffic_class``: the class of this session's writes and queues unless a call names
+    another ("latency", "bulk", "background"; None: the agent's rule for this pod decides).
+    A class above the pod's ceiling is refused by each write (PermissionDenied)."""
+
+    def __init__(self, socket: str = "/run/ferry/ferry.sock", timeout: float = 30.0,
+                 traffic_class: Optional[str] = None):
         self.socket = socket
         self.timeout = timeout
+        self.traffic_class = traffic_class
+        self._traffic_class(traffic_class)  # a wrong name fails here, not at the first write
         self._closed = False
         self._host_regions: "weakref.WeakSet[HostRegion]" = weakref.WeakSet()
         self._open()
@@ -368,21 +383,23 @@ class Client:
     # ------------------------------------------------------------------ writes
 
     def write(self, src: Region, dst: Union[RegionDescriptor, bytes], chunks: Sequence[Chunk], *, tag: int = 0,
-              notify: bool = False, notify_payload: bytes = b"", timeout: Optional[float] = None) -> TransferFuture:
+              notify: bool = False, notify_payload: bytes = b"", timeout: Optional[float] = None,
+              traffic_class: Optional[str] = None) -> TransferFuture:
         """Writes ``chunks`` = [(src_offset, dst_offset, length), ...] of ``src`` into ``dst``.
         With ``notify``, dst's owner gets a Notification with ``tag`` and ``notify_payload``
-        (at most 4 KiB) once every byte landed."""
-        req = self._write_request(src, dst, tag, notify, notify_payload, timeout)
+        (at most 4 KiB) once every byte landed. ``traffic_class``: as the Client's."""
+        req = self._write_request(src, dst, tag, notify, notify_payload, timeout, traffic_class)
         for s, d, n in chunks:
             req.chunks.chunks.add(src_offset=s, dst_offset=d, length=n)
         return TransferFuture(self, self._call("Write", req))
 
     def write_blocks(self, src: Region, dst: Union[RegionDescriptor, bytes], block_size: int,
                      src_ids: Iterable[int], dst_ids: Iterable[int], *, tag: int = 0, notify: bool = False,
-                     notify_payload: bytes = b"", timeout: Optional[float] = None) -> TransferFuture:
+                     notify_payload: bytes = b"", timeout: Optional[float] = None,
+                     traffic_class: Optional[str] = None) -> TransferFuture:
         """Paged form: block src_ids[i] of ``src`` to block dst_ids[i] of ``dst``, all
         ``block_size`` bytes, in one request (10,000s of blocks are fine)."""
-        req = self._write_request(src, dst, tag, notify, notify_payload, timeout)
+        req = self._write_request(src, dst, tag, notify, notify_payload, timeout, traffic_class)
         req.paged.block_size = block_size
         req.paged.src_blocks.extend(int(i) for i in src_ids)
         req.paged.dst_blocks.extend(int(i) for i in dst_ids)
@@ -390,14 +407,16 @@ class Client:
 
     def write_batch(self, parts: Sequence[Tuple[Region, Union[RegionDescriptor, bytes], int, int]], block_size: int,
                     src_ids: Iterable[int], dst_ids: Iterable[int], *, tag: int = 0, notify: bool = False,
-                    notify_payload: bytes = b"", timeout: Optional[float] = None) -> TransferFuture:
+                    notify_payload: bytes = b"", timeout: Optional[float] = None,
+                    traffic_class: Optional[str] = None) -> TransferFuture:
         """One transfer of many parts sharing one block mapping: for each part
         ``(src, dst, src_base, dst_base)``, block src_ids[i] of ``src`` at ``src_base`` to
         block dst_ids[i] of ``dst`` at ``dst_base``, all ``block_size`` bytes (a request's
         KV blocks in every layer's tensor, K and V halves as two parts). One request,
         one result, and with ``notify`` one notification once every part landed."""
         req = ferry_pb2.WriteBatchRequest(tag=tag, notify=notify, notify_payload=bytes(notify_payload),
-                                          timeout_ms=self._timeout_ms(timeout))
+                                          timeout_ms=self._timeout_ms(timeout),
+                                          traffic_class=self._traffic_class(traffic_class))
         req.blocks.block_size = block_size
         req.blocks.src_blocks.extend(src_ids.tolist() if hasattr(src_ids, "tolist") else src_ids)  # numpy: one call
         req.blocks.dst_blocks.extend(dst_ids.tolist() if hasattr(dst_ids, "tolist") else dst_ids)
@@ -407,11 +426,12 @@ class Client:
         return TransferFuture(self, self._call("WriteBatch", req))
 
     def create_queue(self, destinations: Sequence[Union[RegionDescriptor, bytes]], entries: int = 256,
-                     timeout: Optional[float] = None) -> WriteQueue:
+                     timeout: Optional[float] = None, traffic_class: Optional[str] = None) -> WriteQueue:
         """A shared-memory write queue to ``destinations`` (1..64; entries name them by
         index): many small writes without an RPC each (ferry.write_queue). ``timeout``:
-        deadline of each write in seconds (None: the agent's default)."""
-        return WriteQueue(self, destinations, entries, timeout)
+        deadline of each write in seconds (None: the agent's default); ``traffic_class``:
+        of every write (None: the Client's)."""
+        return WriteQueue(self, destinations, entries, timeout, traffic_class)
 
     def send_message(self, dst: Union[RegionDescriptor, bytes], payload: bytes = b"", *, tag: int = 0,
                      timeout: Optional[float] = None) -> None:
@@ -423,9 +443,20 @@ class Client:
         self._call("SendMessage", req)
 
     def _write_request(self, src: Region, dst, tag: int, notify: bool, notify_payload: bytes,
-                       timeout: Optional[float]):
+                       timeout: Optional[float], traffic_class: Optional[str]):
         return ferry_pb2.WriteRequest(src_region_id=src.id, dst=self._descriptor(dst)._proto, tag=tag, notify=notify,
-                                      notify_payload=bytes(notify_payload), timeout_ms=self._timeout_ms(timeout))
+                                      notify_payload=bytes(notify_payload), timeout_ms=self._timeout_ms(timeout),
+                                      traffic_class=self._traffic_class(traffic_class))
+
+    def _traffic_class(self, name: Optional[str]) -> int:
+        """The proto value of ``name``, else of the session's class (None: unspecified)."""
+        name = self.traffic_class if name is None else name
+        if name is None:
+            return ferry_pb2.TRAFFIC_CLASS_UNSPECIFIED
+        try:
+            return TRAFFIC_CLASSES[name]
+        except (KeyError, TypeError):
+            raise ValueError(f"traffic_class must be one of {sorted(TRAFFIC_CLASSES)} or None, not {name!r}") from None
 
     @staticmethod
     def _timeout_ms(timeout: Optional[float]) -> int:

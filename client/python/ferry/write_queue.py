@@ -73,7 +73,8 @@ def _refuse(src, **values) -> None:
 class WriteQueue:
     """See the module docstring. Made by ``Client.create_queue``."""
 
-    def __init__(self, client, destinations: Sequence, entries: int = 256, timeout: Optional[float] = None):
+    def __init__(self, client, destinations: Sequence, entries: int = 256, timeout: Optional[float] = None,
+                 traffic_class: Optional[str] = None):
         if platform.machine() not in ("x86_64", "AMD64"):
             raise errors.FailedPrecondition(
                 f"ferry.WriteQueue needs x86-64 (this is {platform.machine()}); use Client.write")
@@ -105,7 +106,8 @@ class WriteQueue:
             req = ferry_pb2.CreateQueueRequest(
                 ring_fd=client._session.send_fd(ring), submit_doorbell_fd=client._session.send_fd(self._submit_fd),
                 complete_doorbell_fd=client._session.send_fd(self._complete_fd), entries=entries,
-                timeout_ms=0 if timeout is None else max(1, int(timeout * 1000)))
+                timeout_ms=0 if timeout is None else max(1, int(timeout * 1000)),
+                traffic_class=client._traffic_class(traffic_class))
             for d in destinations:
                 req.destinations.append(client._descriptor(d)._proto)
             self.id = client._call("CreateQueue", req).queue_id
