@@ -50,13 +50,17 @@ uint32_t OpScheduler::TenantSlot(const TenantShare& share, absl::Time now) {
   return free_slot;
 }
 
+TrafficClass OpScheduler::OwnClass(const WriteOp& op) {
+  // Notifications are a few hundred bytes the receiver is waiting for.
+  return op.message ? TrafficClass::kLatency : op.state->transfer().share.traffic_class;
+}
+
 void OpScheduler::Enqueue(const WriteOp& op, absl::Time now) {
   TenantShare share;  // --qos=false: one pod, one class: a FIFO per peer
   TrafficClass cls = TrafficClass::kBulk;
   if (options_.enabled) {
     share = op.state->transfer().share;
-    // Notifications are a few hundred bytes the receiver is waiting for.
-    cls = op.message ? TrafficClass::kLatency : share.traffic_class;
+    cls = OwnClass(op);
     if (cls == TrafficClass::kLatency) latency_seen_ = now;
   }
   const int c = ClassIndex(cls);
@@ -100,7 +104,7 @@ bool OpScheduler::Post(absl::Time now, HeldFn held, PostFn post) {
   const uint64_t window = latency_about ? options_.latency_window_bytes : options_.window_bytes;
   bool progressed = false;
   for (int round = 0; round < kMaxRounds; ++round) {
-    bool out_of_credit = false;  // some pod's class has ops its credit does not cover
+    bool out_of_credit = false;       // some pod's class has ops its credit does not cover
     bool window_with_credit = false;  // and some other still has credit, once the window opens
     for (int c = 0; c < kTrafficClasses; ++c) {
       std::vector<Flow>& flows = flows_[c];
@@ -128,7 +132,8 @@ bool OpScheduler::Post(absl::Time now, HeldFn held, PostFn post) {
               break;
             }
           }
-          const Ticket ticket{f.tenant, static_cast<TrafficClass>(c)};
+          // --qos=false queues every op as bulk; its metrics still count its own class.
+          const Ticket ticket{f.tenant, options_.enabled ? static_cast<TrafficClass>(c) : OwnClass(op)};
           const Outcome outcome = post(op, /*more=*/f.ops.size() > 1, ticket);
           if (outcome == Outcome::kFull) return progressed;
           f.ops.pop_front();
@@ -137,12 +142,13 @@ bool OpScheduler::Post(absl::Time now, HeldFn held, PostFn post) {
           progressed = true;
           EndThrottle(t, c, now);
           if (outcome == Outcome::kPosted) {
+            const int counted = ClassIndex(ticket.traffic_class);
             t.credit[c] -= static_cast<int64_t>(op.length);
             t.inflight += op.length;
             if (t.rate_cap != 0) t.tokens -= static_cast<double>(op.length);
-            inflight_[c] += op.length;
+            inflight_[counted] += op.length;
             if (!op.message) {
-              ClassStats& s = stats_[c];
+              ClassStats& s = stats_[counted];
               const double delay = absl::ToDoubleSeconds(now - op.state->transfer().submitted);
               s.delay_counts[std::lower_bound(delay_bounds_.begin(), delay_bounds_.end(), delay) -
                              delay_bounds_.begin()] += 1;

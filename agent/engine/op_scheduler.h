@@ -54,7 +54,7 @@ class OpScheduler {
   struct Options {
     bool enabled = true;
     uint32_t class_weights[kTrafficClasses] = {8, 4, 1};  // latency, bulk, background
-    uint64_t quantum_bytes = 4 << 20;  // one round's credit at weight 1 (the largest op)
+    uint64_t quantum_bytes = 4 << 20;                     // one round's credit at weight 1 (the largest op)
     uint64_t window_bytes = 16 << 20;
     uint64_t latency_window_bytes = 1 << 20;
     absl::Duration latency_linger = absl::Milliseconds(100);
@@ -121,6 +121,7 @@ class OpScheduler {
     size_t delays = 0;
   };
 
+  static TrafficClass OwnClass(const WriteOp& op);
   uint32_t TenantSlot(const TenantShare& share, absl::Time now);
   int64_t Quantum(const Tenant& t, int c) const;
   bool Capped(const Tenant& t, uint64_t length) const;

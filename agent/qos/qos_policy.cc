@@ -59,8 +59,8 @@ absl::StatusOr<TenantRule> ParseRule(absl::string_view text, bool matches, uint6
         return error(absl::StrCat("rate must be bytes per second such as 2GB, not '", value, "'"));
       }
     } else {
-      return error(absl::StrCat("unknown field '", field,
-                                "' (uid, gid, ceiling, class, weight, inflight, rate; key=value)"));
+      return error(
+          absl::StrCat("unknown field '", field, "' (uid, gid, ceiling, class, weight, inflight, rate; key=value)"));
     }
   }
   if (matches && rule.match == TenantRule::Match::kAny) return error("a rule needs uid=N or gid=N");
@@ -74,9 +74,9 @@ absl::StatusOr<TenantRule> ParseRule(absl::string_view text, bool matches, uint6
 }  // namespace
 
 bool ParseBytes(absl::string_view text, uint64_t* out) {
-  static constexpr std::pair<const char*, uint64_t> kUnits[] = {
-      {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30}, {"KB", 1000ull}, {"MB", 1000000ull},
-      {"GB", 1000000000ull}};
+  static constexpr std::pair<const char*, uint64_t> kUnits[] = {{"KiB", 1ull << 10}, {"MiB", 1ull << 20},
+                                                                {"GiB", 1ull << 30}, {"KB", 1000ull},
+                                                                {"MB", 1000000ull},  {"GB", 1000000000ull}};
   uint64_t unit = 1;
   for (const auto& [suffix, scale] : kUnits) {
     if (absl::ConsumeSuffix(&text, suffix)) {
@@ -106,8 +106,8 @@ absl::StatusOr<QosPolicy> ParseQosPolicy(const QosFlags& flags) {
     return absl::InvalidArgumentError("--qos_window_bytes must be >= 1 (bytes of bulk and background posted per NIC)");
   }
   if (flags.latency_window_bytes == 0 || flags.latency_window_bytes > flags.window_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("--qos_latency_window_bytes must be 1..--qos_window_bytes (",
-                                                   flags.window_bytes, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--qos_latency_window_bytes must be 1..--qos_window_bytes (", flags.window_bytes, ")"));
   }
   policy.window_bytes = flags.window_bytes;
   policy.latency_window_bytes = flags.latency_window_bytes;
@@ -137,8 +137,8 @@ absl::StatusOr<QosPolicy> ParseQosPolicy(const QosFlags& flags) {
           absl::StrCat("--qos_class_weights: unknown class '", kv.first, "' (latency, bulk or background)"));
     }
     if (!ParseWeight(kv.second, &policy.class_weights[ClassIndex(c)])) {
-      return absl::InvalidArgumentError(absl::StrCat("--qos_class_weights: ", kv.first, " must be 1..", kMaxWeight,
-                                                     ", not '", kv.second, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--qos_class_weights: ", kv.first, " must be 1..", kMaxWeight, ", not '", kv.second, "'"));
     }
   }
   return policy;
@@ -151,10 +151,10 @@ absl::StatusOr<TrafficClass> ResolveClass(const TenantRule& rule, v1::TrafficCla
     return absl::InvalidArgumentError(absl::StrCat("traffic_class ", static_cast<int>(asked), " is not a class"));
   }
   if (c < rule.ceiling) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "traffic class ", ClassName(c), " is above this pod's ceiling ", ClassName(rule.ceiling), " (agent rule ",
-        rule.name, " of --qos_tenants / --qos_default_tenant): ask for ", ClassName(rule.ceiling),
-        " or below, or have the operator raise the rule's ceiling"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("traffic class ", ClassName(c), " is above this pod's ceiling ", ClassName(rule.ceiling),
+                     " (agent rule ", rule.name, " of --qos_tenants / --qos_default_tenant): ask for ",
+                     ClassName(rule.ceiling), " or below, or have the operator raise the rule's ceiling"));
   }
   return c;
 }

@@ -46,7 +46,8 @@ struct TenantRule {
 
 struct QosPolicy {
   // False (--qos=false): every NIC worker posts each peer's ops first in, first out,
-  // as ferry did before traffic classes; classes are still checked and counted.
+  // as ferry did before traffic classes; classes are still checked against ceilings and
+  // counted in the metrics and status.
   bool enabled = true;
   std::vector<TenantRule> rules;
   TenantRule fallback;

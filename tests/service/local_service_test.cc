@@ -417,6 +417,11 @@ TEST_CASE("ferryctl status prints the agent's state as a table and as JSON") {
   CHECK(text->find("sessions               1") != std::string::npos);
   CHECK(text->find("regions                1 (1.0 MiB)") != std::string::npos);
   CHECK(text->find("\"registeredBytes\": \"1048576\"") != std::string::npos);
+  // The pod's row under traffic classes: its rule (none matched) and what that grants.
+  CHECK(text->find("traffic classes (scheduled per class and pod)") != std::string::npos);
+  CHECK(text->find(absl::StrCat(getpid())) != std::string::npos);
+  CHECK(text->find("default      latency     bulk             1") != std::string::npos);
+  CHECK(text->find("\"rule\": \"default\"") != std::string::npos);
 }
 
 TEST_CASE("after the agent restarts, calls are UNAVAILABLE until Reconnect(); the same memory registers again") {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `tools/bench.sh qos [--seconds=T] [--ferryd_flags='...'] [--cpus_a=LIST --cpus_b=LIST]`:
+# `tools/bench.sh qos [--seconds=T] [--ferryd_flags='...'] [--cpus_a=LIST --cpus_b=LIST --cpus_pods=LIST]
+#                    [--bundle=DIR]`:
 # tenants sharing agent A's NIC, in one run (issue 24):
 #   tenant B saturates with 64 MiB writes, 16 in flight (bulk), while tenant A writes
 #   64 KiB one at a time (Write + Wait, latency class): A's p50 / p99 with traffic
@@ -8,12 +9,14 @@
 #   run with gids 2001 and 2002, which the agent's --qos_tenants weighs).
 # Two initiator agents on --cpus_a (classes on 127.0.0.1, --qos=false on 127.0.0.3), one
 # target agent on --cpus_b (127.0.0.2, spinning, a receiver pod with a 64 MiB region),
-# tcp;ofi_rxm on loopback as in `tools/bench.sh cross-node`. In each loaded case the
-# stream runs T seconds and the probe the middle T - 1 of them; B's rate counts the writes
-# that finished within its T seconds. --ferryd_flags go to both initiator agents.
+# the tenants' pods on --cpus_pods (default: --cpus_a), tcp;ofi_rxm on loopback as in
+# `tools/bench.sh cross-node`. In each loaded case the stream runs T seconds and the probe
+# the middle T - 1 of them; B's rate counts the writes that finished within its T
+# seconds. --ferryd_flags go to both initiator agents. --bundle=DIR takes the binaries
+# from tests/gpu/bundle.sh's folder (a host without Bazel).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-seconds=5 cpu_a=0 cpu_b=1 ferryd_flags=""
+seconds=5 cpu_a=0 cpu_b=1 cpu_pods="" ferryd_flags="" bundle=""
 [ "$(nproc)" -gt 1 ] || cpu_b=0
 for a in "$@"; do
   case $a in
@@ -21,21 +24,29 @@ for a in "$@"; do
     --ferryd_flags=*) ferryd_flags=${a#--ferryd_flags=} ;;
     --cpus_a=*) cpu_a=${a#--cpus_a=} ;;
     --cpus_b=*) cpu_b=${a#--cpus_b=} ;;
+    --cpus_pods=*) cpu_pods=${a#--cpus_pods=} ;;
+    --bundle=*) bundle=$(realpath "${a#--bundle=}") ;;
     *) echo "qos: unknown argument $a" >&2; exit 2 ;;
   esac
 done
-bash tools/setup.sh
-bazel build -c opt //agent/main:ferryd //tools/bench:ferry_bench 2>&1 | tail -n 1
-bin=bazel-bin
+cpu_pods=${cpu_pods:-$cpu_a}
+if [ -n "$bundle" ]; then
+  export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  ferryd=$bundle/bin/ferryd ferry_bench=$bundle/bin/ferry_bench
+else
+  bash tools/setup.sh
+  bazel build -c opt //agent/main:ferryd //tools/bench:ferry_bench 2>&1 | tail -n 1
+  ferryd=bazel-bin/agent/main/ferryd ferry_bench=bazel-bin/tools/bench/ferry_bench
+fi
 source tools/lib.sh
 
 echo "# ferry traffic classes  $(date -u +%Y-%m-%dT%H:%MZ)  $(nproc) CPUs, $(uname -r); ${seconds} s per case"
-echo "# initiator agents and tenants on CPUs $cpu_a, target agent (--fabric_spin_us=200000) on CPUs $cpu_b"
+echo "# initiator agents on CPUs $cpu_a, tenants' pods on CPUs $cpu_pods, target agent (--fabric_spin_us=200000) on CPUs $cpu_b"
 echo "# initiator flags: ${ferryd_flags:-(defaults)}"
 agent() {  # agent NAME ADDR CPUS FLAGS...
   local name=$1 addr=$2 cpu=$3
   shift 3
-  start_bg taskset -c "$cpu" $bin/agent/main/ferryd --socket="$work/$name.sock" --metrics_address=127.0.0.1:0 \
+  start_bg taskset -c "$cpu" "$ferryd" --socket="$work/$name.sock" --metrics_address=127.0.0.1:0 \
     --peer_address="$addr:0" --fabric_iface="$addr" --fabric_provider='tcp;ofi_rxm' \
     --ready_file="$work/$name.ready" --log_level=warning "$@" 2>"$work/$name.log"
 }
@@ -45,13 +56,13 @@ agent q 127.0.0.1 "$cpu_a" --qos_tenants='gid=2001,weight=3;gid=2002,weight=1' $
 agent f 127.0.0.3 "$cpu_a" --qos=false $ferryd_flags
 agent b 127.0.0.2 "$cpu_b" --fabric_spin_us=200000
 for n in q f b; do wait_for "$work/$n.ready" 20; done
-start_bg taskset -c "$cpu_b" $bin/tools/bench/ferry_bench receive --socket="$work/b.sock" --dir="$work" --size=$((64 << 20))
+start_bg taskset -c "$cpu_b" "$ferry_bench" receive --socket="$work/b.sock" --dir="$work" --size=$((64 << 20))
 wait_for "$work/descriptor" 20
 
 bench() {  # bench AGENT GID MODE FLAGS...: one tenant, as a pod of group GID
   local sock=$work/$1.sock gid=$2
   shift 2
-  taskset -c "$cpu_a" setpriv --regid="$gid" --clear-groups $bin/tools/bench/ferry_bench "$@" --socket="$sock" \
+  taskset -c "$cpu_pods" setpriv --regid="$gid" --clear-groups "$ferry_bench" "$@" --socket="$sock" \
     --dir="$work"
 }
 stream() { bench "$1" "$2" stream --size=$((64 << 20)) --window=16 --seconds="$seconds" "${@:3}"; }

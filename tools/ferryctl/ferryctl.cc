@@ -53,6 +53,45 @@ std::string Cores(const google::protobuf::RepeatedField<int32_t>& cpus) {
 
 std::string Numa(int node) { return node < 0 ? "-" : absl::StrCat(node); }
 
+const char* ClassName(int c) {
+  switch (c) {
+    case ferry::v1::TRAFFIC_CLASS_LATENCY:
+      return "latency";
+    case ferry::v1::TRAFFIC_CLASS_BULK:
+      return "bulk";
+    case ferry::v1::TRAFFIC_CLASS_BACKGROUND:
+      return "background";
+    default:
+      return "-";
+  }
+}
+
+// Each pod's rule and its share of the bytes the pods sent over the fabric, per class.
+void PrintTenants(const ferry::v1::GetStatusResponse& s) {
+  if (s.tenants_size() == 0) return;
+  uint64_t total = 0;
+  for (const auto& t : s.tenants()) {
+    for (uint64_t b : t.fabric_bytes()) total += b;
+  }
+  printf("\ntraffic classes %s\n",
+         s.qos() ? "(scheduled per class and pod)" : "(off: --qos=false, first in first out)");
+  printf("%-8s %-8s %-7s %-12s %-11s %-11s %6s %12s %12s %12s %7s\n", "session", "pid", "uid", "rule", "ceiling",
+         "default", "weight", "latency", "bulk", "background", "share");
+  for (const auto& t : s.tenants()) {
+    uint64_t mine = 0;
+    std::string by_class[3];
+    for (int c = 0; c < 3; ++c) {
+      const uint64_t b = c < t.fabric_bytes_size() ? t.fabric_bytes(c) : 0;
+      mine += b;
+      by_class[c] = HumanBytes(b);
+    }
+    printf("%-8llu %-8d %-7u %-12s %-11s %-11s %6u %12s %12s %12s %6.1f%%\n",
+           static_cast<unsigned long long>(t.session_id()), t.pid(), t.uid(), t.rule().c_str(), ClassName(t.ceiling()),
+           ClassName(t.default_class()), t.weight(), by_class[0].c_str(), by_class[1].c_str(), by_class[2].c_str(),
+           total == 0 ? 0.0 : 100.0 * static_cast<double>(mine) / static_cast<double>(total));
+  }
+}
+
 int Status(Agent::Stub& stub, grpc::ClientContext& ctx) {
   ferry::v1::GetStatusResponse s;
   grpc::Status st = stub.GetStatus(&ctx, ferry::v1::GetStatusRequest(), &s);
@@ -90,6 +129,7 @@ int Status(Agent::Stub& stub, grpc::ClientContext& ctx) {
              p.state().c_str(), static_cast<unsigned long long>(p.open_regions()));
     }
   }
+  PrintTenants(s);
   return 0;
 }
 
