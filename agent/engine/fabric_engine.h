@@ -57,7 +57,7 @@ struct FabricEngineOptions {
   std::vector<std::string> ifaces;
   uint64_t incarnation = 0;
   // Largest single write; larger chunks are split so they can stripe over NICs.
-  uint64_t max_op_bytes = 4 << 20;
+  uint64_t max_op_bytes = 1 << 20;
   size_t tx_size = 0;                                    // > 0 overrides the provider's queue depth
   bool hmem = true;                                      // use FI_HMEM for GPU memory where the provider has it
   absl::Duration worker_spin = absl::Microseconds(100);  // see RailWorker

@@ -54,9 +54,9 @@ class OpScheduler {
   struct Options {
     bool enabled = true;
     uint32_t class_weights[kTrafficClasses] = {8, 4, 1};  // latency, bulk, background
-    uint64_t quantum_bytes = 4 << 20;                     // one round's credit at weight 1 (the largest op)
+    uint64_t quantum_bytes = 1 << 20;                     // one round's credit at weight 1 (the largest op)
     uint64_t window_bytes = 16 << 20;
-    uint64_t latency_window_bytes = 1 << 20;
+    uint64_t latency_window_bytes = 2 << 20;
     absl::Duration latency_linger = absl::Milliseconds(100);
   };
 

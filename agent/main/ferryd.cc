@@ -60,8 +60,9 @@ ABSL_FLAG(std::string, sysfs_root, "/sys",
           "Where to read the node's topology (GPUs, NICs, NUMA nodes, PCIe tree); tests point it at a fake tree.");
 ABSL_FLAG(bool, pin_workers, true,
           "Pin each NIC's worker thread to the cores of the NIC's NUMA node (within the agent's own cpuset).");
-ABSL_FLAG(uint64_t, fabric_max_op_bytes, 4 << 20,
-          "Largest single RDMA write; larger chunks are split so they stripe over the NICs.");
+ABSL_FLAG(uint64_t, fabric_max_op_bytes, 1 << 20,
+          "Largest single RDMA write; larger chunks are split so they stripe over the NICs (and a latency-class "
+          "write finds at most about one such op of other classes ahead of it).");
 ABSL_FLAG(uint64_t, max_region_bytes, 1ull << 40, "Largest region one RegisterMemory may register.");
 ABSL_FLAG(uint64_t, max_chunks_per_write, 1 << 20, "Most chunks (or paged blocks) in one Write.");
 ABSL_FLAG(uint64_t, max_pending_fds, 64, "Most fds a session may hold before registering them.");
@@ -99,7 +100,7 @@ ABSL_FLAG(std::string, qos_class_weights, "latency=8,bulk=4,background=1",
 ABSL_FLAG(uint64_t, qos_window_bytes, 16 << 20,
           "Bulk and background keep at most this many bytes posted per NIC (plus one op); the rest waits in ferry's "
           "queues, ordered by class and weight.");
-ABSL_FLAG(uint64_t, qos_latency_window_bytes, 1 << 20,
+ABSL_FLAG(uint64_t, qos_latency_window_bytes, 2 << 20,
           "While latency-class writes are about, other classes keep at most this many bytes posted per NIC (plus "
           "one op): what a latency write may find ahead of it.");
 ABSL_FLAG(uint32_t, shutdown_grace_ms, 5000, "On SIGTERM, how long in-flight transfers may finish.");

@@ -59,7 +59,7 @@ struct QosPolicy {
   uint64_t window_bytes = 16 << 20;
   // The same while latency-class writes are about: what a latency write may find ahead
   // of it in the provider's queue.
-  uint64_t latency_window_bytes = 1 << 20;
+  uint64_t latency_window_bytes = 2 << 20;
 
   const TenantRule& Match(uid_t uid, gid_t gid) const;
 };
@@ -70,8 +70,8 @@ struct QosFlags {
   std::string default_tenant;  // --qos_default_tenant
   std::string class_weights;   // --qos_class_weights: "latency=8,bulk=4,background=1"
   uint64_t window_bytes = 16 << 20;
-  uint64_t latency_window_bytes = 1 << 20;
-  uint64_t max_op_bytes = 4 << 20;  // --fabric_max_op_bytes: no cap may be smaller
+  uint64_t latency_window_bytes = 2 << 20;
+  uint64_t max_op_bytes = 1 << 20;  // --fabric_max_op_bytes: no cap may be smaller
 };
 
 absl::StatusOr<QosPolicy> ParseQosPolicy(const QosFlags& flags);
