@@ -34,10 +34,11 @@ struct Transfer_ {
   std::unique_ptr<Outcome> outcome = std::make_unique<Outcome>();
 };
 
-Transfer_ NewTransfer(uint64_t ops, uint64_t id) {
+Transfer_ NewTransfer(uint64_t ops, uint64_t id, TrafficClass cls = TrafficClass::kBulk) {
   Transfer_ t;
   auto transfer = std::make_shared<Transfer>();
   transfer->id = id;
+  transfer->share = {/*tenant=*/id, cls};
   transfer->deadline = absl::Now() + absl::Seconds(30);
   Outcome* out = t.outcome.get();
   t.state = TransferState::Create(transfer, nullptr, ops, [out](absl::Status s) {
@@ -119,6 +120,24 @@ TEST_CASE("rail worker: an op the full provider queue refuses (-FI_EAGAIN) stays
   const auto posts = h.nic.posts();
   REQUIRE(posts.size() == 50);  // none lost, none posted twice
   for (uint64_t i = 0; i < 50; ++i) CHECK(posts[i].remote_addr == 1000000 + i);
+}
+
+TEST_CASE("rail worker: a latency-class write goes before another pod's bulk backlog to the same peer") {
+  Harness h;
+  h.nic.set_capacity(1);
+  Transfer_ bulk = NewTransfer(40, 1, TrafficClass::kBulk);
+  Transfer_ urgent = NewTransfer(1, 2, TrafficClass::kLatency);
+  std::vector<WriteOp> ops;
+  for (uint64_t i = 0; i < 40; ++i) ops.push_back(MakeOp(bulk, kPeerA, i));
+  ops.push_back(MakeOp(urgent, kPeerA, 0));
+  h.worker.Submit(ops);  // one hand-off: the worker sees the backlog and the urgent op together
+  REQUIRE(urgent.outcome->Wait());
+  REQUIRE(bulk.outcome->Wait());
+  CHECK(bulk.outcome->status.ok());
+  const auto posts = h.nic.posts();
+  REQUIRE(posts.size() == 41);
+  CHECK(posts[0].remote_addr == 2000000);                                            // first, though queued last
+  for (uint64_t i = 0; i < 40; ++i) CHECK(posts[1 + i].remote_addr == 1000000 + i);  // bulk in its own order
 }
 
 TEST_CASE("rail worker: with the provider queue full, freed slots go to every peer in turn") {
