@@ -240,7 +240,8 @@ class Client:
 
     ``traffic_class``: the class of this session's writes and queues unless a call names
     another ("latency", "bulk", "background"; None: the agent's rule for this pod decides).
-    A class above the pod's ceiling is refused by each write (PermissionDenied)."""
+    A class above the pod's ceiling is refused here, at the session's opening, and by any
+    call that names one (PermissionDenied)."""
 
     def __init__(self, socket: str = "/run/ferry/ferry.sock", timeout: float = 30.0,
                  traffic_class: Optional[str] = None):
@@ -258,6 +259,19 @@ class Client:
             ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)])
         self._stub = ferry_pb2_grpc.AgentStub(self._channel)
         self._metadata = (("ferry-session", self._session.token_hex),)
+        if self.traffic_class is not None:
+            self._check_ceiling()
+
+    def _check_ceiling(self) -> None:
+        """Refuses the session's class if the agent's rule for this pod does not allow it."""
+        mine = [t for t in self.status().tenants if t.session_id == self._session.id]
+        if mine and TRAFFIC_CLASSES[self.traffic_class] < mine[0].ceiling:
+            ceiling = ferry_pb2.TrafficClass.Name(mine[0].ceiling).removeprefix("TRAFFIC_CLASS_").lower()
+            self.close()
+            raise errors.PermissionDenied(
+                f"traffic class {self.traffic_class} is above this pod's ceiling {ceiling} (agent rule "
+                f"{mine[0].rule} of --qos_tenants / --qos_default_tenant): ask for {ceiling} or below, or have the "
+                "operator raise the rule's ceiling")
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -42,8 +42,10 @@ def test_a_class_above_the_pods_ceiling_is_refused_by_every_call(agent_factory):
     a = agent_factory("--peer_address=127.0.0.1:0", "--fabric_iface=127.0.0.1", *FABRIC,
                       "--qos_default_tenant=ceiling=bulk")
     b = agent_factory("--peer_address=127.0.0.2:0", "--fabric_iface=127.0.0.2", *FABRIC)
+    with pytest.raises(ferry.PermissionDenied, match="latency is above this pod's ceiling bulk"):
+        ferry.Client(a.socket, traffic_class="latency")  # refused as the session opens
     with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb, \
-            ferry.Client(a.socket, traffic_class="latency") as eager:
+            ferry.Client(a.socket, traffic_class="background") as patient:
         src, dst = ca.register_host(1 << 16), cb.register_host(1 << 16)
         d = dst.descriptor()
         refusals = [
@@ -51,7 +53,6 @@ def test_a_class_above_the_pods_ceiling_is_refused_by_every_call(agent_factory):
             lambda: ca.write_blocks(src, d, 4096, [0], [1], traffic_class="latency"),
             lambda: ca.write_batch([(src, d, 0, 0)], 4096, [0], [1], traffic_class="latency"),
             lambda: ca.create_queue([d], traffic_class="latency"),
-            lambda: eager.write(eager.register_host(4096), d, [(0, 0, 4096)]),  # the session's class
         ]
         for call in refusals:
             with pytest.raises(ferry.PermissionDenied) as e:
@@ -63,6 +64,7 @@ def test_a_class_above_the_pods_ceiling_is_refused_by_every_call(agent_factory):
         ca.write(src, d, [(0, 0, 1 << 15)], traffic_class="background").result(30)
         ca.write(src, d, [(1 << 15, 1 << 15, 1 << 15)]).result(30)  # the rule's default, bulk
         assert dst.buffer == src.buffer
+        patient.write(patient.register_host(4096), d, [(0, 0, 4096)]).result(30)  # the session's class
     with pytest.raises(ValueError, match="traffic_class must be one of"):
         ferry.Client(a.socket, traffic_class="fast")
 
