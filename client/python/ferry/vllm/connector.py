@@ -7,6 +7,8 @@ this class only adapts vLLM's calls to them. Configuration, in
     socket      the node agent's socket             (default /run/ferry/ferry.sock)
     lease_s     producer: how long held blocks wait for their consumer (default 30)
     timeout_s   consumer: how long a request waits for its KV before failing (default 30)
+    traffic_class  the class of the handoffs' writes: latency, bulk or background (default:
+                the agent's rule for the pod; README "Traffic classes")
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
                                                                KVConnectorMetadata, KVConnectorRole,
                                                                KVConnectorTransferResults, KVConnectorWorkerMetadata)
 
+from ..client import TRAFFIC_CLASSES
 from .params import Layout
 from .scheduler import FerryScheduler, StepPlan
 from .worker import FerryWorker
@@ -63,7 +66,7 @@ def _layout(vllm_config, kv_cache_config) -> Layout:
 
 def _extra_config(extra) -> dict:
     """kv_connector_extra_config, checked: a wrong value names its key."""
-    out = {"socket": "/run/ferry/ferry.sock", "lease_s": 30.0, "timeout_s": 30.0}
+    out = {"socket": "/run/ferry/ferry.sock", "lease_s": 30.0, "timeout_s": 30.0, "traffic_class": None}
     for key, value in (extra or {}).items():
         if key == "socket":
             if not isinstance(value, str) or not value:
@@ -73,6 +76,10 @@ def _extra_config(extra) -> dict:
                 raise ValueError(f"kv_connector_extra_config[{key!r}] must be a positive number of seconds, "
                                  f"got {value!r}")
             value = float(value)
+        elif key == "traffic_class":
+            if value not in TRAFFIC_CLASSES:
+                raise ValueError(f"kv_connector_extra_config['traffic_class'] must be one of "
+                                 f"{sorted(TRAFFIC_CLASSES)}, got {value!r}")
         else:
             continue  # another connector's key (e.g. under MultiConnector): not ours to judge
         out[key] = value
@@ -95,7 +102,8 @@ class FerryConnector(KVConnectorBase_V1):
                                              cfg.is_kv_consumer)
         else:
             self._worker = FerryWorker(extra["socket"], engine_id, _tp_rank(), producer=cfg.is_kv_producer,
-                                       consumer=cfg.is_kv_consumer, lease=extra["lease_s"], timeout=extra["timeout_s"])
+                                       consumer=cfg.is_kv_consumer, lease=extra["lease_s"], timeout=extra["timeout_s"],
+                                       traffic_class=extra["traffic_class"])
 
     # ------------------------------------------------------------ scheduler side
 

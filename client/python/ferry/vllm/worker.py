@@ -59,11 +59,11 @@ def cache_spec(tensors: List) -> KVCacheSpec:
 class FerryWorker:
 
     def __init__(self, socket: str, engine_id: str, tp_rank: int, producer: bool, consumer: bool,
-                 lease: float = 30.0, timeout: float = 30.0):
+                 lease: float = 30.0, timeout: float = 30.0, traffic_class: Optional[str] = None):
         self.engine_id, self.tp_rank = f"{engine_id}/{tp_rank}", tp_rank
         self._roles = (producer, consumer)
         self._lease, self._timeout = lease, timeout
-        self._client = Client(socket)
+        self._client = Client(socket, traffic_class=traffic_class)  # the class of the handoffs' writes
         self.producer: Optional[KVProducer] = None
         self.consumer: Optional[KVConsumer] = None
         self._pulled: Dict[str, List[int]] = {}  # consumer: request -> its blocks being filled

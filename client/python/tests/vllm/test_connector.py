@@ -83,6 +83,21 @@ def test_one_request_moves_every_layer_byte_for_byte(pd):
     run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
 
 
+def test_handoffs_run_in_the_configured_traffic_class(pd, node_agents):
+    p, d = pd(p_extra={"traffic_class": "latency"})
+    prompt = [random.Random(4).randrange(1000) for _ in range(PROMPT)]
+    params = prefill(p, "p-c", prompt)
+    src = params["remote_block_ids"]
+    dst = handoff(p, d, "d-c", prompt, params)
+    for s, t in zip(src, dst):
+        assert d.block_bytes(t) == p.block_bytes(s)
+    with ferry.Client(node_agents[0].socket) as c:  # the producer's agent: its pods' bytes by class
+        by_class = [sum(t.fabric_bytes[i] for t in c.status().tenants) for i in range(3)]
+    per_block = sum(len(half) for half in p.block_bytes(src[0]))
+    assert by_class[0] >= len(src) * per_block and by_class[1:] == [0, 0], by_class
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
+
+
 def handoff(p, d, rid, prompt, params, max_tokens=2):
     """The proxy's second leg: the consumer takes the producer's params; returns the
     consumer's blocks for the request as allocated (read while it runs)."""
@@ -296,6 +311,8 @@ def test_mismatched_layout_and_tp_size_are_refused_naming_both_sides(pd, caplog)
     ({"lease_s": "abc"}, "kv_connector_extra_config['lease_s'] must be a positive number of seconds, got 'abc'"),
     ({"timeout_s": 0}, "kv_connector_extra_config['timeout_s'] must be a positive number of seconds, got 0"),
     ({"socket": ""}, "kv_connector_extra_config['socket'] must be the agent's socket path"),
+    ({"traffic_class": "urgent"}, "kv_connector_extra_config['traffic_class'] must be one of ['background', 'bulk', "
+                                  "'latency'], got 'urgent'"),
 ])
 def test_bad_extra_config_is_refused_naming_the_key(node_agents, extra, why):
     with pytest.raises(ValueError) as e:
