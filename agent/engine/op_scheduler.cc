@@ -50,17 +50,13 @@ uint32_t OpScheduler::TenantSlot(const TenantShare& share, absl::Time now) {
   return free_slot;
 }
 
-TrafficClass OpScheduler::OwnClass(const WriteOp& op) {
-  // Notifications are a few hundred bytes the receiver is waiting for.
-  return op.message ? TrafficClass::kLatency : op.state->transfer().share.traffic_class;
-}
-
 void OpScheduler::Enqueue(const WriteOp& op, absl::Time now) {
   TenantShare share;  // --qos=false: one pod, one class: a FIFO per peer
   TrafficClass cls = TrafficClass::kBulk;
   if (options_.enabled) {
+    // A notification (a message op) goes in its write's class, after its write's bytes.
     share = op.state->transfer().share;
-    cls = OwnClass(op);
+    cls = share.traffic_class;
     if (cls == TrafficClass::kLatency) latency_seen_ = now;
   }
   const int c = ClassIndex(cls);
@@ -133,7 +129,7 @@ bool OpScheduler::Post(absl::Time now, HeldFn held, PostFn post) {
             }
           }
           // --qos=false queues every op as bulk; its metrics still count its own class.
-          const Ticket ticket{f.tenant, options_.enabled ? static_cast<TrafficClass>(c) : OwnClass(op)};
+          const Ticket ticket{f.tenant, op.state->transfer().share.traffic_class};
           const Outcome outcome = post(op, /*more=*/f.ops.size() > 1, ticket);
           if (outcome == Outcome::kFull) return progressed;
           f.ops.pop_front();
@@ -197,12 +193,12 @@ void OpScheduler::Prune() {
   }
   if (!pruned) return;
   // A pod's slot is reused once no queue refers to it and nothing of it is in flight.
-  std::vector<bool> referenced(tenants_.size(), false);
+  for (Tenant& t : tenants_) t.referenced = false;
   for (const std::vector<Flow>& flows : flows_) {
-    for (const Flow& f : flows) referenced[f.tenant] = true;
+    for (const Flow& f : flows) tenants_[f.tenant].referenced = true;
   }
-  for (uint32_t i = 0; i < tenants_.size(); ++i) {
-    if (!referenced[i] && tenants_[i].inflight == 0) tenants_[i].used = false;
+  for (Tenant& t : tenants_) {
+    if (!t.referenced && t.inflight == 0) t.used = false;
   }
 }
 

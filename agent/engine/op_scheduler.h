@@ -7,7 +7,7 @@
 //     ... post it; keep `t` with the posted op ...
 //     return OpScheduler::Outcome::kPosted;
 //   });
-//   s.Done(t, op.length, ok);                          // its completion
+//   s.Done(t, op.length, ok, now);                     // its completion
 //
 // Queues: one FIFO per (pod, class, peer), so a small write never waits behind another
 // pod's backlog or another class's, and a peer being reconnected to holds up only its
@@ -95,6 +95,7 @@ class OpScheduler {
  private:
   struct Tenant {
     bool used = false;
+    bool referenced = false;  // by a queue (Prune's mark)
     uint64_t id = 0;
     uint32_t weight = 1;
     uint64_t inflight_cap = 0, rate_cap = 0;
@@ -121,7 +122,6 @@ class OpScheduler {
     size_t delays = 0;
   };
 
-  static TrafficClass OwnClass(const WriteOp& op);
   uint32_t TenantSlot(const TenantShare& share, absl::Time now);
   int64_t Quantum(const Tenant& t, int c) const;
   bool Capped(const Tenant& t, uint64_t length) const;

@@ -49,7 +49,6 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "agent/common/poll_source.h"
-#include "agent/common/ring_queue.h"
 #include "agent/engine/op_scheduler.h"
 #include "agent/engine/write_op.h"
 #include "agent/fabric/nic_interface.h"

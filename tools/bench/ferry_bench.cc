@@ -322,17 +322,23 @@ ferry::v1::TrafficClass ClassFlag() {
   return ferry::v1::TRAFFIC_CLASS_UNSPECIFIED;
 }
 
+// A write of `size` bytes from the start of the sender's region, in --traffic_class.
+ferry::v1::WriteRequest TenantWrite(const Sender& s, uint64_t size) {
+  ferry::v1::WriteRequest req;
+  req.set_src_region_id(s.region);
+  *req.mutable_dst() = s.dst;
+  req.mutable_chunks()->add_chunks()->set_length(size);
+  req.set_traffic_class(ClassFlag());
+  return req;
+}
+
 // One tenant of `tools/bench.sh qos`: `window` writes of --size in flight for --seconds
 // (Write + WatchCompletions, as `send`); prints the bytes completed and the rate.
 int Stream() {
   const uint64_t size = absl::GetFlag(FLAGS_size);
   auto s = Connect(size);
   if (!s.ok()) return Fail(s.status());
-  ferry::v1::WriteRequest req;
-  req.set_src_region_id(s->region);
-  *req.mutable_dst() = s->dst;
-  req.mutable_chunks()->add_chunks()->set_length(size);
-  req.set_traffic_class(ClassFlag());
+  const ferry::v1::WriteRequest req = TenantWrite(*s, size);
   absl::Mutex mu;
   int completed = 0, failed = 0;
   auto ctx = s->client->NewContext(absl::Hours(1));
@@ -380,11 +386,7 @@ int Probe() {
   const uint64_t size = absl::GetFlag(FLAGS_size);
   auto s = Connect(size);
   if (!s.ok()) return Fail(s.status());
-  ferry::v1::WriteRequest req;
-  req.set_src_region_id(s->region);
-  *req.mutable_dst() = s->dst;
-  req.mutable_chunks()->add_chunks()->set_length(size);
-  req.set_traffic_class(ClassFlag());
+  const ferry::v1::WriteRequest req = TenantWrite(*s, size);
   std::vector<double> us;
   const absl::Time end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds));
   for (int i = 0; absl::Now() < end; ++i) {
