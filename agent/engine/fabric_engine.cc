@@ -79,6 +79,7 @@ void FabricEngine::StartPeers(const std::string& self_address, std::shared_ptr<g
     metrics_->peers("connected").Set(static_cast<double>(c.connected));
     metrics_->peers("suspect").Set(static_cast<double>(c.suspect));
     metrics_->peers("retired").Set(static_cast<double>(c.retired));
+    metrics_->peers("draining").Set(static_cast<double>(c.draining));
   });
 }
 

@@ -1,5 +1,7 @@
 #include "agent/peers/peer_table.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/log.h"
@@ -162,11 +164,26 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Connect(const std::st
 }
 
 void PeerTable::RetireLocked(const std::shared_ptr<PeerConnection>& peer) {
-  // Its address-vector entries stay until the table goes: ops to it may still be queued
-  // or in flight, and they must fail through the provider, not use a recycled fi_addr.
+  // Its address-vector entries stay while ops to it may still be queued or in flight:
+  // they must fail through the provider, not use a recycled fi_addr.
   peer->Retire();
   retired_.push_back(peer);
+  ++retired_total_;
   if (on_retire_) on_retire_(*peer);
+}
+
+void PeerTable::ReleaseRetiredLocked() {
+  // Every op and transfer to a peer holds its connection (TransferState::peer,
+  // Transfer::peer), and a retired one is in no table another thread reads: held by
+  // retired_ alone, nothing can reach it again, nor any fi_addr of it.
+  auto released = [this](const std::shared_ptr<PeerConnection>& peer) {
+    if (peer.use_count() > 1) return false;
+    for (size_t i = 0; i < nics_.size(); ++i) {
+      for (size_t r = 0; r < peer->remote_nic_count(); ++r) nics_[i]->RemovePeer(peer->fi_addr(i, r));
+    }
+    return true;
+  };
+  retired_.erase(std::remove_if(retired_.begin(), retired_.end(), released), retired_.end());
 }
 
 absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::RegionDescriptor& d, absl::Time deadline,
@@ -193,6 +210,7 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::Reg
   absl::StatusOr<v1::HandshakeResponse> resp = Handshake(*channel, address, deadline);
 
   absl::MutexLock lock(&mu_);
+  ReleaseRetiredLocked();
   auto it = peers_.find(address);
   if (!resp.ok()) {
     // Unreachable: retire the old connection so its transfers fail now, not at their deadline.
@@ -235,11 +253,13 @@ std::vector<PeerTable::PeerInfo> PeerTable::List() const {
   return out;
 }
 
-PeerTable::StateCounts PeerTable::Count() const {
+PeerTable::StateCounts PeerTable::Count() {
   StateCounts c;
   absl::MutexLock lock(&mu_);
+  ReleaseRetiredLocked();
   for (const auto& [addr, p] : peers_) ++(p->suspect() ? c.suspect : c.connected);
-  c.retired = retired_.size();
+  c.retired = retired_total_;
+  c.draining = retired_.size();
   return c;
 }
 

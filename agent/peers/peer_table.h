@@ -168,12 +168,13 @@ class PeerTable {
   };
   std::vector<PeerInfo> List() const;
 
-  // For ferry_peers{state}: live connections (connected or suspect) and connections
-  // retired since start (peer restarted or became unreachable).
+  // For ferry_peers{state}: live connections (connected or suspect), connections retired
+  // since start (peer restarted or became unreachable), and retired ones still held
+  // (draining: ops or transfers to them not yet ended). Releases those that have ended.
   struct StateCounts {
-    size_t connected = 0, suspect = 0, retired = 0;
+    size_t connected = 0, suspect = 0, retired = 0, draining = 0;
   };
-  StateCounts Count() const;
+  StateCounts Count();
 
  private:
   absl::StatusOr<v1::HandshakeResponse> Handshake(grpc::Channel& channel, const std::string& address,
@@ -182,6 +183,9 @@ class PeerTable {
                                                           std::shared_ptr<grpc::Channel> channel,
                                                           const v1::HandshakeResponse& resp);
   void RetireLocked(const std::shared_ptr<PeerConnection>& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lets go of retired connections nothing refers to any more (no op, transfer or cache
+  // holds them): their address-vector entries, region and key caches and staging slots.
+  void ReleaseRetiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Self self_;
   const std::vector<FabricNic*> nics_;
@@ -190,7 +194,8 @@ class PeerTable {
   OnRetire on_retire_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<PeerConnection>> peers_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<PeerConnection>> retired_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<PeerConnection>> retired_ ABSL_GUARDED_BY(mu_);  // not yet released
+  size_t retired_total_ ABSL_GUARDED_BY(mu_) = 0;
   // Handshakes in progress are serialized per table; they are rare (first contact, restart).
   absl::Mutex handshake_mu_;
 };
