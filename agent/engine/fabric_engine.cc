@@ -55,8 +55,9 @@ absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricE
     FERRY_LOG(INFO) << e->nics_[i]->name() << ": device " << (dev ? dev->name : "(none in sysfs)") << ", NUMA node "
                     << (dev ? dev->pci.numa_node : -1) << ", worker "
                     << (cpus.empty() ? "unpinned" : "pinned to cores " + FormatCpuList(cpus));
-    OpScheduler::Options qos = options.qos;
-    qos.quantum_bytes = e->max_op_bytes_;
+    OpScheduler::Options qos;
+    qos.qos = options.qos;
+    qos.quantum_bytes = e->max_op_bytes_;  // a round's credit at weight 1: the largest op
     e->workers_.push_back(
         std::make_unique<RailWorker>(e->nics_[i].get(), metrics, options.worker_spin, cpus, absl::Seconds(2), qos));
     e->workers_.back()->Start();

@@ -69,9 +69,8 @@ struct FabricEngineOptions {
   // stripes over every NIC, workers unpinned.
   std::shared_ptr<const Topology> topology;
   bool pin_workers = true;  // to the cores of each NIC's NUMA node
-  // How each NIC's worker shares it between pods and traffic classes (its quantum is
-  // set to the largest op).
-  OpScheduler::Options qos;
+  // How each NIC's worker shares it between pods and traffic classes.
+  QosScheduling qos;
 };
 
 class FabricEngine : public TransferExecutor, public RegionRegistrar {

@@ -28,7 +28,7 @@ OpScheduler::OpScheduler(const Options& options, Metrics* metrics, const std::st
 }
 
 int64_t OpScheduler::Quantum(const Tenant& t, int c) const {
-  return static_cast<int64_t>(options_.quantum_bytes * options_.class_weights[c] * t.weight);
+  return static_cast<int64_t>(options_.quantum_bytes * options_.qos.class_weights[c] * t.weight);
 }
 
 uint32_t OpScheduler::TenantSlot(const TenantShare& share, absl::Time now) {
@@ -53,7 +53,7 @@ uint32_t OpScheduler::TenantSlot(const TenantShare& share, absl::Time now) {
 void OpScheduler::Enqueue(const WriteOp& op, absl::Time now) {
   TenantShare share;  // --qos=false: one pod, one class: a FIFO per peer
   TrafficClass cls = TrafficClass::kBulk;
-  if (options_.enabled) {
+  if (options_.qos.enabled) {
     // A notification (a message op) goes in its write's class, after its write's bytes.
     share = op.state->transfer().share;
     cls = share.traffic_class;
@@ -97,7 +97,7 @@ bool OpScheduler::Post(absl::Time now, HeldFn held, PostFn post) {
   constexpr int kLatency = static_cast<int>(TrafficClass::kLatency);
   const bool latency_about =
       queued_[kLatency] > 0 || inflight_[kLatency] > 0 || now < latency_seen_ + options_.latency_linger;
-  const uint64_t window = latency_about ? options_.latency_window_bytes : options_.window_bytes;
+  const uint64_t window = latency_about ? options_.qos.latency_window_bytes : options_.qos.window_bytes;
   bool progressed = false;
   for (int round = 0; round < kMaxRounds; ++round) {
     bool out_of_credit = false;       // some pod's class has ops its credit does not cover
@@ -107,7 +107,7 @@ bool OpScheduler::Post(absl::Time now, HeldFn held, PostFn post) {
       const size_t n = flows.size();
       if (n == 0) continue;
       if (round == 0) next_flow_[c] = (next_flow_[c] + 1) % n;
-      const bool windowed = options_.enabled && c != kLatency;
+      const bool windowed = options_.qos.enabled && c != kLatency;
       for (size_t k = 0; k < n; ++k) {
         Flow& f = flows[(next_flow_[c] + k) % n];
         if (f.ops.empty() || held(f.peer)) continue;
@@ -118,7 +118,7 @@ bool OpScheduler::Post(absl::Time now, HeldFn held, PostFn post) {
             window_with_credit |= t.credit[c] >= static_cast<int64_t>(op.length);
             break;
           }
-          if (options_.enabled) {
+          if (options_.qos.enabled) {
             if (Capped(t, op.length)) {
               if (t.throttled_since[c] == absl::InfiniteFuture()) t.throttled_since[c] = now;
               break;

@@ -45,6 +45,7 @@
 #include "agent/common/ring_queue.h"
 #include "agent/engine/write_op.h"
 #include "agent/metrics/metrics.h"
+#include "agent/qos/qos_policy.h"
 #include "agent/qos/traffic_class.h"
 
 namespace ferry {
@@ -52,11 +53,8 @@ namespace ferry {
 class OpScheduler {
  public:
   struct Options {
-    bool enabled = true;
-    uint32_t class_weights[kTrafficClasses] = {8, 4, 1};  // latency, bulk, background
-    uint64_t quantum_bytes = 1 << 20;                     // one round's credit at weight 1 (the largest op)
-    uint64_t window_bytes = 16 << 20;
-    uint64_t latency_window_bytes = 2 << 20;
+    QosScheduling qos;                 // the agent's --qos* flags
+    uint64_t quantum_bytes = 1 << 20;  // one round's credit at weight 1 (the largest op)
     absl::Duration latency_linger = absl::Milliseconds(100);
   };
 

@@ -239,11 +239,7 @@ absl::Status Agent::StartFabric() {
   options.worker_spin = absl::Microseconds(config_.fabric_spin_us);
   options.topology = topology_;
   options.pin_workers = config_.pin_workers;
-  options.qos.enabled = config_.qos.enabled;
-  std::copy(std::begin(config_.qos.class_weights), std::end(config_.qos.class_weights),
-            std::begin(options.qos.class_weights));
-  options.qos.window_bytes = config_.qos.window_bytes;
-  options.qos.latency_window_bytes = config_.qos.latency_window_bytes;
+  options.qos = config_.qos.scheduling;
   absl::StatusOr<std::unique_ptr<FabricEngine>> engine = FabricEngine::Create(options, metrics_.get());
   if (!engine.ok()) return engine.status();
   engine_ = std::move(*engine);

@@ -86,7 +86,7 @@ ABSL_FLAG(bool, stage_host_regions, false,
 ABSL_FLAG(bool, gpu_kernel_pull, false,
           "Run the GPU gather/scatter kernel on the destination GPU (remote reads) instead of the source GPU "
           "(remote writes).");
-ABSL_FLAG(bool, qos, true,
+ABSL_FLAG(bool, qos, ferry::QosScheduling().enabled,
           "Schedule each NIC's ops by traffic class and pod (latency first, weighted fair shares, caps); false: "
           "each peer's ops first in, first out.");
 ABSL_FLAG(std::string, qos_tenants, "",
@@ -95,12 +95,12 @@ ABSL_FLAG(std::string, qos_tenants, "",
           "e.g. 'uid=1000,ceiling=latency,weight=4;gid=2000,ceiling=bulk,rate=2GB'.");
 ABSL_FLAG(std::string, qos_default_tenant, "ceiling=latency,class=bulk,weight=1",
           "The rule of pods no --qos_tenants rule matches (the same fields, without uid/gid).");
-ABSL_FLAG(std::string, qos_class_weights, "latency=8,bulk=4,background=1",
+ABSL_FLAG(std::string, qos_class_weights, ferry::FormatClassWeights(ferry::QosScheduling()),
           "Shares between traffic classes while each has a backlog.");
-ABSL_FLAG(uint64_t, qos_window_bytes, 16 << 20,
+ABSL_FLAG(uint64_t, qos_window_bytes, ferry::QosScheduling().window_bytes,
           "Bulk and background keep at most this many bytes posted per NIC (plus one op); the rest waits in ferry's "
           "queues, ordered by class and weight.");
-ABSL_FLAG(uint64_t, qos_latency_window_bytes, 2 << 20,
+ABSL_FLAG(uint64_t, qos_latency_window_bytes, ferry::QosScheduling().latency_window_bytes,
           "While latency-class writes are about, other classes keep at most this many bytes posted per NIC (plus "
           "one op): what a latency write may find ahead of it.");
 ABSL_FLAG(uint32_t, shutdown_grace_ms, 5000, "On SIGTERM, how long in-flight transfers may finish.");

@@ -101,7 +101,7 @@ const TenantRule& QosPolicy::Match(uid_t uid, gid_t gid) const {
 
 absl::StatusOr<QosPolicy> ParseQosPolicy(const QosFlags& flags) {
   QosPolicy policy;
-  policy.enabled = flags.enabled;
+  policy.scheduling.enabled = flags.enabled;
   if (flags.window_bytes == 0) {
     return absl::InvalidArgumentError("--qos_window_bytes must be >= 1 (bytes of bulk and background posted per NIC)");
   }
@@ -109,8 +109,8 @@ absl::StatusOr<QosPolicy> ParseQosPolicy(const QosFlags& flags) {
     return absl::InvalidArgumentError(
         absl::StrCat("--qos_latency_window_bytes must be 1..--qos_window_bytes (", flags.window_bytes, ")"));
   }
-  policy.window_bytes = flags.window_bytes;
-  policy.latency_window_bytes = flags.latency_window_bytes;
+  policy.scheduling.window_bytes = flags.window_bytes;
+  policy.scheduling.latency_window_bytes = flags.latency_window_bytes;
   int n = 0;
   for (absl::string_view text : absl::StrSplit(flags.tenants, ';', absl::SkipWhitespace())) {
     ++n;
@@ -136,12 +136,20 @@ absl::StatusOr<QosPolicy> ParseQosPolicy(const QosFlags& flags) {
       return absl::InvalidArgumentError(
           absl::StrCat("--qos_class_weights: unknown class '", kv.first, "' (latency, bulk or background)"));
     }
-    if (!ParseWeight(kv.second, &policy.class_weights[ClassIndex(c)])) {
+    if (!ParseWeight(kv.second, &policy.scheduling.class_weights[ClassIndex(c)])) {
       return absl::InvalidArgumentError(
           absl::StrCat("--qos_class_weights: ", kv.first, " must be 1..", kMaxWeight, ", not '", kv.second, "'"));
     }
   }
   return policy;
+}
+
+std::string FormatClassWeights(const QosScheduling& scheduling) {
+  std::string out;
+  for (int c = 0; c < kTrafficClasses; ++c) {
+    absl::StrAppend(&out, c == 0 ? "" : ",", ClassName(static_cast<TrafficClass>(c)), "=", scheduling.class_weights[c]);
+  }
+  return out;
 }
 
 absl::StatusOr<TrafficClass> ResolveClass(const TenantRule& rule, v1::TrafficClass asked) {

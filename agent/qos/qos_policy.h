@@ -44,13 +44,13 @@ struct TenantRule {
   uint64_t rate_cap = 0;      // bytes per second; 0: none
 };
 
-struct QosPolicy {
+// How each NIC worker orders ops (agent/engine/op_scheduler.h). The defaults here are
+// those of ferryd's --qos, --qos_class_weights and --qos_*window_bytes flags.
+struct QosScheduling {
   // False (--qos=false): every NIC worker posts each peer's ops first in, first out,
   // as ferry did before traffic classes; classes are still checked against ceilings and
   // counted in the metrics and status.
   bool enabled = true;
-  std::vector<TenantRule> rules;
-  TenantRule fallback;
   // Shares between classes while each has a backlog (the latency class is also served
   // first): latency, bulk, background.
   uint32_t class_weights[kTrafficClasses] = {8, 4, 1};
@@ -60,17 +60,23 @@ struct QosPolicy {
   // The same while latency-class writes are about: what a latency write may find ahead
   // of it in the provider's queue.
   uint64_t latency_window_bytes = 2 << 20;
+};
+
+struct QosPolicy {
+  QosScheduling scheduling;
+  std::vector<TenantRule> rules;
+  TenantRule fallback;
 
   const TenantRule& Match(uid_t uid, gid_t gid) const;
 };
 
 struct QosFlags {
-  bool enabled = true;
+  bool enabled = QosScheduling().enabled;
   std::string tenants;         // --qos_tenants
   std::string default_tenant;  // --qos_default_tenant
-  std::string class_weights;   // --qos_class_weights: "latency=8,bulk=4,background=1"
-  uint64_t window_bytes = 16 << 20;
-  uint64_t latency_window_bytes = 2 << 20;
+  std::string class_weights;   // --qos_class_weights; empty: QosScheduling's
+  uint64_t window_bytes = QosScheduling().window_bytes;
+  uint64_t latency_window_bytes = QosScheduling().latency_window_bytes;
   uint64_t max_op_bytes = 1 << 20;  // --fabric_max_op_bytes: no cap may be smaller
 };
 
@@ -79,6 +85,9 @@ absl::StatusOr<QosPolicy> ParseQosPolicy(const QosFlags& flags);
 // The class a write runs in: `asked`, or the rule's default when unspecified.
 // PERMISSION_DENIED above the rule's ceiling, INVALID_ARGUMENT for an unknown value.
 absl::StatusOr<TrafficClass> ResolveClass(const TenantRule& rule, v1::TrafficClass asked);
+
+// "latency=8,bulk=4,background=1", as --qos_class_weights takes them.
+std::string FormatClassWeights(const QosScheduling& scheduling);
 
 // "64MiB", "2GB", "4096": bytes. False on anything else (or overflow).
 bool ParseBytes(absl::string_view text, uint64_t* out);

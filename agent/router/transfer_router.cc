@@ -136,7 +136,9 @@ void NotifyRemoteFailure(const Transfer& t, uint64_t incarnation, const absl::St
   req.set_code(static_cast<int>(status.code()));
   req.set_message(std::string(status.message()));
   SendNotifyAsync(t.peer, std::move(req), absl::Now() + absl::Seconds(2), [id = t.id](absl::Status s) {
-    if (!s.ok()) FERRY_LOG(DEBUG) << "transfer " << id << ": telling the receiver it failed: " << s;
+    if (!s.ok()) {
+      FERRY_LOG(DEBUG) << "transfer " << id << ": telling the receiver it failed: " << s;
+    }
   });
 }
 

@@ -373,7 +373,7 @@ grpc::Status LocalService::GetStatus(grpc::ServerContext*, const v1::GetStatusRe
   } else {
     resp->set_cuda(std::string(deps_.cuda_unavailable.message()));
   }
-  resp->set_qos(cfg.qos.enabled);
+  resp->set_qos(cfg.qos.scheduling.enabled);
   for (const std::shared_ptr<Session>& s : deps_.sessions->List()) {
     const TenantRule& rule = s->qos_rule();
     v1::TenantStatus* t = resp->add_tenants();

@@ -81,7 +81,7 @@ struct Provider {
 OpScheduler::Options Qos() {
   OpScheduler::Options o;
   o.quantum_bytes = kMiB;
-  o.latency_window_bytes = kMiB;
+  o.qos.latency_window_bytes = kMiB;
   return o;
 }
 
@@ -104,8 +104,8 @@ TEST_CASE("latency-class ops go before a queued backlog of bulk") {
 TEST_CASE("while latency traffic is about, bulk keeps at most the window (plus one op) posted") {
   Metrics metrics;
   OpScheduler::Options o = Qos();
-  o.latency_window_bytes = 3 * kMiB;
-  o.window_bytes = 64 * kMiB;
+  o.qos.latency_window_bytes = 3 * kMiB;
+  o.qos.window_bytes = 64 * kMiB;
   OpScheduler s(o, &metrics, "nic0");
   Pod bulk(1, TrafficClass::kBulk), latency(2, TrafficClass::kLatency);
   absl::Time now = absl::Now();
@@ -130,7 +130,7 @@ TEST_CASE("while latency traffic is about, bulk keeps at most the window (plus o
 TEST_CASE("two bulk pods at weights 3:1 post bytes 3:1: the window keeps the backlog in the scheduler") {
   Metrics metrics;
   OpScheduler::Options o = Qos();
-  o.window_bytes = 4 * kMiB;
+  o.qos.window_bytes = 4 * kMiB;
   OpScheduler s(o, &metrics, "nic0");
   Pod heavy(1, TrafficClass::kBulk, 3), light(2, TrafficClass::kBulk, 1);
   const absl::Time now = absl::Now();
@@ -194,7 +194,7 @@ TEST_CASE("a small write of another pod does not wait behind a backlog to the sa
 TEST_CASE("--qos=false posts each peer's ops first in, first out, whatever their class") {
   Metrics metrics;
   OpScheduler::Options o = Qos();
-  o.enabled = false;
+  o.qos.enabled = false;
   OpScheduler s(o, &metrics, "nic0");
   Pod bulk(1, TrafficClass::kBulk), latency(2, TrafficClass::kLatency);
   const absl::Time now = absl::Now();

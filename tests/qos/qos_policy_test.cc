@@ -41,11 +41,18 @@ TEST_CASE("rules parse, and the first that matches a pod's uid or gid wins") {
 TEST_CASE("the defaults: every pod may ask for latency, gets bulk, weights 8:4:1") {
   absl::StatusOr<QosPolicy> p = ParseQosPolicy(Flags(""));
   REQUIRE(p.ok());
-  CHECK(p->enabled);
+  CHECK(p->scheduling.enabled);
   CHECK(p->fallback.ceiling == TrafficClass::kLatency);
   CHECK(p->fallback.default_class == TrafficClass::kBulk);
-  CHECK(p->class_weights[0] == 8);
-  CHECK(p->class_weights[2] == 1);
+  CHECK(p->scheduling.class_weights[0] == 8);
+  CHECK(p->scheduling.class_weights[2] == 1);
+  // ferryd's --qos_class_weights default is the same weights, written out.
+  CHECK(FormatClassWeights(p->scheduling) == "latency=8,bulk=4,background=1");
+  QosFlags written = Flags("");
+  written.class_weights = "background=2,latency=9";
+  absl::StatusOr<QosPolicy> q = ParseQosPolicy(written);
+  REQUIRE(q.ok());
+  CHECK(FormatClassWeights(q->scheduling) == "latency=9,bulk=4,background=2");
 }
 
 TEST_CASE("a class is resolved against the pod's ceiling") {

@@ -168,6 +168,50 @@ int SendQueue(Sender& s, const std::vector<uint64_t>& sizes, int window) {
   return 0;
 }
 
+// Counts a session's completions from its WatchCompletions stream on a reader thread, so
+// that a sender can keep a window of writes in flight (`send --api=rpc`, `stream`).
+class CompletionWatcher {
+ public:
+  explicit CompletionWatcher(Sender& s)
+      : ctx_(s.client->NewContext(absl::Hours(1))),
+        stream_(s.client->stub()->WatchCompletions(ctx_.get(), ferry::v1::WatchCompletionsRequest())),
+        reader_([this] {
+          ferry::v1::TransferResult r;
+          while (stream_->Read(&r)) {
+            absl::MutexLock lock(&mu_);
+            ++completed_;
+            if (r.code() != 0) {
+              ++failed_;
+              fprintf(stderr, "transfer failed: %s\n", r.message().c_str());
+            }
+          }
+        }) {}
+  ~CompletionWatcher() {
+    ctx_->TryCancel();
+    reader_.join();
+  }
+
+  // Waits until at least `n` transfers completed, or `deadline`; returns the count then.
+  int AwaitCompleted(int n, absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return completed_ >= n; };
+    mu_.AwaitWithDeadline(absl::Condition(&reached), deadline);
+    return completed_;
+  }
+  int failed() {
+    absl::MutexLock lock(&mu_);
+    return failed_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int completed_ ABSL_GUARDED_BY(mu_) = 0;
+  int failed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<grpc::ClientReader<ferry::v1::TransferResult>> stream_;
+  std::thread reader_;  // last: starts once the members it reads exist
+};
+
 int Send() {
   std::vector<uint64_t> sizes;
   for (absl::string_view v : absl::StrSplit(absl::GetFlag(FLAGS_sizes), ',')) {
@@ -181,59 +225,32 @@ int Send() {
   if (absl::GetFlag(FLAGS_api) == "queue") return SendQueue(*s, sizes, window);
   std::mt19937_64 rng(1);
 
-  // Completions arrive on one stream; a counter lets the sender keep `window` in flight.
-  absl::Mutex mu;
-  int completed = 0, failed = 0;
-  auto ctx = s->client->NewContext(absl::Hours(1));
-  auto stream = s->client->stub()->WatchCompletions(ctx.get(), ferry::v1::WatchCompletionsRequest());
-  std::thread reader([&] {
-    ferry::v1::TransferResult r;
-    while (stream->Read(&r)) {
-      absl::MutexLock lock(&mu);
-      ++completed;
-      if (r.code() != 0) {
-        ++failed;
-        fprintf(stderr, "transfer failed: %s\n", r.message().c_str());
-      }
-    }
-  });
+  // Completions arrive on one stream; their count lets the sender keep `window` in flight.
+  CompletionWatcher watcher(*s);
   // Warm up: connection, handshake, region open.
   if (auto w = s->client->WriteAndWait(Request(*s, 4096, false, rng), absl::Seconds(30)); !w.ok())
     return Fail(w.status());
-  {
-    absl::MutexLock lock(&mu);
-    auto one = [&]() { return completed >= 1; };
-    mu.AwaitWithTimeout(absl::Condition(&one), absl::Seconds(10));
-  }
+  watcher.AwaitCompleted(1, absl::Now() + absl::Seconds(10));
   int base = 1;
   for (uint64_t size : sizes) {
     const int n = RowCount(size);
     std::vector<ferry::v1::WriteRequest> reqs;
     for (int i = 0; i < std::min(n, 8); ++i) reqs.push_back(Request(*s, size, paged, rng));
     absl::Time t0 = absl::Now();
+    const absl::Time stuck = t0 + absl::Minutes(5);
     for (int i = 0; i < n; ++i) {
-      {
-        absl::MutexLock lock(&mu);
-        auto room = [&]() { return (base + i) - completed < window; };
-        mu.Await(absl::Condition(&room));
-      }
+      if (watcher.AwaitCompleted(base + i - window + 1, stuck) < base + i - window + 1)
+        return Fail(absl::DeadlineExceededError("stuck"));
       auto id = s->client->Write(reqs[i % reqs.size()]);
       if (!id.ok()) return Fail(id.status());
     }
-    {
-      absl::MutexLock lock(&mu);
-      auto all = [&]() { return completed >= base + n; };
-      if (!mu.AwaitWithTimeout(absl::Condition(&all), absl::Minutes(5)))
-        return Fail(absl::DeadlineExceededError("stuck"));
-    }
+    if (watcher.AwaitCompleted(base + n, stuck) < base + n) return Fail(absl::DeadlineExceededError("stuck"));
     double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
     base += n;
     printf("%llu %d %.1f %.3f\n", static_cast<unsigned long long>(size), n, us / n, size * n / us / 1e3);
     fflush(stdout);
   }
-  ctx->TryCancel();
-  reader.join();
-  return failed == 0 ? 0 : 3;
+  return watcher.failed() == 0 ? 0 : 3;
 }
 
 // Median and 99th percentile of `iters` calls of `op` (after 10 warm-up calls), in µs,
@@ -339,45 +356,22 @@ int Stream() {
   auto s = Connect(size);
   if (!s.ok()) return Fail(s.status());
   const ferry::v1::WriteRequest req = TenantWrite(*s, size);
-  absl::Mutex mu;
-  int completed = 0, failed = 0;
-  auto ctx = s->client->NewContext(absl::Hours(1));
-  auto stream = s->client->stub()->WatchCompletions(ctx.get(), ferry::v1::WatchCompletionsRequest());
-  std::thread reader([&] {
-    ferry::v1::TransferResult r;
-    while (stream->Read(&r)) {
-      absl::MutexLock lock(&mu);
-      ++completed;
-      if (r.code() != 0) ++failed;
-    }
-  });
+  CompletionWatcher watcher(*s);
   const int window = absl::GetFlag(FLAGS_window);
   const absl::Time t0 = absl::Now(), end = t0 + absl::Seconds(absl::GetFlag(FLAGS_seconds));
   int posted = 0;
   while (absl::Now() < end) {
-    {
-      absl::MutexLock lock(&mu);
-      auto room = [&]() { return posted - completed < window; };
-      mu.AwaitWithDeadline(absl::Condition(&room), end);
-      if (posted - completed >= window) break;
-    }
+    if (watcher.AwaitCompleted(posted - window + 1, end) < posted - window + 1) break;
     auto id = s->client->Write(req);
     if (!id.ok()) return Fail(id.status());
     ++posted;
   }
-  int done_at_end;
-  {
-    absl::MutexLock lock(&mu);
-    done_at_end = completed;  // what finished within the run's time
-    auto all = [&]() { return completed >= posted; };
-    mu.AwaitWithTimeout(absl::Condition(&all), absl::Minutes(2));
-  }
+  const int done_at_end = watcher.AwaitCompleted(0, end);  // what finished within the run's time
+  watcher.AwaitCompleted(posted, absl::Now() + absl::Minutes(2));
   const double secs = absl::ToDoubleSeconds(end - t0);
   printf("stream %llu %.3f %.3f\n", static_cast<unsigned long long>(done_at_end * size), secs,
          done_at_end * size / secs / 1e9);
-  ctx->TryCancel();
-  reader.join();
-  return failed == 0 ? 0 : 3;
+  return watcher.failed() == 0 ? 0 : 3;
 }
 
 // The other tenant of `tools/bench.sh qos`: Write + Wait of --size, one at a time, for
