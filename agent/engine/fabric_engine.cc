@@ -364,7 +364,7 @@ void FabricEngine::Watchdog() {
       FlushRxReports();
       last_report = absl::Now();
     }
-    std::vector<std::shared_ptr<TransferState>> expired;
+    std::vector<std::pair<std::shared_ptr<TransferState>, absl::Status>> expired;
     {
       absl::MutexLock lock(&mu_);
       // Nothing in flight: sleep until a transfer starts (an idle agent stays idle).
@@ -379,21 +379,25 @@ void FabricEngine::Watchdog() {
       for (size_t i = 0; i < active_.size(); ++i) {
         std::shared_ptr<TransferState> s = active_[i].lock();
         if (s == nullptr || s->finished()) continue;
-        if (now > s->deadline()) {
-          expired.push_back(std::move(s));
-          continue;
+        if (absl::Status stopped = s->Stopped(now); !stopped.ok()) {
+          if (stopped.code() == absl::StatusCode::kDeadlineExceeded) {
+            expired.emplace_back(std::move(s), std::move(stopped));
+            continue;
+          }
+          // The writer's pod is gone: post no more, end once the posted ops are done
+          // (by the deadline at the latest, so it stays watched).
+          if (!s->stopped()) s->Stop(stopped);
         }
         if (keep != i) active_[keep] = std::move(active_[i]);
         ++keep;
       }
       active_.resize(keep);
     }
-    for (auto& s : expired) {
-      FERRY_LOG(WARNING) << "transfer " << s->transfer().id << " to agent " << s->peer()->address()
-                         << " passed its deadline";
+    for (auto& [s, stopped] : expired) {
+      FERRY_LOG(WARNING) << stopped.message() << " (writing to agent " << s->peer()->address() << ")";
       s->Finish(absl::DeadlineExceededError(
-          absl::StrCat("transfer ", s->transfer().id, " to agent ", s->peer()->address(), " passed its deadline")));
-      s->peer()->MarkSuspect();
+          absl::StrCat(stopped.message(), " (writing to agent ", s->peer()->address(), ")")));
+      s->peer()->MarkSuspect();  // it may be gone: the next transfer to it checks
     }
     absl::SleepFor(absl::Milliseconds(10));
   }

@@ -62,8 +62,8 @@ RailWorker::RailWorker(NicInterface* nic, Metrics* metrics, absl::Duration spin,
       eagain_(metrics->fabric_eagain(nic->name())),
       errors_(metrics->fabric_errors(nic->name())),
       reconnects_(metrics->fabric_reconnects(nic->name())),
-      latency_bounds_(LatencyBuckets()),
       scheduler_(qos, metrics, nic->name()),
+      latency_bounds_(LatencyBuckets()),
       latency_counts_(latency_bounds_.size() + 1, 0) {
   event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   FreeSlot();  // the first block, before any op needs it
@@ -200,7 +200,7 @@ bool RailWorker::PostPending() {
 }
 
 OpScheduler::Outcome RailWorker::PostOne(const WriteOp& op, bool more, OpScheduler::Ticket ticket, absl::Time now) {
-  if (op.state->finished()) {  // deadline passed or failed: don't send the rest
+  if (op.state->finished() || op.state->stopped()) {  // deadline passed, failed or stopped: don't send the rest
     op.state->OpDone(absl::CancelledError("transfer already finished"));
     return OpScheduler::Outcome::kDropped;
   }

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/common/check.h"
@@ -49,6 +50,29 @@ class TransferState {
   const Transfer& transfer() const { return *transfer_; }
   const std::shared_ptr<PeerConnection>& peer() const { return peer_; }
   absl::Time deadline() const { return transfer_->deadline; }
+  // Whether the watchdog should stop it (Transfer::Stopped). A notification message is
+  // held only to the deadline: its transfer's bytes have landed.
+  absl::Status Stopped(absl::Time now) const {
+    if (message_.empty()) return transfer_->Stopped(now);
+    if (now > transfer_->deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("transfer ", transfer_->id, " passed its deadline"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Posts none of its remaining ops; the transfer ends with `status` once those already
+  // posted are done, so no byte of it lands after its result (and the receiver's
+  // notification) went out. Unlike Finish, which decides at once (a deadline: the peer
+  // may never answer).
+  void Stop(const absl::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (error_.ok()) error_ = status;
+    }
+    stopped_.store(true, std::memory_order_release);
+  }
+  bool stopped() const { return stopped_.load(std::memory_order_acquire); }
+
   // True once the result is decided; ops of a finished transfer are not posted.
   bool finished() const { return finished_.load(std::memory_order_acquire); }
 
@@ -90,6 +114,7 @@ class TransferState {
   std::shared_ptr<PeerConnection> peer_;
   std::atomic<uint64_t> remaining_;
   std::atomic<bool> finished_{false};
+  std::atomic<bool> stopped_{false};
   absl::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   Done done_;

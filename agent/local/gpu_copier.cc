@@ -174,8 +174,8 @@ class GpuCopier::Lane {
       }
       if (!setup.ok()) {
         j.status = setup;
-      } else if (absl::Now() > j.t->deadline) {
-        j.status = absl::DeadlineExceededError(absl::StrCat("transfer ", j.t->id, " passed its deadline while queued"));
+      } else if (absl::Status stopped = j.t->Stopped(absl::Now(), " while queued"); !stopped.ok()) {
+        j.status = stopped;
       } else {
         j.status = Enqueue(*j.t);
         // Even after a failed enqueue, part of the work may be on the stream: the

@@ -28,16 +28,15 @@ void HostCopier::Submit(std::shared_ptr<Transfer> t, Done done) {
 }
 
 absl::Status HostCopier::Run(const Transfer& t) {
-  if (absl::Now() > t.deadline) {
-    return absl::DeadlineExceededError(absl::StrCat("transfer ", t.id, " passed its deadline before it started"));
-  }
+  if (absl::Status s = t.Stopped(absl::Now(), " before it started"); !s.ok()) return s;
   return Copy(t);
 }
 
 absl::Status HostCopier::Copy(const Transfer& t) {
   uint8_t* src = t.src->data();
   uint8_t* dst = t.dst->data();
-  // Check the clock every 16 MiB or 1024 chunks: cheap, and bounds the overrun.
+  // Check the clock (and the writer's session) every 16 MiB or 1024 chunks: cheap, and
+  // bounds the overrun.
   uint64_t since_check = 0;
   size_t chunks_since_check = 0;
   for (const CopyChunk& c : t.plan.chunks) {
@@ -46,9 +45,7 @@ absl::Status HostCopier::Copy(const Transfer& t) {
     if (since_check >= (16u << 20) || ++chunks_since_check >= 1024) {
       since_check = 0;
       chunks_since_check = 0;
-      if (absl::Now() > t.deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("transfer ", t.id, " passed its deadline"));
-      }
+      if (absl::Status s = t.Stopped(absl::Now()); !s.ok()) return s;
     }
   }
   return absl::OkStatus();

@@ -253,6 +253,8 @@ absl::Status Agent::StartFabric() {
   if (!tls.ok()) return tls.status();
   peer_service_ =
       std::make_unique<PeerService>(incarnation_, engine_->nics(), regions_.get(), transfers_.get(), metrics_.get());
+  inbound_ = std::make_unique<InboundWrites>(InboundWritesOptions(), transfers_.get());
+  peer_service_->set_inbound(inbound_.get());
   engine_->SetMessageHandler([p = peer_service_.get()](absl::string_view m) { p->AcceptMessage(m); });
   // The staged path, both sides: GPU memory through host staging buffers.
   const CudaDriver* cu = cuda_memory_ != nullptr ? *CudaDriver::Load() : nullptr;
@@ -296,6 +298,9 @@ absl::Status Agent::StartFabric() {
     advertise_address_ = absl::StrCat(host, ":", port);
   }
   engine_->StartPeers(advertise_address_, tls->channel, tls->channel_args);
+  inbound_->StartProbing([peers = engine_->peers()](const std::string& address, absl::Duration timeout) {
+    return peers->Ping(address, timeout);
+  });
   FERRY_LOG(INFO) << "peer API on " << config_.peer_address << ", advertised as " << advertise_address_
                   << (tls->enabled ? " (mTLS)" : " (plaintext)");
   return absl::OkStatus();
@@ -319,6 +324,7 @@ void Agent::Shutdown(absl::Duration grace) {
   }
   if (local_server_) local_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (peer_server_) peer_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  if (inbound_) inbound_->StopProbing();  // its pings use the engine's peer table
   // Before the parts /readyz and scrapes look at go away (found by TSan: a readiness
   // check reading the GPU copier while it was destroyed).
   metrics_server_.reset();

@@ -72,6 +72,7 @@ class Agent {
   std::shared_ptr<const Topology> topology_;  // never null once Init ran
   std::unique_ptr<GpuCopier> gpu_copier_;
   std::unique_ptr<FabricEngine> engine_;
+  std::unique_ptr<InboundWrites> inbound_;  // notified writes other agents make into ours
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<grpc::Server> peer_server_;
   // The staged path; released in Shutdown, after the engine stops and before it goes.

@@ -114,6 +114,12 @@ absl::Status PeerService::Accept(const v1::NotifyRequest& req, const char* via) 
     return absl::InvalidArgumentError(
         absl::StrCat("payload is ", req.payload().size(), " bytes; at most ", kMaxNotifyPayloadBytes));
   }
+  if (req.begin()) {
+    if (inbound_ == nullptr) return absl::UnimplementedError("this agent holds no announced writes");
+    return inbound_->Begin(req, *region);
+  }
+  const bool message = req.kind() == v1::NOTIFICATION_KIND_MESSAGE;
+  if (req.deliver() && !message && inbound_ != nullptr) inbound_->End(req.source_incarnation(), req.transfer_id());
   if (req.deliver()) {
     metrics_->peer_notifications(via).Increment();
     v1::Notification n;
@@ -125,13 +131,17 @@ absl::Status PeerService::Accept(const v1::NotifyRequest& req, const char* via) 
     n.set_payload(req.payload());
     n.set_code(req.code());
     n.set_message(req.message());
-    const bool message = req.kind() == v1::NOTIFICATION_KIND_MESSAGE;
     n.set_kind(message ? v1::NOTIFICATION_KIND_MESSAGE : v1::NOTIFICATION_KIND_WRITE);
     absl::Status delivered = transfers_->Notify(**region, n);
     // A message's sender learns it was not delivered; a write's bytes landed regardless.
     if (message) return delivered;
   }
   return absl::OkStatus();
+}
+
+grpc::Status PeerService::Ping(grpc::ServerContext*, const v1::PingRequest*, v1::PingResponse* resp) {
+  resp->set_incarnation(incarnation_);
+  return grpc::Status::OK;
 }
 
 grpc::Status PeerService::CommitStaged(grpc::ServerContext*, const v1::CommitStagedRequest* req,

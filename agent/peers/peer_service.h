@@ -2,8 +2,9 @@
 //
 // Serves other agents: the handshake, OpenRegion (region id + capability token ->
 // bounds and per-NIC remote keys; the token is compared in constant time and a wrong
-// one learns nothing about the region), and Notify (bytes landed: count them and
-// notify the region's owner). The same NotifyRequest also arrives as a fabric message
+// one learns nothing about the region), Notify (bytes landed: count them and notify the
+// region's owner; or a notified write begins: InboundWrites holds it until it ends) and
+// Ping. The same NotifyRequest also arrives as a fabric message
 // (AcceptMessage, from the NIC workers) and is checked the same way. Raw keys leave the
 // agent only through OpenRegion, only to an agent that presented the region's token.
 #ifndef FERRY_AGENT_PEERS_PEER_SERVICE_H_
@@ -15,6 +16,7 @@
 #include "agent/fabric/fabric_nic.h"
 #include "agent/memory/region_table.h"
 #include "agent/metrics/metrics.h"
+#include "agent/peers/inbound_writes.h"
 #include "agent/peers/staging_provider.h"
 #include "agent/transfer/transfer.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
@@ -33,6 +35,7 @@ class PeerService final : public v1::Peer::Service {
   grpc::Status Notify(grpc::ServerContext* ctx, const v1::NotifyRequest* req, v1::NotifyResponse* resp) override;
   grpc::Status CommitStaged(grpc::ServerContext* ctx, const v1::CommitStagedRequest* req,
                             v1::CommitStagedResponse* resp) override;
+  grpc::Status Ping(grpc::ServerContext* ctx, const v1::PingRequest* req, v1::PingResponse* resp) override;
 
   // A NotifyRequest that came as a fabric message (serialized; untrusted). Errors are
   // counted and logged: its sender is not waiting for an answer. Thread-safe.
@@ -41,6 +44,9 @@ class PeerService final : public v1::Peer::Service {
   // Serves regions the NICs cannot reach; without one they are refused. Set before
   // serving.
   void set_staging(StagingProvider* staging) { staging_ = staging; }
+  // Holds announced writes (NotifyRequest.begin); without one, begins are refused. Set
+  // before serving.
+  void set_inbound(InboundWrites* inbound) { inbound_ = inbound; }
 
  private:
   // The region a peer names, if the incarnation and token are right.
@@ -56,6 +62,7 @@ class PeerService final : public v1::Peer::Service {
   Metrics* metrics_;
   std::vector<prometheus::Counter*> rx_bytes_;  // per NIC
   StagingProvider* staging_ = nullptr;
+  InboundWrites* inbound_ = nullptr;
 };
 
 }  // namespace ferry

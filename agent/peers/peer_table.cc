@@ -253,6 +253,36 @@ std::vector<PeerTable::PeerInfo> PeerTable::List() const {
   return out;
 }
 
+absl::StatusOr<uint64_t> PeerTable::Ping(const std::string& address, absl::Duration timeout) {
+  // Bounds the pinged agents' channels; those still writing get theirs back at once.
+  constexpr size_t kMaxPingChannels = 256;
+  std::shared_ptr<grpc::Channel> channel;
+  {
+    absl::MutexLock lock(&mu_);
+    auto peer = peers_.find(address);
+    if (peer != peers_.end()) {
+      channel = peer->second->channel();
+    } else {
+      auto kept = ping_channels_.find(address);
+      if (kept == ping_channels_.end()) {
+        if (ping_channels_.size() >= kMaxPingChannels) ping_channels_.clear();
+        kept = ping_channels_.emplace(address, grpc::CreateCustomChannel(address, creds_, args_)).first;
+      }
+      channel = kept->second;
+    }
+  }
+  std::unique_ptr<v1::Peer::Stub> stub = v1::Peer::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::PingResponse resp;
+  grpc::Status s = stub->Ping(&ctx, v1::PingRequest(), &resp);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("ping of agent ", address, ": ", s.error_message()));
+  }
+  return resp.incarnation();
+}
+
 PeerTable::StateCounts PeerTable::Count() {
   StateCounts c;
   absl::MutexLock lock(&mu_);

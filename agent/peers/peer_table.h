@@ -176,6 +176,11 @@ class PeerTable {
   };
   StateCounts Count();
 
+  // The incarnation of the agent at `address` (Peer.Ping), through its connection's
+  // channel if there is one, else a channel kept for pings (the agents writing into this
+  // one's regions: agent/peers/inbound_writes.h).
+  absl::StatusOr<uint64_t> Ping(const std::string& address, absl::Duration timeout);
+
  private:
   absl::StatusOr<v1::HandshakeResponse> Handshake(grpc::Channel& channel, const std::string& address,
                                                   absl::Time deadline);
@@ -196,6 +201,7 @@ class PeerTable {
   absl::flat_hash_map<std::string, std::shared_ptr<PeerConnection>> peers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<PeerConnection>> retired_ ABSL_GUARDED_BY(mu_);  // not yet released
   size_t retired_total_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> ping_channels_ ABSL_GUARDED_BY(mu_);
   // Handshakes in progress are serialized per table; they are rare (first contact, restart).
   absl::Mutex handshake_mu_;
 };

@@ -1,5 +1,8 @@
 #include "agent/router/transfer_router.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -126,11 +129,36 @@ class BatchProgress {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
+// A notified write whose receiver is on another agent.
+bool NotifiesRemotely(const Transfer& t) {
+  return t.notify && t.dst == nullptr && t.peer != nullptr && t.dst_descriptor != nullptr;
+}
+
+// Tells the remote receiver's agent that a notified write starts (NotifyRequest.begin),
+// so that it can tell the receiver should this agent die before the write's own
+// notification (agent/peers/inbound_writes.h). Asynchronous and best effort, like
+// NotifyRemoteFailure; the write does not wait for it.
+void AnnounceRemoteWrite(const Transfer& t, uint64_t incarnation, const std::string& self_address) {
+  if (!NotifiesRemotely(t)) return;
+  v1::NotifyRequest req = DeliverNotifyRequest(*t.dst_descriptor, incarnation, v1::NOTIFICATION_KIND_WRITE, t.id, t.tag,
+                                               /*bytes=*/0, t.notify_payload);
+  req.set_deliver(false);
+  req.set_begin(true);
+  req.set_source_address(self_address);
+  const int64_t left_ms = absl::ToInt64Milliseconds(absl::Ceil(t.deadline - absl::Now(), absl::Milliseconds(1)));
+  req.set_timeout_ms(static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, UINT32_MAX)));
+  SendNotifyAsync(t.peer, std::move(req), absl::Now() + absl::Seconds(2), [id = t.id](absl::Status s) {
+    if (!s.ok()) {
+      FERRY_LOG(DEBUG) << "transfer " << id << ": announcing it to the receiver's agent: " << s;
+    }
+  });
+}
+
 // Tells the remote receiver of a notified write that failed after it started, so that it
 // does not wait for it (TransferManager::Finish does this for local receivers). Best
 // effort and asynchronous: an agent that cannot be reached cannot be told.
 void NotifyRemoteFailure(const Transfer& t, uint64_t incarnation, const absl::Status& status) {
-  if (!t.notify || t.dst != nullptr || t.peer == nullptr || t.dst_descriptor == nullptr) return;
+  if (!NotifiesRemotely(t)) return;
   v1::NotifyRequest req = DeliverNotifyRequest(*t.dst_descriptor, incarnation, v1::NOTIFICATION_KIND_WRITE, t.id, t.tag,
                                                /*bytes=*/0, t.notify_payload);
   req.set_code(static_cast<int>(status.code()));
@@ -148,6 +176,7 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
   TransferManager* manager = deps_.transfers;
   manager->Begin(*t);
   const uint64_t incarnation = deps_.incarnation;
+  AnnounceRemoteWrite(*t, incarnation, deps_.advertise_address);
   if (t->parts.empty()) {
     TransferExecutor* executor = t->executor;
     executor->Submit(t, [manager, t, incarnation, stopping = stopping_](absl::Status s) {

@@ -109,16 +109,11 @@ size_t Session::inflight() const {
 void Session::Close() {
   {
     absl::MutexLock lock(&mu_);
-    closed_ = true;
+    closed_.store(true, std::memory_order_release);
     fds_.clear();
   }
   completions_.Close();
   notifications_.Close();
-}
-
-bool Session::closed() const {
-  absl::MutexLock lock(&mu_);
-  return closed_;
 }
 
 }  // namespace ferry

@@ -99,9 +99,11 @@ class Session {
   EventQueue<v1::TransferResult>& completions() { return completions_; }
   EventQueue<v1::Notification>& notifications() { return notifications_; }
 
-  // Ends the session: wakes waiters and closes the event queues.
+  // Ends the session: wakes waiters and closes the event queues. Its transfers still in
+  // flight stop at their next check (Transfer::StopStatus).
   void Close();
-  bool closed() const;
+  // Lock-free: executors ask it per chunk.
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
 
  private:
   const uint64_t id_;
@@ -112,7 +114,7 @@ class Session {
   std::atomic<uint64_t> fabric_bytes_[kTrafficClasses] = {};
 
   mutable absl::Mutex mu_;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> closed_{false};  // set under mu_, read without it
   uint64_t next_fd_handle_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, UniqueFd> fds_ ABSL_GUARDED_BY(mu_);
   // nullopt while in flight.

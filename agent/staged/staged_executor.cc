@@ -155,9 +155,7 @@ absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, cons
   const std::shared_ptr<PeerConnection> peer = t->peer;
   const std::shared_ptr<RemoteRegion> region = t->remote_region;
   if (absl::Status s = tracker->status(); !s.ok()) return s;  // an earlier stage failed
-  if (absl::Now() > t->deadline) {
-    return absl::DeadlineExceededError(absl::StrCat("transfer ", t->id, " passed its deadline"));
-  }
+  if (absl::Status s = t->Stopped(absl::Now()); !s.ok()) return s;
 
   // Slots: the target's first, then this worker's. A worker's own slots free as its
   // writes complete, which waits on nothing a worker holds, so there is no cycle.

@@ -30,6 +30,14 @@ TransferManager::TransferManager(uint64_t incarnation, Metrics* metrics, Session
   local_rx_ = &metrics->transfer_bytes("rx", PathLabel(v1::TRANSFER_PATH_LOCAL), "none");
 }
 
+absl::Status Transfer::Stopped(absl::Time now, absl::string_view when) const {
+  if (now > deadline) return absl::DeadlineExceededError(absl::StrCat("transfer ", id, " passed its deadline", when));
+  if (session != nullptr && session->closed()) {
+    return absl::AbortedError(absl::StrCat("transfer ", id, " stopped", when, ": the writing pod's session ended"));
+  }
+  return absl::OkStatus();
+}
+
 void TransferManager::Finish(const Transfer& t, const absl::Status& status) {
   FERRY_DCHECK(!t.finished.exchange(true)) << "transfer " << t.id << " finished twice (" << status << ")";
   const absl::Duration elapsed = absl::Now() - t.submitted;

@@ -17,6 +17,7 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "agent/memory/region.h"
 #include "agent/memory/region_table.h"
@@ -72,6 +73,13 @@ struct Transfer {
   // Set by TransferManager::Finish, which runs once per transfer (executors call `done`
   // exactly once): checked in debug builds.
   mutable std::atomic<bool> finished{false};
+
+  // Whether the transfer should go on at `now`: DEADLINE_EXCEEDED past its deadline,
+  // ABORTED once the writing pod's session ended (the pod died or disconnected: nobody
+  // is left to learn the result, and its share of the NICs goes to the others). Executors
+  // ask between chunks; the fabric engine's watchdog for its transfers in flight. `when`
+  // ends the message's first clause: "", " while queued", " before it started".
+  absl::Status Stopped(absl::Time now, absl::string_view when = "") const;
 };
 
 // The most bytes a Notification's payload may carry (WriteRequest.notify_payload,

@@ -490,5 +490,101 @@ TEST_CASE("fault 9 and 10: SIGTERM under load drains in bounded time; RSS stays 
   CHECK(absl::Now() - t0 < absl::Seconds(8));
 }
 
+// Terminal notifications (faults 11-13): a receiver waiting for a notified write is told
+// how it ended, whatever ends it. The writer's agent caps its pods at 16 MiB/s per NIC
+// (a --qos_default_tenant rate), so a 32 MiB write is still moving when the fault hits.
+struct NotifiedWrites {
+  static constexpr uint64_t kSize = 32 << 20;
+  TestNetwork net = TestNetwork::Create(2, 1);
+  std::unique_ptr<AgentProcess> writer_agent =
+      StartFabricAgent(net.host(0), {"--qos_default_tenant=ceiling=latency,class=bulk,rate=16MiB"});
+  std::unique_ptr<AgentProcess> receiver_agent = StartFabricAgent(net.host(1));
+  TestPod receiver = MakePod(receiver_agent->socket(), kSize, 0);
+  std::unique_ptr<grpc::ClientContext> ctx = receiver.client->NewContext(absl::Seconds(90));
+  std::unique_ptr<grpc::ClientReader<v1::Notification>> stream =
+      receiver.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
+
+  v1::WriteRequest Write(TestPod& writer, uint64_t tag) {
+    v1::WriteRequest req = ChunkWrite(writer, receiver.reg.region(), 0, 0, kSize);
+    req.set_notify(true);
+    req.set_tag(tag);
+    req.set_notify_payload(absl::StrCat("request-", tag));
+    return req;
+  }
+  // The receiver's next notification; how long after `since` it came.
+  v1::Notification Next(absl::Time since, absl::Duration* after) {
+    v1::Notification n;
+    REQUIRE(stream->Read(&n));
+    *after = absl::Now() - since;
+    INFO(n.ShortDebugString());
+    return n;
+  }
+};
+
+TEST_CASE("fault 11: a writer pod SIGKILLed mid-write: its receiver is told ABORTED within 1 s") {
+  NotifiedWrites w;
+  const std::string dir = w.writer_agent->dir();
+  { std::ofstream(dir + "/descriptor", std::ios::binary) << w.receiver.reg.region().SerializeAsString(); }
+  auto writer = testing::ChildProcess::Spawn(
+      {testing::RunfilePath("tools/bench/ferry_bench"), "send", "--socket=" + w.writer_agent->socket(), "--dir=" + dir,
+       absl::StrCat("--sizes=", NotifiedWrites::kSize), "--count=4", "--window=1", "--notify"},
+      dir + "/writer.log");
+  REQUIRE(writer.ok());
+  absl::Duration after;
+  v1::Notification warm = w.Next(absl::Now(), &after);  // its 4 KiB warm-up write
+  REQUIRE(warm.code() == 0);
+  absl::SleepFor(absl::Milliseconds(300));  // its first 32 MiB write is moving (2 s at the cap)
+  (*writer)->Kill(SIGKILL);
+  const absl::Time killed = absl::Now();
+  REQUIRE((*writer)->Wait(absl::Seconds(10)) == 128 + SIGKILL);
+  v1::Notification n = w.Next(killed, &after);
+  CHECK(n.code() == static_cast<int>(absl::StatusCode::kAborted));
+  CHECK(n.payload() == "ferry_bench");
+  CHECK(n.message().find("session ended") != std::string::npos);
+  CHECK(after < absl::Seconds(1));
+  CHECK(w.writer_agent->running());
+}
+
+TEST_CASE("fault 12: the writer's agent SIGKILLed mid-write: the receiver's agent notices and tells it") {
+  NotifiedWrites w;
+  TestPod writer = MakePod(w.writer_agent->socket(), NotifiedWrites::kSize, 0x12);
+  auto id = writer.client->Write(w.Write(writer, 12));
+  REQUIRE(id.ok());
+  absl::SleepFor(absl::Milliseconds(500));  // announced, and moving
+  REQUIRE(w.writer_agent->Stop(SIGKILL) == 128 + SIGKILL);
+  const absl::Time killed = absl::Now();
+  absl::Duration after;
+  v1::Notification n = w.Next(killed, &after);
+  CHECK(n.code() == static_cast<int>(absl::StatusCode::kUnavailable));
+  CHECK(n.transfer_id() == *id);
+  CHECK(n.tag() == 12);
+  CHECK(n.payload() == "request-12");
+  CHECK(n.message().find("stopped answering") != std::string::npos);
+  // Two pings 200 ms apart, each refused at once: well within 2 s.
+  CHECK(after < absl::Seconds(2));
+  CHECK(w.receiver_agent->running());
+}
+
+TEST_CASE("fault 13: a notified write past its deadline: the receiver is told DEADLINE_EXCEEDED within 1 s") {
+  NotifiedWrites w;
+  TestPod writer = MakePod(w.writer_agent->socket(), NotifiedWrites::kSize, 0x13);
+  // The peer and region cached first: the deadline below is for moving bytes.
+  REQUIRE(writer.client->WriteAndWait(ChunkWrite(writer, w.receiver.reg.region(), 0, 0, 8), absl::Seconds(30)).ok());
+  v1::WriteRequest req = w.Write(writer, 13);
+  req.set_timeout_ms(500);
+  auto id = writer.client->Write(req);
+  REQUIRE(id.ok());
+  auto r = writer.client->Wait(*id, absl::Seconds(30));
+  REQUIRE(r.ok());
+  const absl::Time failed = absl::Now();
+  REQUIRE(r->code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  absl::Duration after;
+  v1::Notification n = w.Next(failed, &after);
+  CHECK(n.code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  CHECK(n.transfer_id() == *id);
+  CHECK(n.payload() == "request-13");
+  CHECK(after < absl::Seconds(1));
+}
+
 }  // namespace
 }  // namespace ferry

@@ -41,6 +41,7 @@ ABSL_FLAG(std::string, sizes, "4096,65536,1048576,16777216,67108864", "send: siz
 ABSL_FLAG(int, count, 50, "send: transfers per size (capped at --row_bytes per size)");
 ABSL_FLAG(uint64_t, row_bytes, 1ull << 30, "send: most bytes one size's row moves");
 ABSL_FLAG(int, window, 16, "send: transfers in flight");
+ABSL_FLAG(bool, notify, false, "send: each write notifies the receiver (payload \"ferry_bench\")");
 ABSL_FLAG(std::string, layout, "contiguous", "send: contiguous or paged");
 ABSL_FLAG(std::string, api, "rpc", "send: rpc (Write + WatchCompletions) or queue (WriteQueue, contiguous only)");
 ABSL_FLAG(int, iters, 1000, "latency: iterations");
@@ -90,6 +91,10 @@ ferry::v1::WriteRequest Request(const Sender& s, uint64_t size, bool paged, std:
   ferry::v1::WriteRequest req;
   req.set_src_region_id(s.region);
   *req.mutable_dst() = s.dst;
+  if (absl::GetFlag(FLAGS_notify)) {
+    req.set_notify(true);
+    req.set_notify_payload("ferry_bench");
+  }
   if (!paged) {
     req.mutable_chunks()->add_chunks()->set_length(size);
     return req;

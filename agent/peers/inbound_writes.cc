@@ -1,0 +1,192 @@
+#include "agent/peers/inbound_writes.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace ferry {
+namespace {
+
+// Ends remembered per writing agent before their begins arrive, and how long an agent
+// with no write in flight keeps its entry (for such an early end).
+constexpr size_t kMaxEarlyEnds = 1024;
+constexpr absl::Duration kIdleSource = absl::Seconds(10);
+
+}  // namespace
+
+InboundWrites::InboundWrites(InboundWritesOptions options, TransferManager* transfers)
+    : options_(options), transfers_(transfers) {}
+
+void InboundWrites::StartProbing(Ping ping) {
+  ping_ = std::move(ping);
+  {
+    absl::MutexLock lock(&mu_);
+    probing_ = true;  // orders ping_ before Check's reads of it
+  }
+  if (options_.run_thread) thread_ = std::thread([this] { Run(); });
+}
+
+InboundWrites::~InboundWrites() { StopProbing(); }
+
+void InboundWrites::StopProbing() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    probing_ = false;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status InboundWrites::Begin(const v1::NotifyRequest& req, const std::shared_ptr<Region>& region) {
+  if (req.transfer_id() == 0 || req.source_incarnation() == 0 || req.source_address().empty()) {
+    return absl::InvalidArgumentError("a write's begin needs transfer_id, source_incarnation and source_address");
+  }
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  Source& s = sources_[req.source_incarnation()];
+  s.address = req.source_address();
+  s.last_activity = now;
+  if (s.ended_early.erase(req.transfer_id()) > 0) return absl::OkStatus();  // its end came first
+  if (writes_ >= options_.max_writes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this agent holds ", writes_, " writes in flight into its regions, its most"));
+  }
+  auto [it, inserted] = s.writes.try_emplace(req.transfer_id());
+  if (!inserted) return absl::OkStatus();  // announced twice
+  Write& w = it->second;
+  w.region = region;
+  w.region_id = region->id();
+  w.tag = req.tag();
+  w.payload = req.payload();
+  w.begun = now;
+  w.deadline = now + (req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : absl::Hours(1));
+  ++writes_;
+  return absl::OkStatus();
+}
+
+void InboundWrites::End(uint64_t source_incarnation, uint64_t transfer_id) {
+  absl::MutexLock lock(&mu_);
+  Source& s = sources_[source_incarnation];
+  s.last_activity = absl::Now();
+  if (s.writes.erase(transfer_id) > 0) {
+    --writes_;
+    return;
+  }
+  if (s.ended_early.insert(transfer_id).second) {
+    s.ended_order.push_back(transfer_id);
+    if (s.ended_order.size() > kMaxEarlyEnds) {
+      s.ended_early.erase(s.ended_order.front());
+      s.ended_order.pop_front();
+    }
+  }
+}
+
+void InboundWrites::Check(absl::Time now) {
+  std::vector<std::pair<uint64_t, std::string>> due;  // incarnation, address
+  std::vector<Lost> lost;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!probing_) return;
+    for (auto it = sources_.begin(); it != sources_.end();) {
+      Source& s = it->second;
+      absl::Time oldest = absl::InfiniteFuture();
+      for (auto w = s.writes.begin(); w != s.writes.end();) {
+        if (now > w->second.deadline + options_.grace) {
+          lost.push_back({std::move(w->second), w->first, it->first,
+                          absl::DeadlineExceededError(absl::StrCat(
+                              "agent ", s.address, " never said how its write ended, ",
+                              absl::FormatDuration(options_.grace), " after the write's deadline"))});
+          w = s.writes.erase(w);
+          --writes_;
+          continue;
+        }
+        oldest = std::min(oldest, w->second.begun);
+        ++w;
+      }
+      if (s.writes.empty()) {
+        if (now - s.last_activity > kIdleSource) {
+          sources_.erase(it++);
+          continue;
+        }
+      } else if (now - oldest >= options_.probe_after && now - s.last_probe >= options_.probe_every) {
+        s.last_probe = now;
+        due.emplace_back(it->first, s.address);
+      }
+      ++it;
+    }
+  }
+  for (const auto& [incarnation, address] : due) {
+    absl::StatusOr<uint64_t> answer = ping_(address, options_.probe_timeout);
+    absl::MutexLock lock(&mu_);
+    auto it = sources_.find(incarnation);
+    if (it == sources_.end()) continue;
+    Source& s = it->second;
+    absl::Status why;
+    if (answer.ok() && *answer == incarnation) {
+      s.failed_pings = 0;
+      continue;
+    }
+    if (answer.ok()) {
+      why = absl::UnavailableError(absl::StrCat("agent ", address, ", which was writing into this region, restarted"));
+    } else if (++s.failed_pings < options_.lost_after_failures) {
+      continue;
+    } else {
+      why = absl::UnavailableError(absl::StrCat("agent ", address, ", which was writing into this region, stopped ",
+                                                "answering (", s.failed_pings, " pings: ", answer.status().message(),
+                                                ")"));
+    }
+    for (auto& [id, w] : s.writes) lost.push_back({std::move(w), id, incarnation, why});
+    writes_ -= s.writes.size();
+    sources_.erase(it);  // that incarnation sends nothing more
+  }
+  Tell(std::move(lost));
+}
+
+void InboundWrites::Tell(std::vector<Lost> lost) {
+  for (Lost& l : lost) {
+    std::shared_ptr<Region> region = l.write.region.lock();
+    if (region == nullptr) continue;  // deregistered since: nobody waits on it
+    v1::Notification n;
+    n.set_region_id(l.write.region_id);
+    n.set_tag(l.write.tag);
+    n.set_transfer_id(l.transfer_id);
+    n.set_source_incarnation(l.source_incarnation);
+    n.set_payload(std::move(l.write.payload));
+    n.set_kind(v1::NOTIFICATION_KIND_WRITE);
+    n.set_code(static_cast<int>(l.status.code()));
+    n.set_message(absl::StrCat(l.status.message(), ": write ", l.transfer_id,
+                               " will not complete; some, all or none of its bytes may be in the region"));
+    transfers_->Notify(*region, n).IgnoreError();  // counted there when the owner's queue is full
+  }
+}
+
+void InboundWrites::Run() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      // Idle (no write held): wake for the first begin, or to forget idle agents.
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || writes_ > 0; };
+      mu_.AwaitWithTimeout(absl::Condition(&wake), kIdleSource);
+      if (stopping_) return;
+    }
+    Check(absl::Now());
+    absl::MutexLock lock(&mu_);
+    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    mu_.AwaitWithTimeout(absl::Condition(&stop), options_.probe_every / 2);
+    if (stopping_) return;
+  }
+}
+
+size_t InboundWrites::size() const {
+  absl::MutexLock lock(&mu_);
+  return writes_;
+}
+
+size_t InboundWrites::sources() const {
+  absl::MutexLock lock(&mu_);
+  return sources_.size();
+}
+
+}  // namespace ferry
