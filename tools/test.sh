@@ -49,8 +49,9 @@ extra_target //client/python:pytest bash tools/pytest.sh "$@"
 # invariants between chart, agent and examples).
 extra_target //deploy:k8s_check bash tools/deploy_check.sh
 # Once per CI run, only without a sanitizer config: clang's thread-safety analysis of
-# the lock annotations GCC ignores, the formatting of the C++ tree (.clang-format), and
-# the README's main job, tools/demo.sh, run as a
+# the lock annotations GCC ignores, the formatting of the C++ tree (.clang-format), the
+# vLLM connector, a short scale-and-churn run, and the README's main job, tools/demo.sh,
+# run as a
 # newcomer runs it (tests/demo/demo_test.sh checks its exit status, checksums, table
 # rows and clean-up; the demo builds its own -c opt binaries).
 if [ "$#" -eq 0 ]; then
@@ -59,6 +60,8 @@ if [ "$#" -eq 0 ]; then
   # FerryConnector with the real vLLM (its cached venv is made on first use, ~6 minutes).
   extra_target //client/python:vllm_test bash tools/vllm_test.sh
   extra_target //tests/demo:demo_test bash tests/demo/demo_test.sh
+  # Scale and churn, short: 16 agents in network namespaces for a minute (issue 25).
+  extra_target //tools:scale_short bash tools/scale.sh --agents=16 --minutes=1
 fi
 
 if [ "$failed" -ne 0 ]; then

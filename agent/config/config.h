@@ -35,6 +35,7 @@ struct AgentConfig {
   uint32_t fabric_spin_us = 100;           // NIC worker polling after activity
   std::string sysfs_root = "/sys";         // topology discovery (a fake tree in tests)
   bool pin_workers = true;                 // NIC workers on their NIC's NUMA-local cores
+  size_t max_peers = 4096;                 // agents connected at once; 0: no limit
   // Agent-to-agent mTLS: PEM files (all three, or none for plaintext), and the name
   // every agent's certificate carries (a DNS SAN), checked instead of the peer's IP.
   std::string peer_tls_cert, peer_tls_key, peer_tls_ca;

@@ -71,7 +71,7 @@ FabricEngine::~FabricEngine() { Shutdown(); }
 
 void FabricEngine::StartPeers(const std::string& self_address, std::shared_ptr<grpc::ChannelCredentials> creds,
                               grpc::ChannelArguments args) {
-  PeerTable::Self self{options_.incarnation, self_address, provider(), {}};
+  PeerTable::Self self{options_.incarnation, self_address, provider(), {}, options_.max_peers};
   for (const auto& nic : nics_) self.fabric_addresses.push_back(nic->address());
   peers_ = std::make_unique<PeerTable>(std::move(self), nics(), std::move(creds), std::move(args),
                                        [this](const PeerConnection& p) { FailTransfersTo(p); });

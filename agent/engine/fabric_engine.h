@@ -69,6 +69,7 @@ struct FabricEngineOptions {
   // stripes over every NIC, workers unpinned.
   std::shared_ptr<const Topology> topology;
   bool pin_workers = true;  // to the cores of each NIC's NUMA node
+  size_t max_peers = 0;     // PeerTable::Self::max_peers
   // How each NIC's worker shares it between pods and traffic classes.
   QosScheduling qos;
 };

@@ -239,6 +239,7 @@ absl::Status Agent::StartFabric() {
   options.worker_spin = absl::Microseconds(config_.fabric_spin_us);
   options.topology = topology_;
   options.pin_workers = config_.pin_workers;
+  options.max_peers = config_.max_peers;
   options.qos = config_.qos.scheduling;
   absl::StatusOr<std::unique_ptr<FabricEngine>> engine = FabricEngine::Create(options, metrics_.get());
   if (!engine.ok()) return engine.status();

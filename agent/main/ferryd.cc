@@ -58,6 +58,9 @@ ABSL_FLAG(uint32_t, fabric_spin_us, 100,
           "the target polls. Idle CPU grows with it.");
 ABSL_FLAG(std::string, sysfs_root, "/sys",
           "Where to read the node's topology (GPUs, NICs, NUMA nodes, PCIe tree); tests point it at a fake tree.");
+ABSL_FLAG(uint64_t, max_peers, 4096,
+          "Most agents this one is connected to at once (each costs address-vector entries, a gRPC channel and "
+          "provider connections); a transfer to one more fails RESOURCE_EXHAUSTED. 0: no limit.");
 ABSL_FLAG(bool, pin_workers, true,
           "Pin each NIC's worker thread to the cores of the NIC's NUMA node (within the agent's own cpuset).");
 ABSL_FLAG(uint64_t, fabric_max_op_bytes, 1 << 20,
@@ -166,6 +169,7 @@ absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
   config.fabric_spin_us = absl::GetFlag(FLAGS_fabric_spin_us);
   config.sysfs_root = absl::GetFlag(FLAGS_sysfs_root);
   config.pin_workers = absl::GetFlag(FLAGS_pin_workers);
+  config.max_peers = absl::GetFlag(FLAGS_max_peers);
   config.peer_tls_cert = absl::GetFlag(FLAGS_peer_tls_cert);
   config.peer_tls_key = absl::GetFlag(FLAGS_peer_tls_key);
   config.peer_tls_ca = absl::GetFlag(FLAGS_peer_tls_ca);

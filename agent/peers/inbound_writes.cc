@@ -95,9 +95,9 @@ void InboundWrites::Check(absl::Time now) {
       for (auto w = s.writes.begin(); w != s.writes.end();) {
         if (now > w->second.deadline + options_.grace) {
           lost.push_back({std::move(w->second), w->first, it->first,
-                          absl::DeadlineExceededError(absl::StrCat(
-                              "agent ", s.address, " never said how its write ended, ",
-                              absl::FormatDuration(options_.grace), " after the write's deadline"))});
+                          absl::DeadlineExceededError(
+                              absl::StrCat("agent ", s.address, " never said how its write ended, ",
+                                           absl::FormatDuration(options_.grace), " after the write's deadline"))});
           w = s.writes.erase(w);
           --writes_;
           continue;

@@ -42,10 +42,10 @@ struct InboundWritesOptions {
   absl::Duration probe_after = absl::Milliseconds(300);  // a write older than this gets its writer pinged
   absl::Duration probe_every = absl::Milliseconds(200);  // per writing agent
   absl::Duration probe_timeout = absl::Milliseconds(400);
-  int lost_after_failures = 2;                  // pings in a row
-  absl::Duration grace = absl::Seconds(2);      // past a write's deadline
-  size_t max_writes = 1 << 16;                  // held at once; a begin beyond is refused
-  bool run_thread = true;                       // false: the caller runs Check (tests)
+  int lost_after_failures = 2;              // pings in a row
+  absl::Duration grace = absl::Seconds(2);  // past a write's deadline
+  size_t max_writes = 1 << 16;              // held at once; a begin beyond is refused
+  bool run_thread = true;                   // false: the caller runs Check (tests)
 };
 
 class InboundWrites {

@@ -186,6 +186,14 @@ void PeerTable::ReleaseRetiredLocked() {
   retired_.erase(std::remove_if(retired_.begin(), retired_.end(), released), retired_.end());
 }
 
+grpc::ChannelArguments PeerTable::PeerChannelArgs(grpc::ChannelArguments args) {
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return args;
+}
+
 absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::RegionDescriptor& d, absl::Time deadline,
                                                                    PeerLookup lookup) {
   const std::string& address = d.agent_address();
@@ -204,13 +212,31 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::Reg
   if (lookup == PeerLookup::kCachedOnly) {
     return WouldBlockError(absl::StrCat("agent ", address, " needs a handshake"));
   }
-  absl::MutexLock handshake_lock(&handshake_mu_);
-  std::shared_ptr<grpc::Channel> channel =
-      cached ? cached->channel() : grpc::CreateCustomChannel(address, creds_, args_);
+  std::shared_ptr<absl::Mutex> handshaking;
+  {
+    absl::MutexLock lock(&mu_);
+    std::shared_ptr<absl::Mutex>& m = handshaking_[address];
+    if (m == nullptr) m = std::make_shared<absl::Mutex>();
+    handshaking = m;
+  }
+  absl::MutexLock handshake_lock(handshaking.get());
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(address);
+    if (it != peers_.end() && usable(it->second)) return it->second;  // another transfer's handshake did it
+  }
+  // The same agent (a suspect connection): its channel, which may have recovered. A new
+  // incarnation, or a first contact: a new channel.
+  std::shared_ptr<grpc::Channel> channel = cached && cached->incarnation() == d.agent_incarnation()
+                                               ? cached->channel()
+                                               : grpc::CreateCustomChannel(address, creds_, args_);
   absl::StatusOr<v1::HandshakeResponse> resp = Handshake(*channel, address, deadline);
 
   absl::MutexLock lock(&mu_);
   ReleaseRetiredLocked();
+  if (auto h = handshaking_.find(address); h != handshaking_.end() && h->second.use_count() == 2) {
+    handshaking_.erase(h);  // nobody else waits on it (this call holds the other reference)
+  }
   auto it = peers_.find(address);
   if (!resp.ok()) {
     // Unreachable: retire the old connection so its transfers fail now, not at their deadline.
@@ -225,6 +251,11 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::Reg
     current = it->second;  // same agent, connection back: keep keys and addresses
     current->Confirm();
   } else {
+    if (it == peers_.end() && self_.max_peers > 0 && peers_.size() >= self_.max_peers) {
+      return absl::ResourceExhaustedError(absl::StrCat("this agent is connected to ", peers_.size(),
+                                                       " agents, its most (--max_peers): it cannot ",
+                                                       "connect to agent ", address, " too; raise --max_peers"));
+    }
     if (it != peers_.end()) {
       FERRY_LOG(INFO) << "peer " << address << " restarted (incarnation " << it->second->incarnation() << " -> "
                       << resp->incarnation() << ")";

@@ -140,6 +140,7 @@ class PeerTable {
     std::string address;
     std::string provider;
     std::vector<std::string> fabric_addresses;
+    size_t max_peers = 0;  // live connections at most (--max_peers); 0: no limit
   };
   // Called when a peer connection is retired (restart detected): fail its transfers.
   using OnRetire = std::function<void(const PeerConnection&)>;
@@ -150,7 +151,7 @@ class PeerTable {
       : self_(std::move(self)),
         nics_(std::move(nics)),
         creds_(std::move(creds)),
-        args_(std::move(args)),
+        args_(PeerChannelArgs(std::move(args))),
         on_retire_(std::move(on_retire)) {}
   ~PeerTable();
 
@@ -182,6 +183,11 @@ class PeerTable {
   absl::StatusOr<uint64_t> Ping(const std::string& address, absl::Duration timeout);
 
  private:
+  // `args` plus what every peer channel needs: its own subchannel (a restarted peer's new
+  // channel does not inherit the old one's reconnect backoff) and a short backoff (a peer
+  // that comes back is reached within a second, not gRPC's default of up to two minutes).
+  static grpc::ChannelArguments PeerChannelArgs(grpc::ChannelArguments args);
+
   absl::StatusOr<v1::HandshakeResponse> Handshake(grpc::Channel& channel, const std::string& address,
                                                   absl::Time deadline);
   absl::StatusOr<std::shared_ptr<PeerConnection>> Connect(const std::string& address,
@@ -202,8 +208,9 @@ class PeerTable {
   std::vector<std::shared_ptr<PeerConnection>> retired_ ABSL_GUARDED_BY(mu_);  // not yet released
   size_t retired_total_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> ping_channels_ ABSL_GUARDED_BY(mu_);
-  // Handshakes in progress are serialized per table; they are rare (first contact, restart).
-  absl::Mutex handshake_mu_;
+  // Handshakes in progress, one at a time per address: a slow or dead peer holds up only
+  // the transfers to it, not first contacts with every other agent.
+  absl::flat_hash_map<std::string, std::shared_ptr<absl::Mutex>> handshaking_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry

@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/cpp/ferry_client.h"
@@ -497,6 +498,23 @@ TEST_CASE("a deep backlog to one peer does not hold up a write to another") {
   for (uint64_t i = 0; i < kBlocks; i += 1023) {
     REQUIRE(memcmp(to_b.buf->data() + dst[i] * kBlock, sender.buf->data() + i * kBlock, kBlock) == 0);
   }
+}
+
+TEST_CASE("--max_peers: a transfer to one agent more is refused RESOURCE_EXHAUSTED, naming the flag") {
+  TestNetwork net = TestNetwork::Create(3, 1);
+  auto a = StartFabricAgent(net.host(0), {"--max_peers=1"});
+  auto b = StartFabricAgent(net.host(1));
+  auto c = StartFabricAgent(net.host(2));
+  Pod writer = MakePod(a->socket(), 4096, 0x41);
+  Pod on_b = MakePod(b->socket(), 4096, 0);
+  Pod on_c = MakePod(c->socket(), 4096, 0);
+  REQUIRE(writer.client->WriteAndWait(ChunkWrite(writer, on_b.reg.region(), 0, 0, 4096), absl::Seconds(30)).ok());
+  auto refused = writer.client->WriteAndWait(ChunkWrite(writer, on_c.reg.region(), 0, 0, 4096), absl::Seconds(30));
+  REQUIRE(!refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(refused.status().message(), "--max_peers"));
+  // The agent it is connected to is still served.
+  CHECK(writer.client->WriteAndWait(ChunkWrite(writer, on_b.reg.region(), 0, 0, 4096), absl::Seconds(30)).ok());
 }
 
 TEST_CASE("a restarted peer: old descriptors are stale, new ones work without restarting anything else") {
