@@ -75,12 +75,14 @@ void FabricEngine::StartPeers(const std::string& self_address, std::shared_ptr<g
   for (const auto& nic : nics_) self.fabric_addresses.push_back(nic->address());
   peers_ = std::make_unique<PeerTable>(std::move(self), nics(), std::move(creds), std::move(args),
                                        [this](const PeerConnection& p) { FailTransfersTo(p); });
+  peers_for_watchdog_.store(peers_.get(), std::memory_order_release);
   metrics_->SetScrapeHook([this] {
     const PeerTable::StateCounts c = peers_->Count();
     metrics_->peers("connected").Set(static_cast<double>(c.connected));
     metrics_->peers("suspect").Set(static_cast<double>(c.suspect));
     metrics_->peers("retired").Set(static_cast<double>(c.retired));
     metrics_->peers("draining").Set(static_cast<double>(c.draining));
+    metrics_->peers("idle_closed").Set(static_cast<double>(c.idle_closed));
   });
 }
 
@@ -363,6 +365,10 @@ void FabricEngine::Watchdog() {
     if (absl::Now() - last_report >= absl::Seconds(1)) {
       FlushRxReports();
       last_report = absl::Now();
+      PeerTable* peers = peers_for_watchdog_.load(std::memory_order_acquire);
+      if (peers != nullptr && options_.peer_idle > absl::ZeroDuration()) {
+        peers->CloseIdle(last_report, options_.peer_idle);
+      }
     }
     std::vector<std::pair<std::shared_ptr<TransferState>, absl::Status>> expired;
     {
@@ -394,9 +400,10 @@ void FabricEngine::Watchdog() {
       active_.resize(keep);
     }
     for (auto& [s, stopped] : expired) {
-      FERRY_LOG(WARNING) << stopped.message() << " (writing to agent " << s->peer()->address() << ")";
-      s->Finish(absl::DeadlineExceededError(
-          absl::StrCat(stopped.message(), " (writing to agent ", s->peer()->address(), ")")));
+      const absl::Status status = absl::DeadlineExceededError(
+          absl::StrCat(stopped.message(), " (writing to agent ", s->peer()->address(), ")"));
+      FERRY_LOG(WARNING) << status.message();
+      s->Finish(status);
       s->peer()->MarkSuspect();  // it may be gone: the next transfer to it checks
     }
     absl::SleepFor(absl::Milliseconds(10));

@@ -70,6 +70,9 @@ struct FabricEngineOptions {
   std::shared_ptr<const Topology> topology;
   bool pin_workers = true;  // to the cores of each NIC's NUMA node
   size_t max_peers = 0;     // PeerTable::Self::max_peers
+  // Connections to peers no transfer used for this long are closed (PeerTable::CloseIdle,
+  // by the watchdog once a second); zero: never.
+  absl::Duration peer_idle = absl::ZeroDuration();
   // How each NIC's worker shares it between pods and traffic classes.
   QosScheduling qos;
 };
@@ -162,6 +165,7 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   std::vector<const NicDevice*> nic_devices_;
   RailPlan rails_;
   std::unique_ptr<PeerTable> peers_;
+  std::atomic<PeerTable*> peers_for_watchdog_{nullptr};  // peers_, once StartPeers made it
   // Whether GPU memory is registered with the NICs: true when every NIC has FI_HMEM,
   // false after the first GPU registration a provider refused.
   std::atomic<bool> gpu_direct_{false};

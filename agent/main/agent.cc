@@ -240,6 +240,7 @@ absl::Status Agent::StartFabric() {
   options.topology = topology_;
   options.pin_workers = config_.pin_workers;
   options.max_peers = config_.max_peers;
+  options.peer_idle = absl::Seconds(config_.peer_idle_s);
   options.qos = config_.qos.scheduling;
   absl::StatusOr<std::unique_ptr<FabricEngine>> engine = FabricEngine::Create(options, metrics_.get());
   if (!engine.ok()) return engine.status();

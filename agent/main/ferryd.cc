@@ -2,6 +2,7 @@
 #include <grp.h>
 #include <malloc.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <fstream>
@@ -61,6 +62,9 @@ ABSL_FLAG(std::string, sysfs_root, "/sys",
 ABSL_FLAG(uint64_t, max_peers, 4096,
           "Most agents this one is connected to at once (each costs address-vector entries, a gRPC channel and "
           "provider connections); a transfer to one more fails RESOURCE_EXHAUSTED. 0: no limit.");
+ABSL_FLAG(uint32_t, peer_idle_s, 300,
+          "Close the connection to a peer no transfer used for this many seconds (its gRPC channel, address-vector "
+          "entries and region caches); the next transfer to it handshakes again. 0: never.");
 ABSL_FLAG(bool, pin_workers, true,
           "Pin each NIC's worker thread to the cores of the NIC's NUMA node (within the agent's own cpuset).");
 ABSL_FLAG(uint64_t, fabric_max_op_bytes, 1 << 20,
@@ -170,6 +174,7 @@ absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
   config.sysfs_root = absl::GetFlag(FLAGS_sysfs_root);
   config.pin_workers = absl::GetFlag(FLAGS_pin_workers);
   config.max_peers = absl::GetFlag(FLAGS_max_peers);
+  config.peer_idle_s = absl::GetFlag(FLAGS_peer_idle_s);
   config.peer_tls_cert = absl::GetFlag(FLAGS_peer_tls_cert);
   config.peer_tls_key = absl::GetFlag(FLAGS_peer_tls_key);
   config.peer_tls_ca = absl::GetFlag(FLAGS_peer_tls_ca);
@@ -233,6 +238,12 @@ int main(int argc, char** argv) {
   // request paid a few hundred page faults: keep them in the heap instead.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  // Each peer costs a few file descriptors (a gRPC connection, a provider connection per
+  // pair of NICs on tcp / verbs): a thousand peers outgrow the usual soft limit of 1024.
+  if (rlimit files; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
 
   absl::StatusOr<ferry::AgentConfig> parsed = ConfigFromFlags();
   if (!parsed.ok()) return Fail(std::string(parsed.status().message()));

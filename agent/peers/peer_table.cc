@@ -172,25 +172,47 @@ void PeerTable::RetireLocked(const std::shared_ptr<PeerConnection>& peer) {
   if (on_retire_) on_retire_(*peer);
 }
 
-void PeerTable::ReleaseRetiredLocked() {
+bool PeerTable::ReleaseIfUnheldLocked(const std::shared_ptr<PeerConnection>& peer) {
   // Every op and transfer to a peer holds its connection (TransferState::peer,
-  // Transfer::peer), and a retired one is in no table another thread reads: held by
-  // retired_ alone, nothing can reach it again, nor any fi_addr of it.
-  auto released = [this](const std::shared_ptr<PeerConnection>& peer) {
-    if (peer.use_count() > 1) return false;
-    for (size_t i = 0; i < nics_.size(); ++i) {
-      for (size_t r = 0; r < peer->remote_nic_count(); ++r) nics_[i]->RemovePeer(peer->fi_addr(i, r));
-    }
-    return true;
-  };
+  // Transfer::peer), and Resolve hands it out under mu_: held by the table's one
+  // reference alone, nothing can reach it again, nor any fi_addr of it.
+  if (peer.use_count() > 1) return false;
+  for (size_t i = 0; i < nics_.size(); ++i) {
+    for (size_t r = 0; r < peer->remote_nic_count(); ++r) nics_[i]->RemovePeer(peer->fi_addr(i, r));
+  }
+  return true;
+}
+
+void PeerTable::ReleaseRetiredLocked() {
+  auto released = [this](const std::shared_ptr<PeerConnection>& peer)
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ReleaseIfUnheldLocked(peer); };
   retired_.erase(std::remove_if(retired_.begin(), retired_.end(), released), retired_.end());
+}
+
+size_t PeerTable::CloseIdle(absl::Time now, absl::Duration idle) {
+  absl::MutexLock lock(&mu_);
+  ReleaseRetiredLocked();
+  size_t closed = 0;
+  for (auto it = peers_.begin(); it != peers_.end();) {
+    const absl::Duration unused = now - it->second->last_used();
+    if (unused > idle && ReleaseIfUnheldLocked(it->second)) {
+      FERRY_LOG(INFO) << "peer " << it->first << ": connection closed, unused for " << absl::FormatDuration(unused);
+      peers_.erase(it++);
+      ++closed;
+      continue;
+    }
+    ++it;
+  }
+  idle_closed_total_ += closed;
+  return closed;
 }
 
 grpc::ChannelArguments PeerTable::PeerChannelArgs(grpc::ChannelArguments args) {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also how long one connection attempt
+  // may take (20 s by default); at 100 ms a loaded node's attempts were cut short.
   return args;
 }
 
@@ -205,7 +227,10 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::Reg
     absl::MutexLock lock(&mu_);
     auto it = peers_.find(address);
     if (it != peers_.end()) {
-      if (usable(it->second)) return it->second;
+      if (usable(it->second)) {
+        it->second->Touch(absl::Now());
+        return it->second;
+      }
       cached = it->second;
     }
   }
@@ -272,6 +297,7 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::Reg
                                             current->incarnation(), ", the descriptor names ", d.agent_incarnation(),
                                             " (the agent restarted); ask the region's owner for a new descriptor"));
   }
+  current->Touch(absl::Now());
   return current;
 }
 
@@ -321,6 +347,7 @@ PeerTable::StateCounts PeerTable::Count() {
   for (const auto& [addr, p] : peers_) ++(p->suspect() ? c.suspect : c.connected);
   c.retired = retired_total_;
   c.draining = retired_.size();
+  c.idle_closed = idle_closed_total_;
   return c;
 }
 

@@ -113,6 +113,9 @@ class PeerConnection {
   bool suspect() const { return suspect_.load(); }
   bool retired() const { return retired_.load(); }
   void Retire() { retired_.store(true); }
+  // When a transfer last resolved it (PeerTable closes connections idle too long).
+  void Touch(absl::Time now) { last_used_ns_.store(absl::ToUnixNanos(now), std::memory_order_relaxed); }
+  absl::Time last_used() const { return absl::FromUnixNanos(last_used_ns_.load(std::memory_order_relaxed)); }
 
  private:
   const std::string address_;
@@ -126,6 +129,7 @@ class PeerConnection {
   const std::string local_address_;
   std::atomic<bool> suspect_{false};
   std::atomic<bool> retired_{false};
+  std::atomic<int64_t> last_used_ns_{absl::ToUnixNanos(absl::Now())};
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<RemoteRegion>> regions_ ABSL_GUARDED_BY(mu_);
   absl::Time last_drop_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
@@ -173,9 +177,14 @@ class PeerTable {
   // since start (peer restarted or became unreachable), and retired ones still held
   // (draining: ops or transfers to them not yet ended). Releases those that have ended.
   struct StateCounts {
-    size_t connected = 0, suspect = 0, retired = 0, draining = 0;
+    size_t connected = 0, suspect = 0, retired = 0, draining = 0, idle_closed = 0;
   };
   StateCounts Count();
+
+  // Closes the connections no transfer has used for `idle` and none holds now: their
+  // gRPC channel, address-vector entries (and with them the provider's connections) and
+  // region caches. The next transfer to such a peer handshakes again. Returns how many.
+  size_t CloseIdle(absl::Time now, absl::Duration idle);
 
   // The incarnation of the agent at `address` (Peer.Ping), through its connection's
   // channel if there is one, else a channel kept for pings (the agents writing into this
@@ -194,6 +203,8 @@ class PeerTable {
                                                           std::shared_ptr<grpc::Channel> channel,
                                                           const v1::HandshakeResponse& resp);
   void RetireLocked(const std::shared_ptr<PeerConnection>& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes its address-vector entries if nothing but the table holds it; else false.
+  bool ReleaseIfUnheldLocked(const std::shared_ptr<PeerConnection>& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lets go of retired connections nothing refers to any more (no op, transfer or cache
   // holds them): their address-vector entries, region and key caches and staging slots.
   void ReleaseRetiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -207,6 +218,7 @@ class PeerTable {
   absl::flat_hash_map<std::string, std::shared_ptr<PeerConnection>> peers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<PeerConnection>> retired_ ABSL_GUARDED_BY(mu_);  // not yet released
   size_t retired_total_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t idle_closed_total_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> ping_channels_ ABSL_GUARDED_BY(mu_);
   // Handshakes in progress, one at a time per address: a slow or dead peer holds up only
   // the transfers to it, not first contacts with every other agent.

@@ -517,6 +517,31 @@ TEST_CASE("--max_peers: a transfer to one agent more is refused RESOURCE_EXHAUST
   CHECK(writer.client->WriteAndWait(ChunkWrite(writer, on_b.reg.region(), 0, 0, 4096), absl::Seconds(30)).ok());
 }
 
+TEST_CASE("--peer_idle_s: a connection no transfer uses is closed, and the next transfer opens it again") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartFabricAgent(net.host(0), {"--peer_idle_s=1"});
+  auto b = StartFabricAgent(net.host(1));
+  Pod writer = MakePod(a->socket(), 4096, 0x51);
+  Pod receiver = MakePod(b->socket(), 4096, 0);
+  auto peers = [&] {
+    auto st = writer.client->GetStatus();
+    REQUIRE(st.ok());
+    return st->peers_size();
+  };
+  REQUIRE(writer.client->WriteAndWait(ChunkWrite(writer, receiver.reg.region(), 0, 0, 4096), absl::Seconds(30)).ok());
+  CHECK(peers() == 1);
+  int left = 1;
+  for (absl::Time end = absl::Now() + absl::Seconds(10); left > 0 && absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(100))) {
+    left = peers();
+  }
+  CHECK(left == 0);
+  memset(receiver.buf->data(), 0, 4096);
+  REQUIRE(writer.client->WriteAndWait(ChunkWrite(writer, receiver.reg.region(), 0, 0, 4096), absl::Seconds(30)).ok());
+  CHECK(memcmp(receiver.buf->data(), writer.buf->data(), 4096) == 0);
+  CHECK(peers() == 1);
+}
+
 TEST_CASE("a restarted peer: old descriptors are stale, new ones work without restarting anything else") {
   TestNetwork net = TestNetwork::Create(2, 1);
   auto a = StartFabricAgent(net.host(0));

@@ -29,11 +29,27 @@ def sh(cmd):
     subprocess.run(cmd, shell=True, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+BACKLOG = "/proc/sys/net/core/netdev_max_backlog"
+
+
 class Network:
-    """One bridge in the root namespace; agent i at 10.78.<i/250>.<i%250+1> in namespace <tag>h<i>."""
+    """One bridge in the root namespace; agent i at 10.78.<i/250>.<i%250+1> in namespace <tag>h<i>.
+
+    Packets between veths wait in the kernel's per-CPU backlog, 1,000 packets by default:
+    an ARP broadcast alone is 64 packets on a 64-port bridge, and with all-to-all traffic
+    the backlog overflowed (SYNs and ARP requests dropped, connections taking seconds).
+    A real NIC has its own rings; the run raises the backlog and puts it back at the end.
+    Each namespace also gets every other's address resolved for good (static neighbour
+    entries): with 64 ports, ARP requests went unanswered for seconds at a time (a plain
+    TCP connect between two namespaces, no agent involved, took 3-6 s), which would be
+    measured as the agents' first contact.
+    """
 
     def __init__(self, n, tag):
         self.tag, self.n = tag, n
+        self.backlog = open(BACKLOG).read().strip()
+        with open(BACKLOG, "w") as f:
+            f.write("16384")
         self.bridge = f"{tag}br"
         sh(f"ip link add {self.bridge} type bridge && ip addr add 10.78.255.254/16 dev {self.bridge} "
            f"&& ip link set {self.bridge} up")
@@ -45,6 +61,15 @@ class Network:
                        f"ip link set {outer} master {self.bridge} up",
                        f"ip -n {ns} addr add {self.address(i)}/16 dev eth0", f"ip -n {ns} link set eth0 up"]
         sh(" && ".join(script))
+        macs = []
+        for i in range(n):
+            out = subprocess.run(["ip", "-n", f"{tag}h{i}", "-br", "link", "show", "eth0"], check=True,
+                                 capture_output=True, text=True).stdout.split()
+            macs.append(out[2])
+        for i in range(n):
+            batch = "".join(f"neigh replace {self.address(j)} lladdr {macs[j]} dev eth0 nud permanent\n"
+                            for j in range(n) if j != i)
+            subprocess.run(["ip", "-n", f"{tag}h{i}", "-batch", "-"], input=batch, text=True, check=True)
 
     def address(self, i):
         return f"10.78.{i // 250}.{i % 250 + 1}"
@@ -53,6 +78,8 @@ class Network:
         for i in range(self.n):
             subprocess.run(f"ip netns del {self.tag}h{i}", shell=True, stderr=subprocess.DEVNULL)
         subprocess.run(f"ip link del {self.bridge}", shell=True, stderr=subprocess.DEVNULL)
+        with open(BACKLOG, "w") as f:
+            f.write(self.backlog)
 
 
 class Run:
@@ -281,7 +308,8 @@ def report(run, start):
 
     out = []
     out.append(f"# ferry scale  {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}  {a.agents} agents "
-               f"(network namespaces, one bridge), {a.minutes} min, churn every {a.churn_s} s, {os.cpu_count()} CPUs")
+               f"(network namespaces, one bridge, static neighbours; netdev_max_backlog 16384), {a.minutes} min, "
+               f"churn every {a.churn_s} s, {os.cpu_count()} CPUs")
     out.append(f"churn: {kinds.get('restart', 0)} agent restarts (SIGKILL, with their pods), "
                f"{kinds.get('pod', 0)} pod crashes (SIGKILL), {kinds.get('join', 0)} agents joined")
     out.append(f"writes done {len(sent)}, failed cleanly {sum(failed_codes.values())} "

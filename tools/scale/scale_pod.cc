@@ -172,8 +172,8 @@ int Main() {
   absl::Time refreshed = absl::InfinitePast();
   const absl::Time end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds));
   for (uint64_t seq = 1; !stop.load() && absl::Now() < end; ++seq) {
-    absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_interval_ms) / 2 +
-                                      rng() % (absl::GetFlag(FLAGS_interval_ms) + 1)));
+    absl::SleepFor(
+        absl::Milliseconds(absl::GetFlag(FLAGS_interval_ms) / 2 + rng() % (absl::GetFlag(FLAGS_interval_ms) + 1)));
     if (absl::Now() - refreshed > absl::Seconds(1)) {
       targets = Targets(dir, me);
       refreshed = absl::Now();
