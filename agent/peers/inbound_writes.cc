@@ -57,7 +57,6 @@ absl::Status InboundWrites::Begin(const v1::NotifyRequest& req, const std::share
   if (!inserted) return absl::OkStatus();  // announced twice
   Write& w = it->second;
   w.region = region;
-  w.region_id = region->id();
   w.tag = req.tag();
   w.payload = req.payload();
   w.begun = now;
@@ -149,7 +148,7 @@ void InboundWrites::Tell(std::vector<Lost> lost) {
     std::shared_ptr<Region> region = l.write.region.lock();
     if (region == nullptr) continue;  // deregistered since: nobody waits on it
     v1::Notification n;
-    n.set_region_id(l.write.region_id);
+    n.set_region_id(region->id());
     n.set_tag(l.write.tag);
     n.set_transfer_id(l.transfer_id);
     n.set_source_incarnation(l.source_incarnation);

@@ -78,7 +78,6 @@ class InboundWrites {
  private:
   struct Write {
     std::weak_ptr<Region> region;
-    uint64_t region_id = 0;
     uint64_t tag = 0;
     std::string payload;
     absl::Time begun;

@@ -183,6 +183,13 @@ bool PeerTable::ReleaseIfUnheldLocked(const std::shared_ptr<PeerConnection>& pee
   return true;
 }
 
+void PeerTable::ForgetHandshakeLocked(const std::string& address) {
+  // The map's reference and the caller's: nobody else waits on this address's mutex.
+  if (auto h = handshaking_.find(address); h != handshaking_.end() && h->second.use_count() == 2) {
+    handshaking_.erase(h);
+  }
+}
+
 void PeerTable::ReleaseRetiredLocked() {
   auto released = [this](const std::shared_ptr<PeerConnection>& peer)
                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ReleaseIfUnheldLocked(peer); };
@@ -248,7 +255,10 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::Reg
   {
     absl::MutexLock lock(&mu_);
     auto it = peers_.find(address);
-    if (it != peers_.end() && usable(it->second)) return it->second;  // another transfer's handshake did it
+    if (it != peers_.end() && usable(it->second)) {  // another transfer's handshake did it
+      ForgetHandshakeLocked(address);
+      return it->second;
+    }
   }
   // The same agent (a suspect connection): its channel, which may have recovered. A new
   // incarnation, or a first contact: a new channel.
@@ -259,9 +269,7 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::Reg
 
   absl::MutexLock lock(&mu_);
   ReleaseRetiredLocked();
-  if (auto h = handshaking_.find(address); h != handshaking_.end() && h->second.use_count() == 2) {
-    handshaking_.erase(h);  // nobody else waits on it (this call holds the other reference)
-  }
+  ForgetHandshakeLocked(address);
   auto it = peers_.find(address);
   if (!resp.ok()) {
     // Unreachable: retire the old connection so its transfers fail now, not at their deadline.

@@ -208,6 +208,8 @@ class PeerTable {
   // Lets go of retired connections nothing refers to any more (no op, transfer or cache
   // holds them): their address-vector entries, region and key caches and staging slots.
   void ReleaseRetiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the address's handshake mutex from handshaking_ once no other call waits on it.
+  void ForgetHandshakeLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Self self_;
   const std::vector<FabricNic*> nics_;

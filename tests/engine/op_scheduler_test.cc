@@ -70,10 +70,11 @@ struct Provider {
           return OpScheduler::Outcome::kPosted;
         });
   }
-  // Completes the oldest op.
-  void CompleteOne(OpScheduler& s) {
+  // Completes the oldest op at the test's clock `now` (never absl::Now(): the
+  // scheduler's latency linger is timed from completions).
+  void CompleteOne(OpScheduler& s, absl::Time now) {
     REQUIRE(!queue.empty());
-    s.Done(queue.front().ticket, queue.front().op.length, true, absl::Now());
+    s.Done(queue.front().ticket, queue.front().op.length, true, now);
     queue.pop_front();
   }
 };
@@ -116,8 +117,8 @@ TEST_CASE("while latency traffic is about, bulk keeps at most the window (plus o
   CHECK(p.order.size() == 1 + 3);
   CHECK(s.inflight_bytes(TrafficClass::kBulk) == 3 * kMiB);
   // Completions open the window again, an op at a time.
-  p.CompleteOne(s);  // the latency op
-  p.CompleteOne(s);
+  p.CompleteOne(s, now);  // the latency op
+  p.CompleteOne(s, now);
   p.Post(s, now);
   CHECK(s.inflight_bytes(TrafficClass::kBulk) == 3 * kMiB);
   // Once no latency op has been seen for latency_linger, bulk fills the larger window.
@@ -143,7 +144,7 @@ TEST_CASE("two bulk pods at weights 3:1 post bytes 3:1: the window keeps the bac
   CHECK(s.inflight_bytes(TrafficClass::kBulk) == 4 * kMiB);
   // Steady state: one completion, one post, 1200 times (both pods keep a backlog).
   for (int i = 0; i < 1200; ++i) {
-    p.CompleteOne(s);
+    p.CompleteOne(s, now);
     p.Post(s, now);
   }
   const double ratio = static_cast<double>(p.bytes_by_tenant[1]) / static_cast<double>(p.bytes_by_tenant[2]);
@@ -165,7 +166,7 @@ TEST_CASE("a saturating latency pod leaves bulk its share: bulk is never starved
   p.capacity = 8;
   p.Post(s, now);
   for (int i = 0; i < 6000; ++i) {
-    p.CompleteOne(s);
+    p.CompleteOne(s, now);
     p.Post(s, now);
   }
   const double total = static_cast<double>(p.bytes_by_tenant[1] + p.bytes_by_tenant[2] + p.bytes_by_tenant[3]);
@@ -185,7 +186,7 @@ TEST_CASE("a small write of another pod does not wait behind a backlog to the sa
   p.capacity = 4;
   p.Post(s, now);
   s.Enqueue(small.Op(4096), now);
-  p.CompleteOne(s);
+  p.CompleteOne(s, now);
   p.Post(s, now);
   REQUIRE(p.order.size() == 5);
   CHECK(p.order[4].state->transfer().share.tenant == 2);
@@ -220,7 +221,7 @@ TEST_CASE("a pod's inflight cap holds its ops back, and the time is counted") {
   CHECK(p.bytes_by_tenant[1] == 2 * kMiB);
   CHECK(p.bytes_by_tenant[2] == 10 * kMiB);
   // Once its ops complete, two more of them go.
-  while (!p.queue.empty()) p.CompleteOne(s);
+  while (!p.queue.empty()) p.CompleteOne(s, now);
   now += absl::Milliseconds(5);
   p.Post(s, now);
   CHECK(p.bytes_by_tenant[1] == 4 * kMiB);
@@ -237,7 +238,7 @@ TEST_CASE("a pod's rate cap paces its posts") {
   Provider p;
   for (int ms = 0; ms < 100; ++ms) {
     p.Post(s, now);
-    while (!p.queue.empty()) p.CompleteOne(s);
+    while (!p.queue.empty()) p.CompleteOne(s, now);
     now += absl::Milliseconds(1);
   }
   // 100 ms at 100 MiB/s, plus the first 1 MiB burst, plus at most one op over.

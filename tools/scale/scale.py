@@ -18,7 +18,6 @@ import os
 import random
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -146,7 +145,7 @@ class Run:
                 self.unexpected_deaths.append((t, i, a.returncode))
                 del self.agents[i]
                 continue
-            pid = self.agent_pid(a)
+            pid = a.pid  # `ip netns exec` execs the agent: the child is ferryd itself
             try:
                 status = open(f"/proc/{pid}/status").read()
                 rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
@@ -158,11 +157,6 @@ class Run:
             series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
             m = re.search(r'^ferry_peers\{state="connected"\} (\S+)', text, re.M)
             self.samples.append((t, i, rss, fds, threads, float(m.group(1)) if m else 0.0, series))
-
-    @staticmethod
-    def agent_pid(popen):
-        # `ip netns exec` execs the agent: the child is ferryd itself.
-        return popen.pid
 
     def churn(self, t, seconds_left):
         not_up = [i for i in range(self.args.agents) if i not in self.agents]
