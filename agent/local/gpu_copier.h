@@ -10,7 +10,9 @@
 //  - many GPU-to-GPU chunks (paged KV blocks): one launch of the gather/scatter kernel
 //    (agent/cuda/copy_kernel.h), which reads scattered source blocks and writes
 //    scattered destination blocks in a single pass, on the source GPU (or the
-//    destination GPU with `pull`, or whichever of the two can reach both regions).
+//    destination GPU with `pull`, or whichever of the two can reach both regions);
+//  - small GPU-to-GPU transfers queued at the same time (a write queue's burst): one
+//    launch of that kernel for all of them.
 // One lane per device (a stream, a thread that puts transfers on it as they arrive and
 // one that answers them in order). A transfer past its
 // deadline is answered DEADLINE_EXCEEDED at once, but its regions are held until the
@@ -23,6 +25,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "agent/cuda/cuda_driver.h"
+#include "agent/metrics/metrics.h"
 #include "agent/transfer/executor.h"
 
 namespace ferry {
@@ -32,8 +35,9 @@ class GpuCopier : public TransferExecutor {
   enum class Method { kCopyEngine, kKernel };
 
   // `pull`: run the gather/scatter kernel on the destination GPU (remote reads)
-  // instead of the source GPU (remote writes).
-  GpuCopier(const CudaDriver* cu, bool pull);
+  // instead of the source GPU (remote writes). Counts transfers by how they were moved
+  // in `metrics` (ferry_gpu_transfers_total).
+  GpuCopier(const CudaDriver* cu, bool pull, Metrics* metrics);
   // Finishes every queued transfer, then joins the lanes.
   ~GpuCopier() override;
 
@@ -58,6 +62,7 @@ class GpuCopier : public TransferExecutor {
 
   const CudaDriver* cu_;
   const bool pull_;
+  Metrics* const metrics_;
   mutable absl::Mutex health_mu_;
   absl::Status health_ ABSL_GUARDED_BY(health_mu_);
   absl::Mutex mu_;

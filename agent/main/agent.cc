@@ -88,7 +88,7 @@ absl::Status Agent::Init() {
   absl::StatusOr<const CudaDriver*> cu = CudaDriver::Load();
   if (cu.ok()) {
     cuda_memory_ = std::make_unique<CudaMemory>(*cu, [m] { m->registration_cache_hits().Increment(); });
-    gpu_copier_ = std::make_unique<GpuCopier>(*cu, config_.gpu_kernel_pull);
+    gpu_copier_ = std::make_unique<GpuCopier>(*cu, config_.gpu_kernel_pull, metrics_.get());
     FERRY_LOG(INFO) << "CUDA driver " << (*cu)->version << ", " << (*cu)->device_count << " devices";
   } else {
     cuda_status_ = cu.status();

@@ -112,6 +112,11 @@ Metrics::Metrics()
                               .Help("Notifications peer agents sent for this agent's regions, by how they came "
                                     "(fabric_message, rpc)")
                               .Register(*registry_)),
+      gpu_transfers_(BuildCounter()
+                         .Name("ferry_gpu_transfers_total")
+                         .Help("Node-local GPU transfers by device and how they were moved (copy_engine, kernel, "
+                               "kernel_batched)")
+                         .Register(*registry_)),
       errors_(BuildCounter()
                   .Name("ferry_errors_total")
                   .Help("API calls answered with an error, by API and gRPC status code")

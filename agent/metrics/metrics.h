@@ -86,6 +86,12 @@ class Metrics {
   prometheus::Gauge& staging_buffers() { return staging_buffers_; }
   prometheus::Counter& notifications() { return notifications_; }
   prometheus::Counter& peer_notifications(const std::string& via) { return peer_notifications_.Add({{"via", via}}); }
+  // Node-local GPU transfers by how the GPU moved them: copy_engine (a copy call per
+  // chunk), kernel (one gather/scatter launch), kernel_batched (one launch shared with
+  // other transfers queued at the same time).
+  prometheus::Counter& gpu_transfers(const std::string& device, const std::string& method) {
+    return gpu_transfers_.Add({{"device", device}, {"method", method}});
+  }
   prometheus::Counter& errors(const std::string& api, const std::string& code) {
     return errors_.Add({{"api", api}, {"code", code}});
   }
@@ -115,6 +121,7 @@ class Metrics {
   prometheus::Gauge& staging_buffers_;
   prometheus::Counter& notifications_;
   prometheus::Family<prometheus::Counter>& peer_notifications_;
+  prometheus::Family<prometheus::Counter>& gpu_transfers_;
   prometheus::Family<prometheus::Counter>& errors_;
 };
 

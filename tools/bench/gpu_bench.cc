@@ -30,6 +30,7 @@ ABSL_FLAG(std::string, socket, "/run/ferry/ferry.sock", "agent socket");
 ABSL_FLAG(int, src_device, 0, "source GPU");
 ABSL_FLAG(int, dst_device, 1, "destination GPU");
 ABSL_FLAG(bool, paged_only, false, "only the paged table");
+ABSL_FLAG(bool, contiguous_only, false, "only the contiguous table");
 ABSL_FLAG(int, queue_window, 16, "write-queue entries in flight in the contiguous table");
 ABSL_FLAG(std::string, transport, "staged over tcp;ofi_rxm (127.0.0.1 -> 127.0.0.2)",
           "cross-agent mode: how the agents were started, for the table's header");
@@ -281,6 +282,7 @@ int Main() {
            qbw / rbw);
   }
 
+  if (absl::GetFlag(FLAGS_contiguous_only)) return 0;
   if (absl::Status f = FillRandom(*cu, src->ptr(), kMax); !f.ok()) return Fail(f);
   constexpr int kClients = 4;
   printf(
