@@ -14,6 +14,9 @@
 //
 // Not thread-safe: one thread posts and reaps (wrap it in a mutex to share it). At most
 // `entries` writes are in flight; Post answers RESOURCE_EXHAUSTED until Reap frees room.
+// Writes in flight together are not ordered against each other (completions come in any
+// order, and on a GPU several may be one kernel launch): wait for a write's completion
+// before posting another to the same destination bytes.
 #ifndef FERRY_CLIENT_CPP_WRITE_QUEUE_H_
 #define FERRY_CLIENT_CPP_WRITE_QUEUE_H_
 

@@ -5,7 +5,7 @@
 //                                                 # server, as the agent's local API
 //   grpc_echo serve --socket=/tmp/cb.sock --callback   # gRPC's callback server
 //   grpc_echo call --socket=/tmp/echo.sock --iters=2000   # prints "echo <p50_us> <p99_us>"
-//   (--label names the row)
+//   (--label names the row; --bytes=N sends N-byte requests, answered with at most 8)
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -22,13 +22,14 @@ ABSL_FLAG(std::string, socket, "/tmp/ferry-echo.sock", "unix socket path");
 ABSL_FLAG(int, iters, 2000, "call: calls measured (after 50 warm-up calls)");
 ABSL_FLAG(bool, callback, false, "serve: gRPC's callback server instead of the synchronous one");
 ABSL_FLAG(std::string, label, "echo", "call: the row's name");
+ABSL_FLAG(int, bytes, 8, "call: request size (the answer echoes at most 8 of them, as a Write's answer is small)");
 
 namespace {
 
 class EchoService final : public ferry::bench::Echo::Service {
   grpc::Status Echo(grpc::ServerContext*, const ferry::bench::EchoMessage* req,
                     ferry::bench::EchoMessage* resp) override {
-    *resp = *req;
+    resp->set_data(req->data().substr(0, 8));
     return grpc::Status::OK;
   }
 };
@@ -36,7 +37,7 @@ class EchoService final : public ferry::bench::Echo::Service {
 class CallbackEchoService final : public ferry::bench::Echo::CallbackService {
   grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* ctx, const ferry::bench::EchoMessage* req,
                                  ferry::bench::EchoMessage* resp) override {
-    *resp = *req;
+    resp->set_data(req->data().substr(0, 8));
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -66,7 +67,7 @@ int Call() {
   auto channel = grpc::CreateChannel("unix:" + absl::GetFlag(FLAGS_socket), grpc::InsecureChannelCredentials());
   auto stub = ferry::bench::Echo::NewStub(channel);
   ferry::bench::EchoMessage req, resp;
-  req.set_data(std::string(8, 'x'));
+  req.set_data(std::string(absl::GetFlag(FLAGS_bytes), 'x'));
   std::vector<double> us;
   const int iters = absl::GetFlag(FLAGS_iters);
   for (int i = 0; i < iters + 50; ++i) {

@@ -13,7 +13,9 @@ only when the other side sleeps. Each entry is checked by the agent exactly like
 ``Client.write``; a refused one comes back as a completion with ``error`` set.
 
 Not thread-safe: one thread posts and reaps. At most ``entries`` writes are in flight;
-``post`` raises ResourceExhausted until ``reap`` frees room. The queue lives as long as
+``post`` raises ResourceExhausted until ``reap`` frees room. Writes in flight together
+are not ordered against each other (on a GPU several may be one kernel launch): reap a
+write before posting another to the same destination bytes. The queue lives as long as
 the client's session: after ``Client.reconnect()`` create a new one. x86-64 and Python
 3.10+ only: the ring relies on x86's store order, which Python code cannot request.
 """
