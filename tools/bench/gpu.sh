@@ -5,12 +5,13 @@
 #
 # Prints, in one run: the gather/scatter kernel alone vs a raw contiguous copy
 # (tools/bench/copy_kernel_bench); ferry contiguous writes vs raw cuMemcpyAsync (and
-# again with the queue's client polling its completions); ferry paged KV blocks vs the raw contiguous copy of the same bytes; with two GPUs, NCCL
-# (PyTorch) moving the same blocks three ways (tools/bench/nccl_blocks.py); then the
-# cross-agent path: GPU memory through host staging over tcp;ofi_rxm, against the PCIe
-# hop and the raw transport (tools/bench/fi_write_bench). Node-local rows run GPU0 ->
-# GPU1 on a host with two GPUs or more, else GPU0 -> GPU0 (two allocations on one GPU,
-# as pods sharing it). --cross_agent_only skips the node-local part.
+# again with the queue's client polling its completions); ferry paged KV blocks vs the
+# raw contiguous copy of the same bytes; with two GPUs, NCCL (PyTorch) moving the same
+# blocks three ways (tools/bench/nccl_blocks.py); then the cross-agent path: GPU memory
+# through host staging over tcp;ofi_rxm, against the PCIe hop and the raw transport
+# (tools/bench/fi_write_bench). Node-local rows run GPU0 -> GPU1 on a host with two GPUs
+# or more, else GPU0 -> GPU0 (two allocations on one GPU, as pods sharing it).
+# --cross_agent_only skips the node-local part.
 # --hmem_libfabric=DIR (a libfabric with CUDA, e.g. built by tests/gpu/hmem.sh) adds the
 # same cross-agent rows with FI_HMEM over shm, staged and direct, from that library.
 set -euo pipefail
