@@ -51,9 +51,8 @@ extra_target //deploy:k8s_check bash tools/deploy_check.sh
 # Once per CI run, only without a sanitizer config: clang's thread-safety analysis of
 # the lock annotations GCC ignores, the formatting of the C++ tree (.clang-format), the
 # vLLM connector, a short scale-and-churn run, and the README's main job, tools/demo.sh,
-# run as a
-# newcomer runs it (tests/demo/demo_test.sh checks its exit status, checksums, table
-# rows and clean-up; the demo builds its own -c opt binaries).
+# run as a newcomer runs it (tests/demo/demo_test.sh checks its exit status, checksums,
+# table rows and clean-up; the demo builds its own -c opt binaries).
 if [ "$#" -eq 0 ]; then
   extra_target //tools:check_thread_safety bash tools/check_thread_safety.sh
   extra_target //tools:check_format bash tools/check_format.sh

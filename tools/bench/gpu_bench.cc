@@ -154,6 +154,7 @@ absl::StatusOr<double> FerryQueueWrites(Client& c, uint64_t src, const v1::Regio
   absl::StatusOr<std::unique_ptr<WriteQueue>> q = WriteQueue::Create(c, {dst}, 2 * window, /*timeout_ms=*/60000);
   if (!q.ok()) return q.status();
   std::vector<WriteQueue::Completion> done;
+  const absl::Duration spin = absl::Microseconds(absl::GetFlag(FLAGS_reap_spin_us));
   absl::Time start;
   for (int round = 0; round < 2; ++round) {  // round 0 warms up
     const int n = round == 0 ? window : count;
@@ -165,7 +166,6 @@ absl::StatusOr<double> FerryQueueWrites(Client& c, uint64_t src, const v1::Regio
       }
       done.clear();
       const size_t want = std::min<size_t>(std::max(window / 2, 1), n - reaped);
-      const absl::Duration spin = absl::Microseconds(absl::GetFlag(FLAGS_reap_spin_us));
       if ((*q)->Reap(&done, window, absl::Seconds(60), want, spin) == 0) {
         return absl::DeadlineExceededError("queue stuck");
       }

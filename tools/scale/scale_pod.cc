@@ -25,6 +25,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -167,7 +168,7 @@ int Main() {
 
   std::mt19937_64 rng(std::random_device{}());
   uint8_t* src = region->buffer.data() + src_offset;
-  std::map<std::string, bool> met;  // target pods written to before
+  std::set<std::string> met;  // target pods written to before
   std::map<int, std::pair<std::string, v1::RegionDescriptor>> targets;
   absl::Time refreshed = absl::InfinitePast();
   const absl::Time end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds));
@@ -211,8 +212,7 @@ int Main() {
       }
       status = r.ok() ? ResultStatus(*r) : r.status();
     }
-    const bool first = status.ok() && !met[target];
-    if (status.ok()) met[target] = true;
+    const bool first = status.ok() && met.insert(target).second;
     std::string why(status.message().substr(0, 160));
     std::replace(why.begin(), why.end(), ' ', '_');
     sent.Line(absl::StrCat("sent ", target, " ", seq, " ", static_cast<int>(status.code()), " ",
