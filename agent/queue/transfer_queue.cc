@@ -29,10 +29,14 @@ absl::Status CheckEventFd(int fd, const char* field) {
 
 absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(
     uint64_t id, uint64_t session_id, UniqueFd ring, UniqueFd submit_doorbell, UniqueFd complete_doorbell,
-    uint32_t entries, std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations) {
+    uint32_t entries, uint32_t table_ids, std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations) {
   if (!queue::ValidEntries(entries)) {
     return absl::InvalidArgumentError(absl::StrCat("entries must be a power of two in [", queue::kMinEntries, ", ",
                                                    queue::kMaxEntries, "], got ", entries));
+  }
+  if (table_ids > queue::kMaxTableIds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table_ids must be at most ", queue::kMaxTableIds, ", got ", table_ids));
   }
   if (absl::Status s = CheckEventFd(submit_doorbell.get(), "submit_doorbell_fd"); !s.ok()) return s;
   if (absl::Status s = CheckEventFd(complete_doorbell.get(), "complete_doorbell_fd"); !s.ok()) return s;
@@ -43,12 +47,19 @@ absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(
   if (fstat(ring.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError("ring_fd must be a memfd or regular file");
   }
-  const size_t bytes = queue::RingBytes(entries);
-  if (static_cast<uint64_t>(st.st_size) < bytes) {
+  // A memfd the client could shrink later would fault the agent's reads of it (SIGBUS).
+  const int seals = fcntl(ring.get(), F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ring_fd holds ", st.st_size, " bytes; a queue of ", entries, " entries needs ", bytes));
+        "ring_fd must be a memfd sealed against shrinking (memfd_create with MFD_ALLOW_SEALING, then "
+        "fcntl(F_ADD_SEALS, F_SEAL_SHRINK) after sizing it)");
   }
-  std::shared_ptr<TransferQueue> q(new TransferQueue(id, session_id, entries));
+  const size_t bytes = queue::RingBytes(entries, table_ids);
+  if (static_cast<uint64_t>(st.st_size) < bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("ring_fd holds ", st.st_size, " bytes; a queue of ", entries,
+                                                   " entries and ", table_ids, " table ids needs ", bytes));
+  }
+  std::shared_ptr<TransferQueue> q(new TransferQueue(id, session_id, entries, table_ids));
   q->map_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ring.get(), 0);
   if (q->map_ == MAP_FAILED) {
     q->map_ = nullptr;
@@ -59,6 +70,7 @@ absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(
   q->header_ = reinterpret_cast<queue::RingHeader*>(base);
   q->sq_ = reinterpret_cast<const queue::SubmitEntry*>(base + queue::kSubmitOffset);
   q->cq_ = reinterpret_cast<queue::CompletionEntry*>(base + queue::CompletionOffset(entries));
+  q->table_ = reinterpret_cast<const uint32_t*>(base + queue::TableOffset(entries));
   if (q->header_->magic != queue::kRingMagic || q->header_->entries != entries) {
     return absl::InvalidArgumentError("ring_fd does not hold an initialised queue header (magic, entries)");
   }
@@ -105,6 +117,20 @@ size_t TransferQueue::Take(queue::SubmitEntry* out, size_t max) {
   accepted_ += static_cast<uint32_t>(n);
   header_->sq_head.value.store(sq_head_, std::memory_order_release);
   return n;
+}
+
+absl::Status TransferQueue::CopyBlockIds(uint32_t index, uint32_t blocks, std::vector<uint64_t>* src,
+                                         std::vector<uint64_t>* dst) const {
+  if (blocks == 0) return absl::InvalidArgumentError("blocks: a paged entry needs at least one block");
+  if (uint64_t{index} + 2 * uint64_t{blocks} > table_ids_) {
+    return absl::OutOfRangeError(absl::StrCat("table ids [", index, ", ", index, "+2*", blocks,
+                                              ") are outside the queue's block table of ", table_ids_,
+                                              " ids (CreateQueue table_ids)"));
+  }
+  // Widened while copied out: the client may change the table while we look at it.
+  src->assign(table_ + index, table_ + index + blocks);
+  dst->assign(table_ + index + blocks, table_ + index + 2 * size_t{blocks});
+  return absl::OkStatus();
 }
 
 void TransferQueue::SetSleeping(bool sleeping) {

@@ -27,11 +27,12 @@ namespace ferry {
 
 class TransferQueue {
  public:
-  // Maps `ring` (a memfd of at least queue::RingBytes(entries) whose header the client
-  // initialised) and keeps the two eventfds. INVALID_ARGUMENT names what is wrong.
+  // Maps `ring` (a memfd sealed against shrinking, of at least
+  // queue::RingBytes(entries, table_ids) bytes, whose header the client initialised) and
+  // keeps the two eventfds. INVALID_ARGUMENT names what is wrong.
   static absl::StatusOr<std::shared_ptr<TransferQueue>> Open(
       uint64_t id, uint64_t session_id, UniqueFd ring, UniqueFd submit_doorbell, UniqueFd complete_doorbell,
-      uint32_t entries, std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations);
+      uint32_t entries, uint32_t table_ids, std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations);
   ~TransferQueue();
   TransferQueue(const TransferQueue&) = delete;
   TransferQueue& operator=(const TransferQueue&) = delete;
@@ -59,16 +60,23 @@ class TransferQueue {
   void DrainDoorbell();
   bool broken() const { return broken_; }
 
+  // Any thread. Copies a paged entry's block ids out of the block table: `blocks`
+  // source ids from table[index], then as many destination ids. OUT_OF_RANGE when they
+  // are not all inside the table.
+  absl::Status CopyBlockIds(uint32_t index, uint32_t blocks, std::vector<uint64_t>* src,
+                            std::vector<uint64_t>* dst) const;
+
   // Any thread. Writes one completion and wakes the client if it waits.
   void Complete(const queue::CompletionEntry& c);
 
  private:
-  TransferQueue(uint64_t id, uint64_t session_id, uint32_t entries)
-      : id_(id), session_id_(session_id), entries_(entries) {}
+  TransferQueue(uint64_t id, uint64_t session_id, uint32_t entries, uint32_t table_ids)
+      : id_(id), session_id_(session_id), entries_(entries), table_ids_(table_ids) {}
 
   const uint64_t id_;
   const uint64_t session_id_;
   const uint32_t entries_;
+  const uint32_t table_ids_;
   std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations_;
   uint32_t timeout_ms_ = 0;
   v1::TrafficClass traffic_class_ = v1::TRAFFIC_CLASS_UNSPECIFIED;
@@ -78,6 +86,7 @@ class TransferQueue {
   queue::RingHeader* header_ = nullptr;
   const queue::SubmitEntry* sq_ = nullptr;
   queue::CompletionEntry* cq_ = nullptr;
+  const uint32_t* table_ = nullptr;  // table_ids_ of them
 
   // Polling-thread state.
   uint32_t sq_head_ = 0;   // entries taken

@@ -38,8 +38,23 @@ bool QueueEntries::Handle(const std::shared_ptr<TransferQueue>& q, const queue::
     return refuse(absl::InvalidArgumentError(absl::StrCat("dst_index ", e.dst_index, " is not one of the queue's ",
                                                           q->destinations().size(), " destinations")));
   }
-  if (e.flags & ~queue::kFlagNotify) {
+  if (e.flags & ~(queue::kFlagNotify | queue::kFlagPaged)) {
     return refuse(absl::InvalidArgumentError(absl::StrCat("flags 0x", absl::Hex(e.flags), " has unknown bits")));
+  }
+  // A paged entry's ids, copied out of the block table before anything looks at them
+  // (per thread: entries run on NIC workers and the poller at once).
+  thread_local std::vector<uint64_t> src_ids, dst_ids;
+  const bool paged = (e.flags & queue::kFlagPaged) != 0;
+  if (paged && e.blocks > limits_.max_chunks) {
+    return refuse(
+        absl::ResourceExhaustedError(absl::StrCat("blocks: ", e.blocks, " exceed the limit of ", limits_.max_chunks,
+                                                  " per write (--max_chunks_per_write); split the entry")));
+  }
+  if (paged) {
+    if (absl::Status s = q->CopyBlockIds(e.table_index, e.blocks, &src_ids, &dst_ids); !s.ok()) return refuse(s);
+  } else if (e.table_index != 0 || e.blocks != 0) {
+    return refuse(
+        absl::InvalidArgumentError("table_index and blocks are for paged entries (flags & 2); set them to 0"));
   }
   WriteSpec spec;
   spec.src_region_id = e.src_region;
@@ -50,8 +65,10 @@ bool QueueEntries::Handle(const std::shared_ptr<TransferQueue>& q, const queue::
   spec.traffic_class = q->traffic_class();
   absl::StatusOr<std::shared_ptr<Transfer>> t = router_->Prepare(
       session, spec,
-      [&e](uint64_t src_size, uint64_t dst_size) {
-        return SingleChunkPlan({e.src_offset, e.dst_offset, e.length}, src_size, dst_size);
+      [&](uint64_t src_size, uint64_t dst_size) {
+        if (!paged) return SingleChunkPlan({e.src_offset, e.dst_offset, e.length}, src_size, dst_size);
+        return PagedPlan(BlockMapping{e.length, src_ids, dst_ids}, e.src_offset, e.dst_offset, src_size, dst_size,
+                         limits_);
       },
       /*cached_only=*/!may_block);
   if (!t.ok() && IsWouldBlock(t.status())) return false;

@@ -2,7 +2,7 @@
 // RPCs (through the TransferRouter), their results and refusals written to the queue's
 // completion ring. The QueuePoller's handler:
 //
-//   QueueEntries entries(&router, sessions, transfers, metrics);
+//   QueueEntries entries(&router, sessions, transfers, metrics, ChunkLimits{max_chunks});
 //   QueuePoller poller([&](auto& q, auto& e, bool may_block) { return entries.Handle(q, e, may_block); });
 //
 // Entries run on a NIC worker (may_block false) or on the poller's own thread.
@@ -16,14 +16,17 @@
 #include "agent/queue/transfer_queue.h"
 #include "agent/router/transfer_router.h"
 #include "agent/session/session_registry.h"
+#include "agent/transfer/chunk_plan.h"
 #include "agent/transfer/transfer.h"
 
 namespace ferry {
 
 class QueueEntries {
  public:
-  QueueEntries(const TransferRouter* router, SessionRegistry* sessions, TransferManager* transfers, Metrics* metrics)
-      : router_(router), sessions_(sessions), transfers_(transfers), metrics_(metrics) {}
+  // `limits` bound a paged entry's blocks as a Write's chunks are bounded.
+  QueueEntries(const TransferRouter* router, SessionRegistry* sessions, TransferManager* transfers, Metrics* metrics,
+               ChunkLimits limits)
+      : router_(router), sessions_(sessions), transfers_(transfers), metrics_(metrics), limits_(limits) {}
 
   // Refuses every entry from now on (UNAVAILABLE: the agent is shutting down).
   void BeginShutdown() { shutting_down_.store(true); }
@@ -38,6 +41,7 @@ class QueueEntries {
   SessionRegistry* sessions_;
   TransferManager* transfers_;
   Metrics* metrics_;
+  const ChunkLimits limits_;
   std::atomic<bool> shutting_down_{false};
 };
 

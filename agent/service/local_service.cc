@@ -301,7 +301,7 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
   const uint64_t id = next_queue_id_.fetch_add(1);
   absl::StatusOr<std::shared_ptr<TransferQueue>> q =
       TransferQueue::Open(id, session->id(), std::move(*ring), std::move(*submit), std::move(*complete), req.entries(),
-                          std::move(destinations));
+                          req.table_ids(), std::move(destinations));
   if (!q.ok()) return q.status();
   (*q)->set_timeout_ms(timeout_ms);
   (*q)->set_traffic_class(req.traffic_class());

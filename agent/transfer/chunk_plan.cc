@@ -65,20 +65,20 @@ bool BlockWithin(uint64_t base, uint64_t id, uint64_t block_size, uint64_t size)
 // offset grows with its id, so the largest id bounds them all. False (and `plan` left
 // as it was) when some block is not; the caller then walks the blocks to name it. A
 // 16,384-block KV write spent most of its validation in per-block range checks.
-bool PagedPlanInRange(const v1::PagedChunks& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
-                      uint64_t dst_size, ChunkPlan& plan) {
-  const uint64_t n = p.src_blocks_size(), bs = p.block_size();
+bool PagedPlanInRange(const BlockMapping& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size, uint64_t dst_size,
+                      ChunkPlan& plan) {
+  const uint64_t n = p.src.size(), bs = p.block_size;
   uint64_t max_src = 0, max_dst = 0;
   for (uint64_t i = 0; i < n; ++i) {
-    max_src = std::max(max_src, p.src_blocks(i));
-    max_dst = std::max(max_dst, p.dst_blocks(i));
+    max_src = std::max(max_src, p.src[i]);
+    max_dst = std::max(max_dst, p.dst[i]);
   }
   if (!BlockWithin(src_base, max_src, bs, src_size) || !BlockWithin(dst_base, max_dst, bs, dst_size)) {
     return false;
   }
   plan.chunks.reserve(n);
   for (uint64_t i = 0; i < n; ++i) {
-    plan.chunks.push_back({src_base + p.src_blocks(i) * bs, dst_base + p.dst_blocks(i) * bs, bs});
+    plan.chunks.push_back({src_base + p.src[i] * bs, dst_base + p.dst[i] * bs, bs});
   }
   plan.total_bytes = n * bs;  // may wrap only if destinations repeat, which CheckDistinctBlocks rejects
   return true;
@@ -88,18 +88,18 @@ bool PagedPlanInRange(const v1::PagedChunks& p, uint64_t src_base, uint64_t dst_
 // repeats. A bitmap over the ids in range finds that in O(n) (a KV-cache write of
 // 16,384 blocks is validated in microseconds rather than a sort's milliseconds); ids
 // spread too sparsely for a small bitmap fall back to sorting them.
-absl::Status CheckDistinctBlocks(const v1::PagedChunks& p, uint64_t dst_base, uint64_t dst_size) {
-  const uint64_t n = p.dst_blocks_size();
+absl::Status CheckDistinctBlocks(const BlockMapping& p, uint64_t dst_base, uint64_t dst_size) {
+  const uint64_t n = p.dst.size();
   // The highest block id that fits. Not + 1 here: a region of 2^64 - 1 bytes (a size a
   // descriptor may claim) in 1-byte blocks would wrap it to 0 (found by the fuzzer).
-  const uint64_t max_id = (dst_size - std::min(dst_size, dst_base)) / p.block_size();
+  const uint64_t max_id = (dst_size - std::min(dst_size, dst_base)) / p.block_size;
   auto duplicate = [&](uint64_t id) {
     return absl::InvalidArgumentError(
         absl::StrCat("paged.dst_blocks: block ", id, " appears twice; every destination block may be written once"));
   };
   if (max_id < 64 * n + 4096) {
     std::vector<uint64_t> seen(max_id / 64 + 1, 0);
-    for (uint64_t id : p.dst_blocks()) {  // in range: AddChunk checked every block
+    for (uint64_t id : p.dst) {  // in range: AddChunk checked every block
       uint64_t& word = seen[id / 64];
       const uint64_t bit = 1ull << (id % 64);
       if (word & bit) return duplicate(id);
@@ -107,7 +107,7 @@ absl::Status CheckDistinctBlocks(const v1::PagedChunks& p, uint64_t dst_base, ui
     }
     return absl::OkStatus();
   }
-  std::vector<uint64_t> ids(p.dst_blocks().begin(), p.dst_blocks().end());
+  std::vector<uint64_t> ids(p.dst.begin(), p.dst.end());
   std::sort(ids.begin(), ids.end());
   auto dup = std::adjacent_find(ids.begin(), ids.end());
   if (dup != ids.end()) return duplicate(*dup);
@@ -157,30 +157,39 @@ absl::StatusOr<ChunkPlan> ChunkListPlan(const v1::ChunkList& chunks, uint64_t sr
   return plan;
 }
 
+BlockMapping MappingOf(const v1::PagedChunks& p) {
+  return {p.block_size(), absl::MakeConstSpan(p.src_blocks().data(), p.src_blocks_size()),
+          absl::MakeConstSpan(p.dst_blocks().data(), p.dst_blocks_size())};
+}
+
 absl::StatusOr<ChunkPlan> PagedPlan(const v1::PagedChunks& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
                                     uint64_t dst_size, const ChunkLimits& limits) {
+  return PagedPlan(MappingOf(p), src_base, dst_base, src_size, dst_size, limits);
+}
+
+absl::StatusOr<ChunkPlan> PagedPlan(const BlockMapping& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
+                                    uint64_t dst_size, const ChunkLimits& limits) {
   ChunkPlan plan;
-  if (p.block_size() == 0) return absl::InvalidArgumentError("paged.block_size must be >= 1");
-  if (p.src_blocks_size() != p.dst_blocks_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("paged: src_blocks has ", p.src_blocks_size(),
-                                                   " ids but dst_blocks has ", p.dst_blocks_size(),
-                                                   "; they must pair up"));
+  if (p.block_size == 0) return absl::InvalidArgumentError("paged.block_size must be >= 1");
+  if (p.src.size() != p.dst.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("paged: src_blocks has ", p.src.size(), " ids but dst_blocks has ",
+                                                   p.dst.size(), "; they must pair up"));
   }
-  if (p.src_blocks_size() == 0) return absl::InvalidArgumentError("paged: no blocks given");
-  if (static_cast<uint64_t>(p.src_blocks_size()) > limits.max_chunks) {
-    return absl::ResourceExhaustedError(absl::StrCat("paged: ", p.src_blocks_size(), " blocks exceed the limit of ",
+  if (p.src.empty()) return absl::InvalidArgumentError("paged: no blocks given");
+  if (static_cast<uint64_t>(p.src.size()) > limits.max_chunks) {
+    return absl::ResourceExhaustedError(absl::StrCat("paged: ", p.src.size(), " blocks exceed the limit of ",
                                                      limits.max_chunks,
                                                      " per write (--max_chunks_per_write); split the write"));
   }
   if (!PagedPlanInRange(p, src_base, dst_base, src_size, dst_size, plan)) {
     // Some block is out of range: walk them to name the first one that is.
-    for (int i = 0; i < p.src_blocks_size(); ++i) {
+    for (size_t i = 0; i < p.src.size(); ++i) {
       uint64_t src, dst;
-      if (!BlockOffset(src_base, p.src_blocks(i), p.block_size(), &src) ||
-          !BlockOffset(dst_base, p.dst_blocks(i), p.block_size(), &dst)) {
+      if (!BlockOffset(src_base, p.src[i], p.block_size, &src) ||
+          !BlockOffset(dst_base, p.dst[i], p.block_size, &dst)) {
         return absl::OutOfRangeError(absl::StrCat("paged block ", i, ": base + id * block_size overflows 64 bits"));
       }
-      absl::Status s = AddChunk(plan, i, src, dst, p.block_size(), src_size, dst_size);
+      absl::Status s = AddChunk(plan, i, src, dst, p.block_size, src_size, dst_size);
       if (!s.ok()) return s;
     }
   }

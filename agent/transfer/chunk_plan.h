@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "proto/ferry/v1/ferry.pb.h"
 
 namespace ferry {
@@ -39,9 +40,20 @@ absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64
 // The plans of each layout, as BuildChunkPlan makes them.
 absl::StatusOr<ChunkPlan> ChunkListPlan(const v1::ChunkList& chunks, uint64_t src_size, uint64_t dst_size,
                                         const ChunkLimits& limits);
-// The plan of a paged layout with the bases given apart from `p` (which BuildChunkPlan
-// passes as p.src_base() / p.dst_base()): how a batch applies one block mapping to
-// many regions, each at its own bases.
+// A paged layout's block ids, wherever they are kept (a PagedChunks message, a write
+// queue's block table): block i copies block_size bytes from src_base + src[i] *
+// block_size to dst_base + dst[i] * block_size. A view: the ids outlive it.
+struct BlockMapping {
+  uint64_t block_size = 0;
+  absl::Span<const uint64_t> src, dst;
+};
+BlockMapping MappingOf(const v1::PagedChunks& p);
+
+// The plan of a paged layout with the bases given apart from the mapping (which
+// BuildChunkPlan passes as p.src_base() / p.dst_base()): how a batch applies one block
+// mapping to many regions, each at its own bases.
+absl::StatusOr<ChunkPlan> PagedPlan(const BlockMapping& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
+                                    uint64_t dst_size, const ChunkLimits& limits);
 absl::StatusOr<ChunkPlan> PagedPlan(const v1::PagedChunks& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
                                     uint64_t dst_size, const ChunkLimits& limits);
 

@@ -1,5 +1,6 @@
 #include "client/cpp/write_queue.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -17,19 +18,26 @@ namespace ferry {
 absl::StatusOr<std::unique_ptr<WriteQueue>> WriteQueue::Create(Client& client,
                                                                const std::vector<v1::RegionDescriptor>& destinations,
                                                                uint32_t entries, uint32_t timeout_ms,
-                                                               v1::TrafficClass traffic_class) {
+                                                               v1::TrafficClass traffic_class, uint32_t table_ids) {
   if (!queue::ValidEntries(entries)) {
     return absl::InvalidArgumentError(absl::StrCat("entries must be a power of two in [", queue::kMinEntries, ", ",
                                                    queue::kMaxEntries, "], got ", entries));
   }
+  if (table_ids > queue::kMaxTableIds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table_ids must be at most ", queue::kMaxTableIds, ", got ", table_ids));
+  }
   std::unique_ptr<WriteQueue> q(new WriteQueue());
   q->entries_ = entries;
-  q->map_bytes_ = queue::RingBytes(entries);
-  q->ring_fd_ = memfd_create("ferry-write-queue", MFD_CLOEXEC);
+  q->table_ids_ = table_ids;
+  q->map_bytes_ = queue::RingBytes(entries, table_ids);
+  // Sealed against shrinking: the agent maps it too, and refuses a ring it could lose.
+  q->ring_fd_ = memfd_create("ferry-write-queue", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   q->submit_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   q->complete_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (q->ring_fd_ < 0 || q->submit_fd_ < 0 || q->complete_fd_ < 0 ||
-      ftruncate(q->ring_fd_, static_cast<off_t>(q->map_bytes_)) != 0) {
+      ftruncate(q->ring_fd_, static_cast<off_t>(q->map_bytes_)) != 0 ||
+      fcntl(q->ring_fd_, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
     return absl::InternalError(absl::StrCat("creating the queue's memfd and eventfds: ", strerror(errno)));
   }
   q->map_ = mmap(nullptr, q->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, q->ring_fd_, 0);
@@ -43,6 +51,7 @@ absl::StatusOr<std::unique_ptr<WriteQueue>> WriteQueue::Create(Client& client,
   q->header_->entries = entries;
   q->sq_ = reinterpret_cast<queue::SubmitEntry*>(base + queue::kSubmitOffset);
   q->cq_ = reinterpret_cast<const queue::CompletionEntry*>(base + queue::CompletionOffset(entries));
+  q->table_ = table_ids > 0 ? reinterpret_cast<uint32_t*>(base + queue::TableOffset(entries)) : nullptr;
 
   v1::CreateQueueRequest req;
   for (int fd : {q->ring_fd_, q->submit_fd_, q->complete_fd_}) {
@@ -53,6 +62,7 @@ absl::StatusOr<std::unique_ptr<WriteQueue>> WriteQueue::Create(Client& client,
     if (fd == q->complete_fd_) req.set_complete_doorbell_fd(*handle);
   }
   req.set_entries(entries);
+  req.set_table_ids(table_ids);
   req.set_traffic_class(traffic_class);
   req.set_timeout_ms(timeout_ms);
   for (const v1::RegionDescriptor& d : destinations) *req.add_destinations() = d;
@@ -72,20 +82,21 @@ WriteQueue::~WriteQueue() {
 }
 
 absl::Status WriteQueue::Post(const Entry& e) {
+  return PostSlot({e.user_data, e.src_region, e.src_offset, e.dst_offset, e.length, e.tag, e.dst_index,
+                   e.notify ? queue::kFlagNotify : 0, 0, 0});
+}
+
+absl::Status WriteQueue::PostPaged(const PagedEntry& e) {
+  return PostSlot({e.user_data, e.src_region, e.src_base, e.dst_base, e.block_size, e.tag, e.dst_index,
+                   queue::kFlagPaged | (e.notify ? queue::kFlagNotify : 0), e.table_index, e.blocks});
+}
+
+absl::Status WriteQueue::PostSlot(const queue::SubmitEntry& entry) {
   if (posted_ - reaped_ >= entries_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the queue already has ", entries_, " writes in flight; Reap completions first"));
   }
-  queue::SubmitEntry& slot = sq_[posted_ & (entries_ - 1)];
-  slot.user_data = e.user_data;
-  slot.src_region = e.src_region;
-  slot.src_offset = e.src_offset;
-  slot.dst_offset = e.dst_offset;
-  slot.length = e.length;
-  slot.tag = e.tag;
-  slot.dst_index = e.dst_index;
-  slot.flags = e.notify ? queue::kFlagNotify : 0;
-  slot.reserved = 0;
+  sq_[posted_ & (entries_ - 1)] = entry;
   ++posted_;
   header_->sq_tail.value.store(posted_, std::memory_order_seq_cst);
   if (header_->agent_sleeping.value.load(std::memory_order_seq_cst) != 0) {

@@ -12,6 +12,18 @@
 //   (*q)->Reap(&done, /*max=*/16, absl::Seconds(1));
 //   if (!done[0].status.ok()) ...
 //
+// Paged writes (KV-cache blocks) go through the queue's block table, shared memory the
+// agent reads when it takes the entry: one mapping of N blocks, written once, serves
+// one entry per layer.
+//
+//   auto q = ferry::WriteQueue::Create(*client, {consumer_layer0, consumer_layer1}, 64, 0,
+//                                      ferry::v1::TRAFFIC_CLASS_UNSPECIFIED, /*table_ids=*/2 * n);
+//   std::copy(src_ids, src_ids + n, (*q)->table());       // source block ids, then
+//   std::copy(dst_ids, dst_ids + n, (*q)->table() + n);   // destination block ids
+//   for (uint32_t l = 0; l < 2; ++l)
+//     (*q)->PostPaged({.src_region = layer_region[l], .dst_index = l, .block_size = 32768,
+//                      .table_index = 0, .blocks = n, .user_data = l});
+//
 // Not thread-safe: one thread posts and reaps (wrap it in a mutex to share it). At most
 // `entries` writes are in flight; Post answers RESOURCE_EXHAUSTED until Reap frees room.
 // Writes in flight together are not ordered against each other (completions come in any
@@ -43,6 +55,21 @@ class WriteQueue {
     bool notify = false;
     uint64_t tag = 0;
   };
+  // A paged write: block i copies block_size bytes from src_base + table()[table_index
+  // + i] * block_size of the source region to dst_base + table()[table_index + blocks +
+  // i] * block_size of the destination. Checked by the agent as a Write's PagedChunks.
+  struct PagedEntry {
+    uint64_t src_region = 0;
+    uint32_t dst_index = 0;
+    uint64_t src_base = 0;
+    uint64_t dst_base = 0;
+    uint64_t block_size = 0;
+    uint32_t table_index = 0;  // the first source id; the destination ids follow the sources
+    uint32_t blocks = 0;
+    uint64_t user_data = 0;
+    bool notify = false;
+    uint64_t tag = 0;
+  };
   struct Completion {
     uint64_t user_data = 0;
     uint64_t transfer_id = 0;  // 0 when refused before starting
@@ -52,14 +79,20 @@ class WriteQueue {
 
   // `timeout_ms`: deadline of each write; 0 means the agent's --transfer_timeout_ms.
   // `traffic_class`: of every write (UNSPECIFIED: the pod's default; see ferry.proto).
+  // `table_ids`: the size of the block table for paged entries (0: none).
   static absl::StatusOr<std::unique_ptr<WriteQueue>> Create(
       Client& client, const std::vector<v1::RegionDescriptor>& destinations, uint32_t entries = 256,
-      uint32_t timeout_ms = 0, v1::TrafficClass traffic_class = v1::TRAFFIC_CLASS_UNSPECIFIED);
+      uint32_t timeout_ms = 0, v1::TrafficClass traffic_class = v1::TRAFFIC_CLASS_UNSPECIFIED, uint32_t table_ids = 0);
   ~WriteQueue();
   WriteQueue(const WriteQueue&) = delete;
   WriteQueue& operator=(const WriteQueue&) = delete;
 
   absl::Status Post(const Entry& e);
+  absl::Status PostPaged(const PagedEntry& e);
+  // The block table: table_ids() uint32 ids in memory shared with the agent. Ids that
+  // entries in flight name must stay as they were until those entries complete.
+  uint32_t* table() { return table_; }
+  uint32_t table_ids() const { return table_ids_; }
   // Appends up to `max` completions to `out`; waits up to `timeout` until at least
   // `min` are ready (never for more than inflight() or `max`), and after the timeout
   // takes what there is. Returns how many it appended. A `min` above 1 lets a sender
@@ -75,6 +108,7 @@ class WriteQueue {
  private:
   WriteQueue() = default;
   size_t Take(std::vector<Completion>* out, size_t max);
+  absl::Status PostSlot(const queue::SubmitEntry& entry);
 
   uint64_t id_ = 0;
   uint32_t entries_ = 0;
@@ -84,6 +118,8 @@ class WriteQueue {
   queue::RingHeader* header_ = nullptr;
   queue::SubmitEntry* sq_ = nullptr;
   const queue::CompletionEntry* cq_ = nullptr;
+  uint32_t* table_ = nullptr;
+  uint32_t table_ids_ = 0;
   uint32_t posted_ = 0, reaped_ = 0;
 };
 

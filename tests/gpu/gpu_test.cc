@@ -295,6 +295,60 @@ TEST_CASE("small GPU writes queued together share a kernel launch; every byte la
   REQUIRE(agent->Stop() == 0);
 }
 
+TEST_CASE("paged queue entries move a KV mapping for every layer on the GPU, byte for byte") {
+  const CudaDriver* cu = GpuOrSkip();
+  if (cu == nullptr) return;
+  std::unique_ptr<AgentProcess> agent = StartAgent();
+  // 8 layers of 512 blocks of 32 KiB in each buffer (layer l at l * kLayer); 300 blocks
+  // of each layer move, scattered, by one table mapping named by 8 entries.
+  constexpr uint64_t kBlock = 32 << 10, kLayerBlocks = 512, kLayer = kBlock * kLayerBlocks, kLayers = 8;
+  constexpr uint32_t kMoved = 300;
+  auto writer = Connect(*agent);
+  auto reader = Connect(*agent);
+  CudaBuffer src = Allocate(0, kLayer * kLayers, CudaExport::kPosixFd);
+  CudaBuffer dst = Allocate(0, kLayer * kLayers, CudaExport::kPosixFd);
+  std::vector<uint8_t> data(src.size());
+  FillRandom(data.data(), data.size(), 78);
+  Upload(cu, src, data);
+  std::vector<uint8_t> expect(dst.size(), 0xA5);
+  Upload(cu, dst, expect);  // poisoned
+  v1::RegisterMemoryResponse s = Register(*writer, src);
+  v1::RegisterMemoryResponse d = Register(*reader, dst);
+  absl::StatusOr<std::unique_ptr<WriteQueue>> q =
+      WriteQueue::Create(*writer, {d.region()}, 16, 0, v1::TRAFFIC_CLASS_UNSPECIFIED, 2 * kMoved);
+  REQUIRE(q.ok());
+  std::vector<uint32_t> sb(kLayerBlocks), db(kLayerBlocks);
+  std::iota(sb.begin(), sb.end(), 0);
+  std::iota(db.begin(), db.end(), 0);
+  std::shuffle(sb.begin(), sb.end(), std::mt19937(1));
+  std::shuffle(db.begin(), db.end(), std::mt19937(2));
+  std::copy(sb.begin(), sb.begin() + kMoved, (*q)->table());
+  std::copy(db.begin(), db.begin() + kMoved, (*q)->table() + kMoved);
+  for (uint64_t l = 0; l < kLayers; ++l) {
+    WriteQueue::PagedEntry e;
+    e.src_region = s.region_id();
+    e.src_base = e.dst_base = l * kLayer;
+    e.block_size = kBlock;
+    e.blocks = kMoved;
+    e.user_data = l;
+    REQUIRE((*q)->PostPaged(e).ok());
+    for (uint32_t i = 0; i < kMoved; ++i) {
+      memcpy(expect.data() + l * kLayer + db[i] * kBlock, data.data() + l * kLayer + sb[i] * kBlock, kBlock);
+    }
+  }
+  std::vector<WriteQueue::Completion> done;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (done.size() < kLayers && absl::Now() < deadline) (*q)->Reap(&done, 16, absl::Seconds(1));
+  REQUIRE(done.size() == kLayers);
+  for (const WriteQueue::Completion& c : done) {
+    INFO("layer " << c.user_data << ": " << c.status.ToString());
+    CHECK(c.status.ok());
+    CHECK(c.bytes == kMoved * kBlock);
+  }
+  REQUIRE(Diff(Download(cu, dst), expect) == "");
+  REQUIRE(agent->Stop() == 0);
+}
+
 TEST_CASE("host <-> GPU node-local writes; 10,000 blocks in one request") {
   const CudaDriver* cu = GpuOrSkip();
   if (cu == nullptr) return;

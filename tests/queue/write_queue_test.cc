@@ -1,6 +1,7 @@
 // The shared-memory write queue against a real ferryd: data lands byte for byte, every
 // entry is validated like a Write, and a client that corrupts its own queue or hands
 // over the wrong fds hurts nobody else.
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <new>
+#include <numeric>
 #include <random>
 
 #include "absl/time/clock.h"
@@ -190,10 +192,11 @@ struct RawQueue {
   size_t bytes = 0;
   queue::RingHeader* header = nullptr;
 
-  explicit RawQueue(uint32_t entries, size_t ring_bytes = 0) {
+  explicit RawQueue(uint32_t entries, size_t ring_bytes = 0, bool seal = true) {
     bytes = ring_bytes != 0 ? ring_bytes : queue::RingBytes(entries);
-    ring = memfd_create("raw-queue", MFD_CLOEXEC);
+    ring = memfd_create("raw-queue", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     REQUIRE(ftruncate(ring, bytes) == 0);
+    if (seal) REQUIRE(fcntl(ring, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
     map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ring, 0);
     REQUIRE(map != MAP_FAILED);
     header = new (map) queue::RingHeader{};
@@ -212,7 +215,7 @@ struct RawQueue {
 };
 
 absl::Status Create(Client& c, int ring, int submit, int complete, uint32_t entries,
-                    std::vector<v1::RegionDescriptor> dsts) {
+                    std::vector<v1::RegionDescriptor> dsts, uint32_t table_ids = 0) {
   v1::CreateQueueRequest req;
   auto send = [&](int fd) -> uint64_t {
     auto h = c.SendFd(fd);
@@ -223,10 +226,148 @@ absl::Status Create(Client& c, int ring, int submit, int complete, uint32_t entr
   req.set_submit_doorbell_fd(send(submit));
   req.set_complete_doorbell_fd(send(complete));
   req.set_entries(entries);
+  req.set_table_ids(table_ids);
   for (auto& d : dsts) *req.add_destinations() = d;
   v1::CreateQueueResponse resp;
   auto ctx = c.NewContext();
   return FromGrpc(c.stub()->CreateQueue(ctx.get(), req, &resp));
+}
+
+TEST_CASE("paged entries apply one block mapping from the queue's block table to each layer") {
+  auto agent = StartAgent();
+  // Two "layers" in each region: layer l at base l * kLayer. 48 of each layer's 128
+  // blocks move, scattered on both sides; the rest of the receiver stays as it was.
+  const uint64_t kBlock = 4096, kLayerBlocks = 128, kLayer = kBlock * kLayerBlocks, kMoved = 48;
+  TestPod sender = MakePod(agent->socket(), 2 * kLayer);
+  TestPod receiver = MakePod(agent->socket(), 2 * kLayer, 0xEE);
+  FillRandom(sender.buf->data(), 2 * kLayer, 9);
+  auto q = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 16, 0, v1::TRAFFIC_CLASS_UNSPECIFIED,
+                              /*table_ids=*/1024);
+  INFO(q.status().ToString());
+  REQUIRE(q.ok());
+  REQUIRE((*q)->table_ids() == 1024);
+
+  std::vector<uint32_t> src(kLayerBlocks), dst(kLayerBlocks);
+  std::iota(src.begin(), src.end(), 0);
+  std::iota(dst.begin(), dst.end(), 0);
+  std::shuffle(src.begin(), src.end(), std::mt19937(1));
+  std::shuffle(dst.begin(), dst.end(), std::mt19937(2));
+  const uint32_t at = 100;  // anywhere in the table
+  std::copy(src.begin(), src.begin() + kMoved, (*q)->table() + at);
+  std::copy(dst.begin(), dst.begin() + kMoved, (*q)->table() + at + kMoved);
+  for (uint64_t layer = 0; layer < 2; ++layer) {
+    WriteQueue::PagedEntry e;
+    e.src_region = sender.reg.region_id();
+    e.src_base = e.dst_base = layer * kLayer;
+    e.block_size = kBlock;
+    e.table_index = at;
+    e.blocks = kMoved;
+    e.user_data = layer;
+    REQUIRE((*q)->PostPaged(e).ok());
+  }
+  auto done = ReapAll(**q, 2);
+  for (const auto& c : done) {
+    INFO(c.status.ToString());
+    CHECK(c.status.ok());
+    CHECK(c.bytes == kMoved * kBlock);
+  }
+  std::vector<uint8_t> expected(2 * kLayer, 0xEE);
+  for (uint64_t layer = 0; layer < 2; ++layer) {
+    for (uint64_t i = 0; i < kMoved; ++i) {
+      memcpy(expected.data() + layer * kLayer + dst[i] * kBlock, sender.buf->data() + layer * kLayer + src[i] * kBlock,
+             kBlock);
+    }
+  }
+  CHECK(memcmp(receiver.buf->data(), expected.data(), expected.size()) == 0);
+}
+
+TEST_CASE("paged entries are checked like a Write's paged layout: refusals name what to fix, nothing moves") {
+  auto agent = StartAgent();
+  const uint64_t kBlock = 4096, kBlocks = 16;
+  TestPod sender = MakePod(agent->socket(), kBlock * kBlocks, 0x11);
+  TestPod receiver = MakePod(agent->socket(), kBlock * kBlocks, 0x22);
+  auto q = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 8, 0, v1::TRAFFIC_CLASS_UNSPECIFIED,
+                              /*table_ids=*/64);
+  REQUIRE(q.ok());
+  uint32_t* table = (*q)->table();
+  // ids 0..3 -> 0..3 at [0, 8); 0..3 -> 5, 5, 6, 7 at [8, 16); 0 -> 99 at [16, 18).
+  const uint32_t ids[] = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 5, 5, 6, 7, 0, 99};
+  std::copy(std::begin(ids), std::end(ids), table);
+  WriteQueue::PagedEntry good;
+  good.src_region = sender.reg.region_id();
+  good.block_size = kBlock;
+  good.blocks = 4;
+
+  struct Case {
+    const char* name;
+    WriteQueue::PagedEntry entry;
+    absl::StatusCode code;
+    const char* message_part;
+  };
+  auto with = [&](auto change) {
+    WriteQueue::PagedEntry e = good;
+    change(e);
+    return e;
+  };
+  std::vector<Case> cases = {
+      {"ids beyond the table", with([](auto& e) { e.table_index = 60; }), absl::StatusCode::kOutOfRange,
+       "outside the queue's block table of 64 ids"},
+      {"no blocks", with([](auto& e) { e.blocks = 0; }), absl::StatusCode::kInvalidArgument, "at least one block"},
+      {"block size 0", with([](auto& e) { e.block_size = 0; }), absl::StatusCode::kInvalidArgument,
+       "block_size must be >= 1"},
+      {"a destination block twice", with([](auto& e) { e.table_index = 8; }), absl::StatusCode::kInvalidArgument,
+       "block 5 appears twice"},
+      {"a destination block out of range", with([](auto& e) { e.table_index = 16, e.blocks = 1; }),
+       absl::StatusCode::kOutOfRange, "destination range"},
+      {"a base past the region", with([](auto& e) { e.src_base = kBlock * kBlocks; }), absl::StatusCode::kOutOfRange,
+       "source range"},
+      {"a base + id * block_size that wraps",
+       with([](auto& e) { e.dst_base = ~0ull - kBlock, e.table_index = 16, e.blocks = 1; }),
+       absl::StatusCode::kOutOfRange, "overflows 64 bits"},
+      {"another session's source region", with([&](auto& e) { e.src_region = receiver.reg.region_id(); }),
+       absl::StatusCode::kPermissionDenied, "another session"},
+  };
+  for (uint64_t i = 0; i < cases.size(); ++i) {
+    cases[i].entry.user_data = 200 + i;
+    REQUIRE((*q)->PostPaged(cases[i].entry).ok());
+    auto done = ReapAll(**q, 1);
+    INFO(cases[i].name << ": " << done[0].status.ToString());
+    CHECK(done[0].user_data == 200 + i);
+    CHECK(done[0].status.code() == cases[i].code);
+    CHECK(std::string(done[0].status.message()).find(cases[i].message_part) != std::string::npos);
+    CHECK(done[0].transfer_id == 0);
+  }
+  // A contiguous entry may not carry table fields, and a queue without a table takes no
+  // paged entry.
+  {
+    RawQueue rq(16);
+    REQUIRE(Create(*sender.client, rq.ring, rq.submit, rq.complete, 16, {receiver.reg.region()}).ok());
+    *rq.sq() = queue::SubmitEntry{7, sender.reg.region_id(), 0, 0, kBlock, 0, 0, 0, /*table_index=*/0, /*blocks=*/4};
+    rq.header->sq_tail.value.store(1);
+    uint64_t one = 1;
+    REQUIRE(write(rq.submit, &one, sizeof(one)) == sizeof(one));
+    const absl::Time end = absl::Now() + absl::Seconds(30);
+    while (rq.header->cq_tail.value.load() == 0 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(1));
+    REQUIRE(rq.header->cq_tail.value.load() == 1);
+    const auto* c =
+        reinterpret_cast<const queue::CompletionEntry*>(static_cast<char*>(rq.map) + queue::CompletionOffset(16));
+    CHECK(c->user_data == 7);
+    CHECK(c->code == static_cast<int>(absl::StatusCode::kInvalidArgument));
+    CHECK(std::string(c->message).find("table_index and blocks are for paged entries") != std::string::npos);
+  }
+  auto plain = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 8);
+  REQUIRE(plain.ok());
+  REQUIRE((*plain)->PostPaged(good).ok());
+  auto done = ReapAll(**plain, 1);
+  CHECK(done[0].status.code() == absl::StatusCode::kOutOfRange);
+  CHECK(std::string(done[0].status.message()).find("block table of 0 ids") != std::string::npos);
+  for (uint64_t i = 0; i < kBlock * kBlocks; ++i) REQUIRE(receiver.buf->data()[i] == 0x22);
+
+  // The good entry moves blocks 0..3, and the queue still works after its refusals.
+  REQUIRE((*q)->PostPaged(good).ok());
+  done = ReapAll(**q, 1);
+  CHECK(done[0].status.ok());
+  CHECK(memcmp(receiver.buf->data(), sender.buf->data(), 4 * kBlock) == 0);
 }
 
 TEST_CASE("CreateQueue refuses what is not a queue, naming the field") {
@@ -246,6 +387,24 @@ TEST_CASE("CreateQueue refuses what is not a queue, naming the field") {
     auto s = Create(*pod.client, rq.ring, rq.submit, rq.complete, 16, {dst});
     CHECK(s.code() == absl::StatusCode::kInvalidArgument);
     CHECK(std::string(s.message()).find("needs") != std::string::npos);
+  }
+  {  // a block table the memfd does not hold
+    RawQueue rq(16);
+    auto s = Create(*pod.client, rq.ring, rq.submit, rq.complete, 16, {dst}, /*table_ids=*/1024);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(s.message()).find("1024 table ids needs") != std::string::npos);
+  }
+  {
+    RawQueue rq(16, queue::RingBytes(16, 64));
+    auto s = Create(*pod.client, rq.ring, rq.submit, rq.complete, 16, {dst}, queue::kMaxTableIds + 1);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(s.message()).find("table_ids must be at most") != std::string::npos);
+  }
+  {  // a memfd the client could shrink under the agent
+    RawQueue rq(16, 0, /*seal=*/false);
+    auto s = Create(*pod.client, rq.ring, rq.submit, rq.complete, 16, {dst});
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(s.message()).find("F_SEAL_SHRINK") != std::string::npos);
   }
   {
     RawQueue rq(16);

@@ -440,12 +440,14 @@ class Client:
         return TransferFuture(self, self._call("WriteBatch", req))
 
     def create_queue(self, destinations: Sequence[Union[RegionDescriptor, bytes]], entries: int = 256,
-                     timeout: Optional[float] = None, traffic_class: Optional[str] = None) -> WriteQueue:
+                     timeout: Optional[float] = None, traffic_class: Optional[str] = None,
+                     table_ids: int = 0) -> WriteQueue:
         """A shared-memory write queue to ``destinations`` (1..64; entries name them by
         index): many small writes without an RPC each (ferry.write_queue). ``timeout``:
         deadline of each write in seconds (None: the agent's default); ``traffic_class``:
-        of every write (None: the Client's)."""
-        return WriteQueue(self, destinations, entries, timeout, traffic_class)
+        of every write (None: the Client's); ``table_ids``: the size of the block table
+        for paged writes (``WriteQueue.post_paged``)."""
+        return WriteQueue(self, destinations, entries, timeout, traffic_class, table_ids)
 
     def send_message(self, dst: Union[RegionDescriptor, bytes], payload: bytes = b"", *, tag: int = 0,
                      timeout: Optional[float] = None) -> None:

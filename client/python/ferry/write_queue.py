@@ -6,6 +6,15 @@
         if c.error is not None:
             raise c.error
 
+Paged writes (KV-cache blocks) take their block ids from the queue's block table, shared
+memory the agent reads when it takes the entry, so one mapping serves every layer:
+
+    q = client.create_queue([consumer_kv], entries=64, table_ids=2 * n)
+    q.table[:n] = array.array("I", src_block_ids)           # or numpy.frombuffer(q.table,
+    q.table[n:2 * n] = array.array("I", dst_block_ids)      #    dtype=numpy.uint32)
+    for layer in range(num_layers):                         # one entry per layer
+        q.post_paged(kv[layer], block_size, n, table_index=0, user_data=layer)
+
 The Python face of the agent's shared-memory ring (proto/ferry/wire/ring_layout.h; the C++
 client is client/cpp/write_queue.h): a memfd both sides map, a submission ring the
 agent's NIC worker polls, a completion ring it fills, and two eventfd doorbells rung
@@ -22,6 +31,7 @@ the client's session: after ``Client.reconnect()`` create a new one. x86-64 and 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import mmap
 import operator
 import os
@@ -38,13 +48,15 @@ from ._proto import ferry_pb2
 # proto/ferry/wire/ring_layout.h (checked by test_write_queue.py against the agent).
 _MAGIC = 0x31515246  # "FRQ1"
 _MIN_ENTRIES, _MAX_ENTRIES = 8, 4096
+_MAX_TABLE_IDS = 4 << 20
 _SQ_TAIL, _SQ_HEAD, _CQ_TAIL, _CQ_HEAD, _AGENT_SLEEPING, _CLIENT_WAITING = 64, 128, 192, 256, 320, 384
 _SUBMIT_OFFSET = 448
-_SUBMIT = struct.Struct("<QQQQQQIIQ")  # user_data src_region src_offset dst_offset length tag dst_index flags reserved
+# user_data src_region src_offset dst_offset length tag dst_index flags table_index blocks
+_SUBMIT = struct.Struct("<QQQQQQIIII")
 _COMPLETION = struct.Struct("<QQQQiI216s")  # user_data transfer_id bytes duration_ns code path message
 _COMPLETION_HEAD = struct.Struct("<QQQQiI")  # all but the message, which only a failure needs
 _MESSAGE = struct.Struct("216s")
-_FLAG_NOTIFY = 1
+_FLAG_NOTIFY, _FLAG_PAGED = 1, 2
 PATH_NAMES = {ferry_pb2.TRANSFER_PATH_LOCAL: "local", ferry_pb2.TRANSFER_PATH_FABRIC: "fabric",
               ferry_pb2.TRANSFER_PATH_STAGED: "staged"}
 
@@ -68,7 +80,7 @@ def _refuse(src, **values) -> None:
             v = operator.index(v)  # ints, and integer types that say so (numpy's)
         except TypeError:
             raise errors.InvalidArgument(f"{name} must be an integer, got {v!r}") from None
-        if not 0 <= v < (1 << (32 if name == "dst_index" else 64)):
+        if not 0 <= v < (1 << (32 if name in ("dst_index", "table_index", "blocks") else 64)):
             raise errors.InvalidArgument(f"{name} out of range: {v}")
 
 
@@ -76,7 +88,7 @@ class WriteQueue:
     """See the module docstring. Made by ``Client.create_queue``."""
 
     def __init__(self, client, destinations: Sequence, entries: int = 256, timeout: Optional[float] = None,
-                 traffic_class: Optional[str] = None):
+                 traffic_class: Optional[str] = None, table_ids: int = 0):
         if platform.machine() not in ("x86_64", "AMD64"):
             raise errors.FailedPrecondition(
                 f"ferry.WriteQueue needs x86-64 (this is {platform.machine()}); use Client.write")
@@ -85,31 +97,39 @@ class WriteQueue:
         if not (_MIN_ENTRIES <= entries <= _MAX_ENTRIES and entries & (entries - 1) == 0):
             raise errors.InvalidArgument(
                 f"entries must be a power of two in [{_MIN_ENTRIES}, {_MAX_ENTRIES}], got {entries}")
+        if not (isinstance(table_ids, int) and 0 <= table_ids <= _MAX_TABLE_IDS):
+            raise errors.InvalidArgument(f"table_ids must be an integer in [0, {_MAX_TABLE_IDS}], got {table_ids!r}")
         self._entries = entries
         self._posted = 0
         self._reaped = 0
         self._cq_offset = _SUBMIT_OFFSET + entries * _SUBMIT.size
-        size = self._cq_offset + entries * _COMPLETION.size
+        table_offset = self._cq_offset + entries * _COMPLETION.size
+        size = table_offset + 4 * table_ids
         self._fence_lock = threading.Lock()  # see _fence
         self._fds: List[int] = []
         self._map: Optional[mmap.mmap] = None
         self._words: Optional[memoryview] = None
+        self.table: Optional[memoryview] = None
         try:
-            ring = os.memfd_create("ferry-write-queue", os.MFD_CLOEXEC)
+            # Sealed against shrinking: the agent maps it too, and refuses a ring it could lose.
+            ring = os.memfd_create("ferry-write-queue", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
             self._fds.append(ring)
             self._submit_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
             self._fds.append(self._submit_fd)
             self._complete_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
             self._fds.append(self._complete_fd)
             os.ftruncate(ring, size)
+            fcntl.fcntl(ring, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
             self._map = mmap.mmap(ring, size)
             self._words = memoryview(self._map).cast("I")  # 4-byte aligned stores and loads
+            #: The block table: ``table_ids`` uint32 ids shared with the agent (see post_paged).
+            self.table = self._words[table_offset // 4:]
             struct.pack_into("<II", self._map, 0, _MAGIC, entries)
             req = ferry_pb2.CreateQueueRequest(
                 ring_fd=client._session.send_fd(ring), submit_doorbell_fd=client._session.send_fd(self._submit_fd),
                 complete_doorbell_fd=client._session.send_fd(self._complete_fd), entries=entries,
                 timeout_ms=0 if timeout is None else max(1, int(timeout * 1000)),
-                traffic_class=client._traffic_class(traffic_class))
+                traffic_class=client._traffic_class(traffic_class), table_ids=table_ids)
             for d in destinations:
                 req.destinations.append(client._descriptor(d)._proto)
             self.id = client._call("CreateQueue", req).queue_id
@@ -126,22 +146,39 @@ class WriteQueue:
         """Queues one write of ``length`` bytes: [src_offset, +length) of region ``src``
         to [dst_offset, +length) of destination ``dst_index``. Bounds, ownership and
         tokens are the agent's to check; its verdict arrives through ``reap``."""
+        self._post(src, src_offset, dst_offset, length, tag, dst_index, _FLAG_NOTIFY if notify else 0, 0, 0, user_data,
+                   dict(length=length, src_offset=src_offset, dst_offset=dst_offset))
+
+    def post_paged(self, src, block_size: int, blocks: int, *, table_index: int = 0, dst_index: int = 0,
+                   src_base: int = 0, dst_base: int = 0, user_data: int = 0, notify: bool = False,
+                   tag: int = 0) -> None:
+        """Queues one paged write of ``blocks`` blocks of ``block_size`` bytes: block i
+        copies from src_base + table[table_index + i] * block_size of region ``src`` to
+        dst_base + table[table_index + blocks + i] * block_size of destination
+        ``dst_index`` (the source ids, then the destination ids, in ``self.table``). The
+        ids those entries name must stay as they are until the entries are reaped. The
+        agent checks them as a ``Client.write`` of PagedChunks."""
+        self._post(src, src_base, dst_base, block_size, tag, dst_index, _FLAG_PAGED | (_FLAG_NOTIFY if notify else 0),
+                   table_index, blocks, user_data,
+                   dict(block_size=block_size, src_base=src_base, dst_base=dst_base, table_index=table_index,
+                        blocks=blocks))
+
+    def _post(self, src, src_offset, dst_offset, length, tag, dst_index, flags, table_index, blocks, user_data,
+              named) -> None:
         if self._map is None:
             raise errors.FailedPrecondition("this queue is closed")
         if self._posted - self._reaped >= self._entries:
-            _refuse(src, length=length, src_offset=src_offset, dst_offset=dst_offset, user_data=user_data, tag=tag,
-                    dst_index=dst_index)  # a bad argument says so, full ring or not
+            _refuse(src, user_data=user_data, tag=tag, dst_index=dst_index, **named)  # a bad argument says so
             raise errors.ResourceExhausted(
                 f"the queue already has {self._entries} writes in flight; reap completions first")
         # The slot's last entry was reaped, so the agent is done with it; struct checks
         # every value's type and range (a refused entry is never published).
         slot = _SUBMIT_OFFSET + (self._posted & (self._entries - 1)) * _SUBMIT.size
         try:
-            _SUBMIT.pack_into(self._map, slot, user_data, src.id, src_offset, dst_offset, length, tag, dst_index,
-                              _FLAG_NOTIFY if notify else 0, 0)
+            _SUBMIT.pack_into(self._map, slot, user_data, src.id, src_offset, dst_offset, length, tag, dst_index, flags,
+                              table_index, blocks)
         except (AttributeError, struct.error):
-            _refuse(src, length=length, src_offset=src_offset, dst_offset=dst_offset, user_data=user_data, tag=tag,
-                    dst_index=dst_index)
+            _refuse(src, user_data=user_data, tag=tag, dst_index=dst_index, **named)
             raise
         self._posted += 1
         self._words[_SQ_TAIL // 4] = self._posted & 0xFFFFFFFF  # after the entry: x86 keeps store order
@@ -182,6 +219,9 @@ class WriteQueue:
     def close(self) -> None:
         """Unmaps the ring and closes its fds. Writes still in flight complete in the
         agent; their completions are not read. The agent drops the queue with the session."""
+        if self.table is not None:
+            self.table.release()
+            self.table = None
         if self._words is not None:
             self._words.release()
             self._words = None

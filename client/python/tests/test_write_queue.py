@@ -1,5 +1,7 @@
 """ferry.WriteQueue (the shared-memory ring) against live ferryd processes."""
+import array
 import os
+import random
 import threading
 import time
 
@@ -67,6 +69,62 @@ def test_refused_entries_come_back_as_errors_and_move_nothing(agent):
         assert done[6].error is None and done[6].bytes == 4096
         assert bytes(dst.buffer[:4096]) == b"\x5a" * 4096
         assert bytes(dst.buffer[4096:]) == bytes(4096)  # the refused writes moved nothing
+
+
+def test_paged_entries_apply_one_block_table_to_each_layer(agent):
+    block, per_layer, moved = 4096, 64, 24
+    with ferry.Client(agent.socket) as writer, ferry.Client(agent.socket) as reader:
+        layers = [writer.register_host(block * per_layer) for _ in range(3)]
+        targets = [reader.register_host(block * per_layer) for _ in range(3)]
+        payloads = [os.urandom(block * per_layer) for _ in layers]
+        for r, p in zip(layers, payloads):
+            r.buffer[:] = p
+        rng = random.Random(5)
+        src_ids, dst_ids = rng.sample(range(per_layer), moved), rng.sample(range(per_layer), moved)
+        with writer.create_queue([t.descriptor() for t in targets], entries=8, table_ids=256) as q:
+            assert len(q.table) == 256
+            q.table[10:10 + moved] = array.array("I", src_ids)
+            q.table[10 + moved:10 + 2 * moved] = array.array("I", dst_ids)
+            for i, r in enumerate(layers):
+                q.post_paged(r, block, moved, table_index=10, dst_index=i, user_data=i)
+            done = reap_all(q, 3)
+        assert sorted(c.user_data for c in done) == [0, 1, 2]
+        assert all(c.error is None and c.bytes == moved * block for c in done), [c.error for c in done]
+        for t, p in zip(targets, payloads):
+            expected = bytearray(block * per_layer)
+            for s, d in zip(src_ids, dst_ids):
+                expected[d * block:(d + 1) * block] = p[s * block:(s + 1) * block]
+            assert bytes(t.buffer) == bytes(expected)
+
+
+def test_bad_paged_entries_are_refused_and_move_nothing(agent):
+    with ferry.Client(agent.socket) as c:
+        src = c.register_host(8 * 4096)
+        dst = c.register_host(8 * 4096)
+        src.buffer[:] = b"\x5a" * (8 * 4096)
+        with pytest.raises(ferry.InvalidArgument, match="table_ids"):
+            c.create_queue([dst.descriptor()], table_ids=-1)
+        with c.create_queue([dst.descriptor()], entries=8, table_ids=16) as q:
+            q.table[0:7] = array.array("I", [0, 1, 2, 3, 3, 5, 9])  # 0,1,2 -> 3,3,5
+            q.post_paged(src, 4096, 3, user_data=1)  # block 3 twice
+            q.post_paged(src, 4096, 1, table_index=2, user_data=2)  # 2 -> 3: fine, but...
+            q.post_paged(src, 4096, 9, table_index=0, user_data=3)  # ...these ids leave the table
+            q.post_paged(src, 4096, 1, table_index=5, user_data=4)  # 5 -> 9: past the destination
+            q.post_paged(src, 0, 1, user_data=5)  # no block size
+            done = {x.user_data: x for x in reap_all(q, 5)}
+            with pytest.raises(ferry.InvalidArgument, match="blocks"):
+                q.post_paged(src, 4096, 1 << 32)
+        assert isinstance(done[1].error, ferry.InvalidArgument) and "appears twice" in done[1].error.message
+        assert done[2].error is None
+        assert isinstance(done[3].error, ferry.OutOfRange) and "block table of 16 ids" in done[3].error.message
+        assert isinstance(done[4].error, ferry.OutOfRange)
+        assert isinstance(done[5].error, ferry.InvalidArgument) and "block_size" in done[5].error.message
+        assert bytes(dst.buffer[3 * 4096:4 * 4096]) == b"\x5a" * 4096  # the one good entry
+        assert bytes(dst.buffer[:3 * 4096]) == bytes(3 * 4096) and bytes(dst.buffer[4 * 4096:]) == bytes(4 * 4096)
+        with c.create_queue([dst.descriptor()], entries=8) as plain:  # no table: no paged entry
+            plain.post_paged(src, 4096, 1, user_data=6)
+            (x,) = reap_all(plain, 1)
+            assert isinstance(x.error, ferry.OutOfRange) and "block table of 0 ids" in x.error.message
 
 
 class _Index:

@@ -18,6 +18,12 @@
 //
 // Cursors are free-running uint32 counters (index = counter % entries). Each cursor has
 // one writer and sits on its own cache line.
+//
+// A queue may also hold a block table after its completion ring (CreateQueueRequest
+// table_ids): uint32 block ids that paged entries name by position, so a KV-cache
+// handoff of thousands of blocks per layer is one entry per layer and no RPC. The client
+// writes the ids before posting the entries that name them and leaves them alone until
+// those entries completed; the agent copies them out when it takes the entry.
 #ifndef FERRY_PROTO_FERRY_WIRE_RING_LAYOUT_H_
 #define FERRY_PROTO_FERRY_WIRE_RING_LAYOUT_H_
 
@@ -30,9 +36,12 @@ namespace ferry::queue {
 inline constexpr uint32_t kRingMagic = 0x31515246;  // "FRQ1"
 inline constexpr uint32_t kMinEntries = 8;
 inline constexpr uint32_t kMaxEntries = 4096;
+// The largest block table: 4 Mi ids (16 MiB), a 16,384-block mapping 128 times over.
+inline constexpr uint32_t kMaxTableIds = 4u << 20;
 
 // SubmitEntry.flags
 inline constexpr uint32_t kFlagNotify = 1;
+inline constexpr uint32_t kFlagPaged = 2;
 
 struct alignas(64) Cursor {
   std::atomic<uint32_t> value;
@@ -53,16 +62,23 @@ struct RingHeader {
 
 // One contiguous write: [src_offset, +length) of a region the session registered to
 // [dst_offset, +length) of destination `dst_index` (given at CreateQueue).
+//
+// With kFlagPaged, a paged write (ferry.v1.PagedChunks): `blocks` blocks of `length`
+// bytes; block i copies from src_offset + table[table_index + i] * length to
+// dst_offset + table[table_index + blocks + i] * length (the source ids, then the
+// destination ids, in the queue's block table). Entries may share table ids (one
+// mapping for every layer of a request). Without it, table_index and blocks are 0.
 struct SubmitEntry {
   uint64_t user_data;  // returned in the completion, opaque to the agent
   uint64_t src_region;
-  uint64_t src_offset;
-  uint64_t dst_offset;
-  uint64_t length;
-  uint64_t tag;  // passed to the receiver's notification
+  uint64_t src_offset;  // paged: the source base
+  uint64_t dst_offset;  // paged: the destination base
+  uint64_t length;      // paged: the block size
+  uint64_t tag;         // passed to the receiver's notification
   uint32_t dst_index;
   uint32_t flags;
-  uint64_t reserved;
+  uint32_t table_index;
+  uint32_t blocks;
 };
 static_assert(sizeof(SubmitEntry) == 64, "ABI");
 
@@ -79,9 +95,15 @@ static_assert(sizeof(CompletionEntry) == 256, "ABI");
 
 inline constexpr size_t kSubmitOffset = sizeof(RingHeader);
 inline size_t CompletionOffset(uint32_t entries) { return kSubmitOffset + size_t{entries} * sizeof(SubmitEntry); }
-inline size_t RingBytes(uint32_t entries) {
+// Where the block table starts (64-byte aligned), and the ring's size with `table_ids`.
+inline size_t TableOffset(uint32_t entries) {
   return CompletionOffset(entries) + size_t{entries} * sizeof(CompletionEntry);
 }
+inline size_t RingBytes(uint32_t entries, uint32_t table_ids = 0) {
+  return TableOffset(entries) + size_t{table_ids} * sizeof(uint32_t);
+}
+static_assert(sizeof(RingHeader) % 64 == 0 && sizeof(SubmitEntry) % 64 == 0 && sizeof(CompletionEntry) % 64 == 0,
+              "the table starts 64-byte aligned");
 inline bool ValidEntries(uint32_t n) { return n >= kMinEntries && n <= kMaxEntries && (n & (n - 1)) == 0; }
 
 }  // namespace ferry::queue
