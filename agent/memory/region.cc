@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
+#include "agent/common/sealed_file.h"
 #include "agent/memory/retired_memory.h"
 
 namespace ferry {
@@ -65,8 +66,13 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> MapHostFd(int fd, uint64_t offset
   }
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
-        "host.fd_handle: the fd is not a shared-memory file (memfd or /dev/shm); got a "
+        "host.fd_handle: the fd is not a shared-memory file (a memfd); got a "
         "pipe, socket, directory or device");
+  }
+  // Sealed before its size is read: from here on it can only grow.
+  if (absl::Status s = SealAgainstShrinking(fd, "host.fd_handle"); !s.ok()) return s;
+  if (fstat(fd, &st) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("host.fd_handle: fstat failed: ", strerror(errno)));
   }
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   if (offset % page != 0) {

@@ -45,10 +45,12 @@ class MemoryBacking {
   virtual void Retire() {}
 };
 
-// Maps `size` bytes of a shared-memory fd (memfd, /dev/shm file) at `offset`.
+// Maps `size` bytes of a memfd at `offset`, after sealing it against shrinking
+// (F_SEAL_SHRINK: a pod that shrank a registered file would fault the agent).
 // Takes ownership of `fd` (closed before returning: the mapping keeps the memory).
-// Refuses fds that cannot back shared memory (pipes, sockets, directories) and ranges
-// past the end of the file, with INVALID_ARGUMENT / OUT_OF_RANGE.
+// Refuses fds that cannot back shared memory (pipes, sockets, directories) or cannot be
+// sealed (a memfd without MFD_ALLOW_SEALING, a /dev/shm file), and ranges past the end
+// of the file, with INVALID_ARGUMENT / OUT_OF_RANGE.
 absl::StatusOr<std::unique_ptr<MemoryBacking>> MapHostFd(int fd, uint64_t offset, uint64_t size);
 
 // Per-NIC information a transport attached to a region.

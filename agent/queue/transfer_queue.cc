@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
+#include "agent/common/sealed_file.h"
 
 namespace ferry {
 namespace {
@@ -47,13 +48,9 @@ absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(
   if (fstat(ring.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError("ring_fd must be a memfd or regular file");
   }
-  // A memfd the client could shrink later would fault the agent's reads of it (SIGBUS).
-  const int seals = fcntl(ring.get(), F_GET_SEALS);
-  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
-    return absl::InvalidArgumentError(
-        "ring_fd must be a memfd sealed against shrinking (memfd_create with MFD_ALLOW_SEALING, then "
-        "fcntl(F_ADD_SEALS, F_SEAL_SHRINK) after sizing it)");
-  }
+  // Sealed before its size is read: from here on it can only grow.
+  if (absl::Status s = SealAgainstShrinking(ring.get(), "ring_fd"); !s.ok()) return s;
+  if (fstat(ring.get(), &st) != 0) return absl::InvalidArgumentError("ring_fd: fstat failed");
   const size_t bytes = queue::RingBytes(entries, table_ids);
   if (static_cast<uint64_t>(st.st_size) < bytes) {
     return absl::InvalidArgumentError(absl::StrCat("ring_fd holds ", st.st_size, " bytes; a queue of ", entries,

@@ -48,7 +48,8 @@ absl::Status ResultStatus(const v1::TransferResult& r) {
 
 absl::StatusOr<HostBuffer> HostBuffer::Create(uint64_t size) {
   if (size == 0) return absl::InvalidArgumentError("HostBuffer size must be >= 1");
-  int fd = memfd_create("ferry-host-buffer", MFD_CLOEXEC);
+  // The agent seals what it maps against shrinking, which needs MFD_ALLOW_SEALING.
+  int fd = memfd_create("ferry-host-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", strerror(errno)));
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
     close(fd);

@@ -1,6 +1,5 @@
 #include "client/cpp/write_queue.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -31,13 +30,12 @@ absl::StatusOr<std::unique_ptr<WriteQueue>> WriteQueue::Create(Client& client,
   q->entries_ = entries;
   q->table_ids_ = table_ids;
   q->map_bytes_ = queue::RingBytes(entries, table_ids);
-  // Sealed against shrinking: the agent maps it too, and refuses a ring it could lose.
+  // MFD_ALLOW_SEALING: the agent seals what it maps against shrinking.
   q->ring_fd_ = memfd_create("ferry-write-queue", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   q->submit_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   q->complete_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (q->ring_fd_ < 0 || q->submit_fd_ < 0 || q->complete_fd_ < 0 ||
-      ftruncate(q->ring_fd_, static_cast<off_t>(q->map_bytes_)) != 0 ||
-      fcntl(q->ring_fd_, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+      ftruncate(q->ring_fd_, static_cast<off_t>(q->map_bytes_)) != 0) {
     return absl::InternalError(absl::StrCat("creating the queue's memfd and eventfds: ", strerror(errno)));
   }
   q->map_ = mmap(nullptr, q->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, q->ring_fd_, 0);

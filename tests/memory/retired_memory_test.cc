@@ -15,7 +15,7 @@ namespace {
 
 // A page-aligned shared-memory file of `len` bytes filled with `fill`.
 int SharedFile(size_t len, uint8_t fill) {
-  int fd = memfd_create("retired_memory_test", 0);
+  int fd = memfd_create("retired_memory_test", MFD_ALLOW_SEALING);
   REQUIRE(fd >= 0);
   REQUIRE(ftruncate(fd, static_cast<off_t>(len)) == 0);
   std::vector<uint8_t> bytes(len, fill);

@@ -192,11 +192,10 @@ struct RawQueue {
   size_t bytes = 0;
   queue::RingHeader* header = nullptr;
 
-  explicit RawQueue(uint32_t entries, size_t ring_bytes = 0, bool seal = true) {
+  explicit RawQueue(uint32_t entries, size_t ring_bytes = 0, bool sealable = true) {
     bytes = ring_bytes != 0 ? ring_bytes : queue::RingBytes(entries);
-    ring = memfd_create("raw-queue", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ring = memfd_create("raw-queue", MFD_CLOEXEC | (sealable ? MFD_ALLOW_SEALING : 0));
     REQUIRE(ftruncate(ring, bytes) == 0);
-    if (seal) REQUIRE(fcntl(ring, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
     map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ring, 0);
     REQUIRE(map != MAP_FAILED);
     header = new (map) queue::RingHeader{};
@@ -400,11 +399,17 @@ TEST_CASE("CreateQueue refuses what is not a queue, naming the field") {
     CHECK(s.code() == absl::StatusCode::kInvalidArgument);
     CHECK(std::string(s.message()).find("table_ids must be at most") != std::string::npos);
   }
-  {  // a memfd the client could shrink under the agent
-    RawQueue rq(16, 0, /*seal=*/false);
+  {  // a memfd the agent cannot seal: the client could shrink it under the agent
+    RawQueue rq(16, 0, /*sealable=*/false);
     auto s = Create(*pod.client, rq.ring, rq.submit, rq.complete, 16, {dst});
     CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-    CHECK(std::string(s.message()).find("F_SEAL_SHRINK") != std::string::npos);
+    CHECK(std::string(s.message()).find("ring_fd: the fd cannot be sealed against shrinking") != std::string::npos);
+  }
+  {  // a ring the agent took is sealed: the client can no longer shrink it
+    RawQueue rq(16);
+    REQUIRE(Create(*pod.client, rq.ring, rq.submit, rq.complete, 16, {dst}).ok());
+    CHECK(ftruncate(rq.ring, 0) != 0);
+    CHECK(errno == EPERM);
   }
   {
     RawQueue rq(16);

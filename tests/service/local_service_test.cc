@@ -1,6 +1,7 @@
 // Integration tests of the local API against a real ferryd process over its unix socket.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -244,6 +245,16 @@ TEST_CASE("bad input gets a precise status and writes nothing") {
     check({"size beyond the fd", absl::StatusCode::kOutOfRange, "exceeds the fd's size"},
           reg(host_req(small->fd(), 8192)));
     check({"unaligned offset", absl::StatusCode::kInvalidArgument, "page size"}, reg(host_req(small->fd(), 100, 1)));
+    // A memfd the agent cannot seal against shrinking: the pod could fault the agent.
+    const int unsealable = memfd_create("unsealable", MFD_CLOEXEC);
+    REQUIRE(ftruncate(unsealable, 4096) == 0);
+    check({"a memfd that cannot be sealed", absl::StatusCode::kInvalidArgument,
+           "host.fd_handle: the fd cannot be sealed against shrinking"},
+          reg(host_req(unsealable, 4096)));
+    close(unsealable);
+    // A registered one is sealed: its pod can no longer shrink it under the agent.
+    CHECK(ftruncate(a.buf->fd(), 0) != 0);
+    CHECK(errno == EPERM);
     check({"zero size", absl::StatusCode::kInvalidArgument, "size must be"}, reg(host_req(small->fd(), 0)));
     check({"size above the limit", absl::StatusCode::kInvalidArgument, "--max_region_bytes"},
           reg(host_req(small->fd(), 1ull << 30)));

@@ -16,7 +16,7 @@
 namespace ferry::testing {
 
 inline std::shared_ptr<Region> MemfdRegion(uint64_t id, uint64_t size, uint64_t owner_session = 1) {
-  int fd = memfd_create("ferry-test-region", MFD_CLOEXEC);
+  int fd = memfd_create("ferry-test-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   REQUIRE(fd >= 0);
   REQUIRE(ftruncate(fd, static_cast<off_t>(size)) == 0);
   auto backing = MapHostFd(fd, 0, size);  // takes fd

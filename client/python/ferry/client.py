@@ -321,7 +321,7 @@ class Client:
         """Allocates ``size`` bytes of shared host memory and registers them."""
         if size <= 0:
             raise errors.InvalidArgument(f"size must be at least 1 byte, got {size}")
-        fd = os.memfd_create("ferry-region", os.MFD_CLOEXEC)
+        fd = os.memfd_create("ferry-region", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)  # the agent seals it
         try:
             os.ftruncate(fd, size)
             mapping = mmap.mmap(fd, size)

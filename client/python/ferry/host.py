@@ -26,7 +26,7 @@ class HostBuffer:
         if size <= 0:
             raise ValueError(f"size must be at least 1 byte, got {size}")
         self.size = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
-        self.fd = os.memfd_create("ferry-host", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create("ferry-host", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)  # the agent seals it
         os.ftruncate(self.fd, self.size)
         self.mapping = mmap.mmap(self.fd, self.size)
         self.ptr = ctypes.addressof(ctypes.c_char.from_buffer(self.mapping))

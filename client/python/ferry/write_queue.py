@@ -31,7 +31,6 @@ the client's session: after ``Client.reconnect()`` create a new one. x86-64 and 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import mmap
 import operator
 import os
@@ -111,7 +110,7 @@ class WriteQueue:
         self._words: Optional[memoryview] = None
         self.table: Optional[memoryview] = None
         try:
-            # Sealed against shrinking: the agent maps it too, and refuses a ring it could lose.
+            # MFD_ALLOW_SEALING: the agent seals what it maps against shrinking.
             ring = os.memfd_create("ferry-write-queue", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
             self._fds.append(ring)
             self._submit_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
@@ -119,7 +118,6 @@ class WriteQueue:
             self._complete_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
             self._fds.append(self._complete_fd)
             os.ftruncate(ring, size)
-            fcntl.fcntl(ring, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
             self._map = mmap.mmap(ring, size)
             self._words = memoryview(self._map).cast("I")  # 4-byte aligned stores and loads
             #: The block table: ``table_ids`` uint32 ids shared with the agent (see post_paged).
