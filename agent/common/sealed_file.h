@@ -24,9 +24,10 @@ inline absl::Status SealAgainstShrinking(int fd, absl::string_view field) {
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0) return absl::OkStatus();
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals >= 0 && (seals & F_SEAL_SHRINK) != 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": the fd cannot be sealed against shrinking; create it with memfd_create(..., MFD_ALLOW_SEALING) "
-             "(the agent adds F_SEAL_SHRINK: the memory may grow, never shrink)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field,
+                   ": the fd cannot be sealed against shrinking; create it with memfd_create(..., MFD_ALLOW_SEALING) "
+                   "(the agent adds F_SEAL_SHRINK: the memory may grow, never shrink)"));
 }
 
 }  // namespace ferry

@@ -63,22 +63,29 @@ bool BlockWithin(uint64_t base, uint64_t id, uint64_t block_size, uint64_t size)
 
 // A paged layout's plan when every block is in range, checked once per side: a block's
 // offset grows with its id, so the largest id bounds them all. False (and `plan` left
-// as it was) when some block is not; the caller then walks the blocks to name it. A
+// empty) when some block is not; the caller then walks the blocks to name it. A
 // 16,384-block KV write spent most of its validation in per-block range checks.
 bool PagedPlanInRange(const BlockMapping& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size, uint64_t dst_size,
                       ChunkPlan& plan) {
   const uint64_t n = p.src.size(), bs = p.block_size;
+  // One pass: the offsets (unsigned arithmetic; thrown away below if any is out of range)
+  // and the largest ids. Sized first and filled field by field: a push_back of a braced
+  // temporary went through the stack and stalled on store forwarding, most of a
+  // 16,384-block plan's time.
+  plan.chunks.resize(n);
+  CopyChunk* out = plan.chunks.data();
   uint64_t max_src = 0, max_dst = 0;
   for (uint64_t i = 0; i < n; ++i) {
-    max_src = std::max(max_src, p.src[i]);
-    max_dst = std::max(max_dst, p.dst[i]);
+    const uint64_t s = p.src[i], d = p.dst[i];
+    max_src = std::max(max_src, s);
+    max_dst = std::max(max_dst, d);
+    out[i].src_offset = src_base + s * bs;
+    out[i].dst_offset = dst_base + d * bs;
+    out[i].length = bs;
   }
   if (!BlockWithin(src_base, max_src, bs, src_size) || !BlockWithin(dst_base, max_dst, bs, dst_size)) {
+    plan.chunks.clear();
     return false;
-  }
-  plan.chunks.reserve(n);
-  for (uint64_t i = 0; i < n; ++i) {
-    plan.chunks.push_back({src_base + p.src[i] * bs, dst_base + p.dst[i] * bs, bs});
   }
   plan.total_bytes = n * bs;  // may wrap only if destinations repeat, which CheckDistinctBlocks rejects
   return true;
