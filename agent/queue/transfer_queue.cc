@@ -130,6 +130,17 @@ absl::Status TransferQueue::CopyBlockIds(uint32_t index, uint32_t blocks, std::v
   return absl::OkStatus();
 }
 
+absl::Status TransferQueue::CopyParts(uint32_t index, uint32_t parts, std::vector<queue::TablePart>* out) const {
+  if (uint64_t{index} + uint64_t{parts} * queue::kPartIds > table_ids_) {
+    return absl::OutOfRangeError(absl::StrCat("table ids [", index, ", ", index, "+", queue::kPartIds, "*", parts,
+                                              ") of the batch's parts are outside the queue's block table of ",
+                                              table_ids_, " ids (CreateQueue table_ids)"));
+  }
+  out->resize(parts);
+  memcpy(out->data(), table_ + index, size_t{parts} * sizeof(queue::TablePart));
+  return absl::OkStatus();
+}
+
 void TransferQueue::SetSleeping(bool sleeping) {
   header_->agent_sleeping.value.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
 }

@@ -66,6 +66,9 @@ class TransferQueue {
   // are not all inside the table.
   absl::Status CopyBlockIds(uint32_t index, uint32_t blocks, std::vector<uint64_t>* src,
                             std::vector<uint64_t>* dst) const;
+  // Any thread. Copies `parts` batch parts from table[index] (kPartIds ids each) into
+  // `out`. OUT_OF_RANGE when they are not all inside the table.
+  absl::Status CopyParts(uint32_t index, uint32_t parts, std::vector<queue::TablePart>* out) const;
 
   // Any thread. Writes one completion and wakes the client if it waits.
   void Complete(const queue::CompletionEntry& c);

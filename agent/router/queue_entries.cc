@@ -34,43 +34,21 @@ bool QueueEntries::Handle(const std::shared_ptr<TransferQueue>& q, const queue::
   if (shutting_down_.load()) return refuse(absl::UnavailableError("the agent is shutting down"));
   std::shared_ptr<Session> session = sessions_->FindById(q->session_id());
   if (session == nullptr) return refuse(absl::UnavailableError("the session ended"));
-  if (e.dst_index >= q->destinations().size()) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat("dst_index ", e.dst_index, " is not one of the queue's ",
-                                                          q->destinations().size(), " destinations")));
-  }
-  if (e.flags & ~(queue::kFlagNotify | queue::kFlagPaged)) {
+  if (e.flags & ~(queue::kFlagNotify | queue::kFlagPaged | queue::kFlagBatch)) {
     return refuse(absl::InvalidArgumentError(absl::StrCat("flags 0x", absl::Hex(e.flags), " has unknown bits")));
   }
-  // A paged entry's ids, copied out of the block table before anything looks at them
-  // (per thread: entries run on NIC workers and the poller at once).
-  thread_local std::vector<uint64_t> src_ids, dst_ids;
-  const bool paged = (e.flags & queue::kFlagPaged) != 0;
-  if (paged && e.blocks > limits_.max_chunks) {
-    return refuse(
-        absl::ResourceExhaustedError(absl::StrCat("blocks: ", e.blocks, " exceed the limit of ", limits_.max_chunks,
-                                                  " per write (--max_chunks_per_write); split the entry")));
-  }
-  if (paged) {
-    if (absl::Status s = q->CopyBlockIds(e.table_index, e.blocks, &src_ids, &dst_ids); !s.ok()) return refuse(s);
+  if ((e.flags & queue::kFlagPaged) || (e.flags & queue::kFlagBatch)) {
+    if (e.blocks > limits_.max_chunks) {
+      return refuse(
+          absl::ResourceExhaustedError(absl::StrCat("blocks: ", e.blocks, " exceed the limit of ", limits_.max_chunks,
+                                                    " per write (--max_chunks_per_write); split the entry")));
+    }
   } else if (e.table_index != 0 || e.blocks != 0) {
-    return refuse(
-        absl::InvalidArgumentError("table_index and blocks are for paged entries (flags & 2); set them to 0"));
+    return refuse(absl::InvalidArgumentError(
+        "table_index and blocks are for paged and batch entries (flags & 6); set them to 0"));
   }
-  WriteSpec spec;
-  spec.src_region_id = e.src_region;
-  spec.dst = q->destinations()[e.dst_index];
-  spec.notify = (e.flags & queue::kFlagNotify) != 0;
-  spec.tag = e.tag;
-  spec.timeout = absl::Milliseconds(q->timeout_ms());
-  spec.traffic_class = q->traffic_class();
-  absl::StatusOr<std::shared_ptr<Transfer>> t = router_->Prepare(
-      session, spec,
-      [&](uint64_t src_size, uint64_t dst_size) {
-        if (!paged) return SingleChunkPlan({e.src_offset, e.dst_offset, e.length}, src_size, dst_size);
-        return PagedPlan(BlockMapping{e.length, src_ids, dst_ids}, e.src_offset, e.dst_offset, src_size, dst_size,
-                         limits_);
-      },
-      /*cached_only=*/!may_block);
+  absl::StatusOr<std::shared_ptr<Transfer>> t =
+      (e.flags & queue::kFlagBatch) ? PrepareBatch(session, *q, e, may_block) : Prepare(session, *q, e, may_block);
   if (!t.ok() && IsWouldBlock(t.status())) return false;
   if (!t.ok()) return refuse(t.status());
   (*t)->id = transfers_->NextId();
@@ -79,6 +57,94 @@ bool QueueEntries::Handle(const std::shared_ptr<TransferQueue>& q, const queue::
   };
   router_->Launch(std::move(*t));
   return true;
+}
+
+WriteSpec QueueEntries::Spec(const TransferQueue& q, uint64_t src_region, uint32_t dst_index) const {
+  WriteSpec spec;
+  spec.src_region_id = src_region;
+  spec.dst = q.destinations()[dst_index];
+  spec.timeout = absl::Milliseconds(q.timeout_ms());
+  spec.traffic_class = q.traffic_class();
+  return spec;
+}
+
+absl::Status QueueEntries::CheckDestination(const TransferQueue& q, uint32_t dst_index, const char* field) {
+  if (dst_index < q.destinations().size()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " ", dst_index, " is not one of the queue's ", q.destinations().size(), " destinations"));
+}
+
+absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::Prepare(const std::shared_ptr<Session>& session,
+                                                                const TransferQueue& q, const queue::SubmitEntry& e,
+                                                                bool may_block) const {
+  if (absl::Status s = CheckDestination(q, e.dst_index, "dst_index"); !s.ok()) return s;
+  // A paged entry's ids, copied out of the block table before anything looks at them
+  // (per thread: entries run on NIC workers and the poller at once).
+  thread_local std::vector<uint64_t> src_ids, dst_ids;
+  const bool paged = (e.flags & queue::kFlagPaged) != 0;
+  if (paged) {
+    if (absl::Status s = q.CopyBlockIds(e.table_index, e.blocks, &src_ids, &dst_ids); !s.ok()) return s;
+  }
+  WriteSpec spec = Spec(q, e.src_region, e.dst_index);
+  spec.notify = (e.flags & queue::kFlagNotify) != 0;
+  spec.tag = e.tag;
+  return router_->Prepare(
+      session, spec,
+      [&](uint64_t src_size, uint64_t dst_size) {
+        if (!paged) return SingleChunkPlan({e.src_offset, e.dst_offset, e.length}, src_size, dst_size);
+        return PagedPlan(BlockMapping{e.length, src_ids, dst_ids}, e.src_offset, e.dst_offset, src_size, dst_size,
+                         limits_);
+      },
+      /*cached_only=*/!may_block);
+}
+
+absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::shared_ptr<Session>& session,
+                                                                     const TransferQueue& q,
+                                                                     const queue::SubmitEntry& e,
+                                                                     bool may_block) const {
+  const uint32_t n = e.dst_index;  // a batch entry's part count
+  if (n < 1 || n > queue::kMaxBatchParts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a batch entry has 1..", queue::kMaxBatchParts, " parts (its dst_index), got ", n));
+  }
+  if (e.src_region != 0 || e.src_offset != 0 || e.dst_offset != 0) {
+    return absl::InvalidArgumentError(
+        "src_region, src_offset and dst_offset of a batch entry must be 0 (each part names its own)");
+  }
+  thread_local std::vector<queue::TablePart> parts;
+  thread_local std::vector<uint64_t> src_ids, dst_ids;
+  if (absl::Status s = q.CopyParts(e.table_index, n, &parts); !s.ok()) return s;
+  if (absl::Status s = q.CopyBlockIds(e.table_index + n * queue::kPartIds, e.blocks, &src_ids, &dst_ids); !s.ok()) {
+    return s;
+  }
+  const BlockMapping mapping{e.length, src_ids, dst_ids};
+  std::vector<std::shared_ptr<Transfer>> prepared;
+  prepared.reserve(n);
+  uint64_t chunks = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const queue::TablePart& part = parts[i];
+    auto named = [i](const absl::Status& s) {
+      return absl::Status(s.code(), absl::StrCat("parts[", i, "]: ", s.message()));
+    };
+    if (absl::Status s = CheckDestination(q, part.dst_index, "dst_index"); !s.ok()) return named(s);
+    absl::StatusOr<std::shared_ptr<Transfer>> t = router_->Prepare(
+        session, Spec(q, part.src_region, part.dst_index),
+        [&](uint64_t src_size, uint64_t dst_size) {
+          return PagedPlan(mapping, part.src_base, part.dst_base, src_size, dst_size, limits_);
+        },
+        /*cached_only=*/!may_block);
+    if (!t.ok()) return IsWouldBlock(t.status()) ? t.status() : named(t.status());
+    chunks += (*t)->plan.chunks.size();
+    if (chunks > limits_.max_chunks) {
+      return absl::ResourceExhaustedError(absl::StrCat("parts: more than ", limits_.max_chunks,
+                                                       " chunks in all (--max_chunks_per_write); split the batch"));
+    }
+    prepared.push_back(std::move(*t));
+  }
+  WriteSpec whole;
+  whole.notify = (e.flags & queue::kFlagNotify) != 0;
+  whole.tag = e.tag;
+  return router_->Join(std::move(prepared), whole);
 }
 
 }  // namespace ferry

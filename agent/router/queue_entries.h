@@ -37,6 +37,16 @@ class QueueEntries {
   bool Handle(const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e, bool may_block);
 
  private:
+  // The transfer of a contiguous or paged entry, and of a batch entry (its parts
+  // joined); a would-block status when !may_block and a lookup must wait.
+  absl::StatusOr<std::shared_ptr<Transfer>> Prepare(const std::shared_ptr<Session>& session, const TransferQueue& q,
+                                                    const queue::SubmitEntry& e, bool may_block) const;
+  absl::StatusOr<std::shared_ptr<Transfer>> PrepareBatch(const std::shared_ptr<Session>& session,
+                                                         const TransferQueue& q, const queue::SubmitEntry& e,
+                                                         bool may_block) const;
+  WriteSpec Spec(const TransferQueue& q, uint64_t src_region, uint32_t dst_index) const;
+  static absl::Status CheckDestination(const TransferQueue& q, uint32_t dst_index, const char* field);
+
   const TransferRouter* router_;
   SessionRegistry* sessions_;
   TransferManager* transfers_;

@@ -89,6 +89,33 @@ absl::Status WriteQueue::PostPaged(const PagedEntry& e) {
                    queue::kFlagPaged | (e.notify ? queue::kFlagNotify : 0), e.table_index, e.blocks});
 }
 
+absl::Status WriteQueue::PostBatch(uint32_t table_index, absl::Span<const queue::TablePart> parts,
+                                   absl::Span<const uint32_t> src_ids, absl::Span<const uint32_t> dst_ids,
+                                   const BatchOptions& options) {
+  if (parts.empty()) return absl::InvalidArgumentError("a batch needs at least one part");
+  if (src_ids.size() != dst_ids.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(src_ids.size(), " source ids but ", dst_ids.size(), " destination ids; they must pair up"));
+  }
+  const uint64_t words = uint64_t{parts.size()} * queue::kPartIds + 2 * uint64_t{src_ids.size()};
+  if (uint64_t{table_index} + words > table_ids_) {
+    return absl::InvalidArgumentError(absl::StrCat("the batch needs ", words, " table ids from ", table_index,
+                                                   "; the queue's table has ", table_ids_, " (Create's table_ids)"));
+  }
+  if (posted_ - reaped_ >= entries_) {  // before the table is touched: entries in flight may use it
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the queue already has ", entries_, " writes in flight; Reap completions first"));
+  }
+  uint32_t* at = table_ + table_index;
+  memcpy(at, parts.data(), parts.size() * sizeof(queue::TablePart));
+  at += parts.size() * queue::kPartIds;
+  memcpy(at, src_ids.data(), src_ids.size() * sizeof(uint32_t));
+  memcpy(at + src_ids.size(), dst_ids.data(), dst_ids.size() * sizeof(uint32_t));
+  return PostSlot({options.user_data, 0, 0, 0, options.block_size, options.tag, static_cast<uint32_t>(parts.size()),
+                   queue::kFlagBatch | (options.notify ? queue::kFlagNotify : 0), table_index,
+                   static_cast<uint32_t>(src_ids.size())});
+}
+
 absl::Status WriteQueue::PostSlot(const queue::SubmitEntry& entry) {
   if (posted_ - reaped_ >= entries_) {
     return absl::ResourceExhaustedError(

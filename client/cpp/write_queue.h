@@ -24,6 +24,13 @@
 //     (*q)->PostPaged({.src_region = layer_region[l], .dst_index = l, .block_size = 32768,
 //                      .table_index = 0, .blocks = n, .user_data = l});
 //
+// Or every layer as one transfer (one completion, one notification once all landed), as
+// a WriteBatch without the RPC: PostBatch writes the parts and ids into the table.
+//
+//   std::vector<ferry::queue::TablePart> parts = {{layer_region[0], 0, 0, 0}, {layer_region[1], 0, 0, 1}};
+//   (*q)->PostBatch(/*table_index=*/0, parts, src_ids, dst_ids, {.block_size = 32768, .user_data = 7,
+//                                                               .notify = true, .tag = 42});
+//
 // Not thread-safe: one thread posts and reaps (wrap it in a mutex to share it). At most
 // `entries` writes are in flight; Post answers RESOURCE_EXHAUSTED until Reap frees room.
 // Writes in flight together are not ordered against each other (completions come in any
@@ -38,6 +45,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "client/cpp/ferry_client.h"
 #include "proto/ferry/wire/ring_layout.h"
 
@@ -70,6 +78,13 @@ class WriteQueue {
     bool notify = false;
     uint64_t tag = 0;
   };
+  // What a batch entry says besides its parts and ids (see PostBatch).
+  struct BatchOptions {
+    uint64_t block_size = 0;
+    uint64_t user_data = 0;
+    bool notify = false;  // the owner of parts[0]'s destination, once every part landed
+    uint64_t tag = 0;
+  };
   struct Completion {
     uint64_t user_data = 0;
     uint64_t transfer_id = 0;  // 0 when refused before starting
@@ -89,6 +104,13 @@ class WriteQueue {
 
   absl::Status Post(const Entry& e);
   absl::Status PostPaged(const PagedEntry& e);
+  // One block mapping over several regions as one transfer (ring_layout.h, kFlagBatch):
+  // writes `parts`, then `src_ids` and `dst_ids`, into the table at `table_index`, and
+  // posts the entry. Those table ids must stay as they are until it completes.
+  // INVALID_ARGUMENT when they do not fit in the table or the id lists differ in length.
+  absl::Status PostBatch(uint32_t table_index, absl::Span<const queue::TablePart> parts,
+                         absl::Span<const uint32_t> src_ids, absl::Span<const uint32_t> dst_ids,
+                         const BatchOptions& options);
   // The block table: table_ids() uint32 ids in memory shared with the agent. Ids that
   // entries in flight name must stay as they were until those entries complete.
   uint32_t* table() { return table_; }

@@ -352,7 +352,7 @@ TEST_CASE("paged entries are checked like a Write's paged layout: refusals name 
         reinterpret_cast<const queue::CompletionEntry*>(static_cast<char*>(rq.map) + queue::CompletionOffset(16));
     CHECK(c->user_data == 7);
     CHECK(c->code == static_cast<int>(absl::StatusCode::kInvalidArgument));
-    CHECK(std::string(c->message).find("table_index and blocks are for paged entries") != std::string::npos);
+    CHECK(std::string(c->message).find("table_index and blocks are for paged and batch entries") != std::string::npos);
   }
   auto plain = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 8);
   REQUIRE(plain.ok());
@@ -367,6 +367,95 @@ TEST_CASE("paged entries are checked like a Write's paged layout: refusals name 
   done = ReapAll(**q, 1);
   CHECK(done[0].status.ok());
   CHECK(memcmp(receiver.buf->data(), sender.buf->data(), 4 * kBlock) == 0);
+}
+
+TEST_CASE("a batch entry moves one block mapping over several regions as one transfer with one notification") {
+  auto agent = StartAgent();
+  constexpr uint64_t kBlock = 4096, kBlocks = 64, kLayer = kBlock * kBlocks;
+  constexpr uint32_t kLayers = 3, kMoved = 20;
+  TestPod sender = MakePod(agent->socket(), kLayers * kLayer);
+  TestPod receiver = MakePod(agent->socket(), kLayers * kLayer, 0xEE);
+  FillRandom(sender.buf->data(), kLayers * kLayer, 11);
+  // One destination per layer (as a consumer's layer regions), all the receiver's.
+  std::vector<v1::RegionDescriptor> dsts(kLayers, receiver.reg.region());
+  auto q = WriteQueue::Create(*sender.client, dsts, 8, 0, v1::TRAFFIC_CLASS_UNSPECIFIED, /*table_ids=*/512);
+  REQUIRE(q.ok());
+  std::vector<uint32_t> src(kBlocks), dst(kBlocks);
+  std::iota(src.begin(), src.end(), 0);
+  std::iota(dst.begin(), dst.end(), 0);
+  std::shuffle(src.begin(), src.end(), std::mt19937(3));
+  std::shuffle(dst.begin(), dst.end(), std::mt19937(4));
+  src.resize(kMoved);
+  dst.resize(kMoved);
+  std::vector<queue::TablePart> parts;
+  for (uint32_t l = 0; l < kLayers; ++l) parts.push_back({sender.reg.region_id(), l * kLayer, l * kLayer, l, 0});
+  auto ctx = receiver.client->NewContext(absl::Seconds(30));
+  auto stream = receiver.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
+  REQUIRE((*q)->PostBatch(5, parts, src, dst, {kBlock, /*user_data=*/77, /*notify=*/true, /*tag=*/123}).ok());
+  auto done = ReapAll(**q, 1);
+  INFO(done[0].status.ToString());
+  REQUIRE(done[0].status.ok());
+  CHECK(done[0].user_data == 77);
+  CHECK(done[0].bytes == kLayers * kMoved * kBlock);
+  CHECK(done[0].transfer_id != 0);
+  std::vector<uint8_t> expected(kLayers * kLayer, 0xEE);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (uint32_t i = 0; i < kMoved; ++i) {
+      memcpy(expected.data() + l * kLayer + dst[i] * kBlock, sender.buf->data() + l * kLayer + src[i] * kBlock, kBlock);
+    }
+  }
+  CHECK(memcmp(receiver.buf->data(), expected.data(), expected.size()) == 0);
+  // One notification for the whole batch, with every part's bytes.
+  v1::Notification n;
+  REQUIRE(stream->Read(&n));
+  CHECK(n.tag() == 123);
+  CHECK(n.bytes() == kLayers * kMoved * kBlock);
+  CHECK(n.transfer_id() == done[0].transfer_id);
+
+  // Refusals name the part or field; nothing moves.
+  memset(receiver.buf->data(), 0xEE, kLayers * kLayer);
+  struct Case {
+    const char* name;
+    std::vector<queue::TablePart> parts;
+    uint32_t table_index;
+    absl::StatusCode code;
+    const char* message_part;
+  };
+  auto with = [&](uint32_t p, auto change) {
+    std::vector<queue::TablePart> ps = parts;
+    change(ps[p]);
+    return ps;
+  };
+  std::vector<Case> cases = {
+      {"a part's unknown destination", with(1, [](auto& p) { p.dst_index = 9; }), 0, absl::StatusCode::kInvalidArgument,
+       "parts[1]: dst_index 9"},
+      {"a part's block out of range", with(2, [&](auto& p) { p.dst_base = kLayers * kLayer - kBlock; }), 0,
+       absl::StatusCode::kOutOfRange, "parts[2]: destination range"},
+      {"another session's source region", with(0, [&](auto& p) { p.src_region = receiver.reg.region_id(); }), 0,
+       absl::StatusCode::kPermissionDenied, "parts[0]"},
+      {"ids past the table", parts, 480, absl::StatusCode::kInvalidArgument, "table ids"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    absl::Status posted = (*q)->PostBatch(cases[i].table_index, cases[i].parts, src, dst, {kBlock, 300 + i, true, 1});
+    INFO(cases[i].name << ": " << posted.ToString());
+    if (!posted.ok()) {  // refused by the client before anything was posted
+      CHECK(posted.code() == cases[i].code);
+      CHECK(std::string(posted.message()).find(cases[i].message_part) != std::string::npos);
+      continue;
+    }
+    auto got = ReapAll(**q, 1);
+    INFO(got[0].status.ToString());
+    CHECK(got[0].status.code() == cases[i].code);
+    CHECK(std::string(got[0].status.message()).find(cases[i].message_part) != std::string::npos);
+    CHECK(got[0].transfer_id == 0);
+  }
+  for (uint64_t i = 0; i < kLayers * kLayer; ++i) REQUIRE(receiver.buf->data()[i] == 0xEE);
+  // The refused batches notified nobody: the next notification is the next good batch's.
+  REQUIRE((*q)->PostBatch(0, parts, src, dst, {kBlock, 8, true, 456}).ok());
+  CHECK(ReapAll(**q, 1)[0].status.ok());
+  REQUIRE(stream->Read(&n));
+  CHECK(n.tag() == 456);
+  ctx->TryCancel();
 }
 
 TEST_CASE("CreateQueue refuses what is not a queue, naming the field") {

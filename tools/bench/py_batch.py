@@ -1,8 +1,9 @@
 """What one request's KV handoff costs to submit from Python: one ``write_batch`` (one
 block mapping over every layer's K and V halves) against one ``write_blocks`` RPC per
 layer half, and against a write queue's paged entries (the mapping written once into the
-queue's block table, one entry per layer half, no RPC), node-local host memory on one
-agent, alternated over rounds (medians).
+queue's block table, one entry per layer half, no RPC, no notification) and its batch
+entry (the 64 parts and the mapping in the table, one entry, one notification, as
+``write_batch``), node-local host memory on one agent, alternated over rounds (medians).
 Shape: Llama-3-8B (32 layers, 8 KV heads, head dim 128, bf16, 16-token blocks: 32 KiB
 per block per K or V), ``--blocks`` blocks per request (256 = 4k tokens).
 ``--block_bytes=64`` keeps the request's shape but makes the copies negligible: the
@@ -60,6 +61,17 @@ def queue_row(q, parts, block, src_ids, dst_ids):
     return t1 - t0, time.perf_counter() - t0
 
 
+def queue_batch_row(q, parts, block, src_ids, dst_ids):
+    t0 = time.perf_counter()
+    q.post_batch([(src, i // 2, src_base, dst_base) for i, (src, _, src_base, dst_base) in enumerate(parts)], block,
+                 src_ids, dst_ids, notify=True, tag=1)
+    t1 = time.perf_counter()
+    (c,) = q.reap(max_count=1, timeout=60.0)
+    if c.error:
+        raise c.error
+    return t1 - t0, time.perf_counter() - t0
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ferryd", required=True)
@@ -78,14 +90,16 @@ def main():
             src_ids = list(range(args.blocks))
             dst_ids = random.Random(1).sample(range(args.blocks), args.blocks)
             q = producer.create_queue(descriptors, entries=2 * LAYERS, table_ids=2 * args.blocks)
-            rows = {"batch": [], "per_layer": [], "queue": []}
+            qb = producer.create_queue(descriptors, entries=8, table_ids=2 * LAYERS * 8 + 2 * args.blocks)
+            rows = {"batch": [], "per_layer": [], "queue": [], "queue_batch": []}
             fns = {"batch": lambda *a: batch_row(producer, *a), "per_layer": lambda *a: per_layer_row(producer, *a),
-                   "queue": lambda *a: queue_row(q, *a)}
+                   "queue": lambda *a: queue_row(q, *a), "queue_batch": lambda *a: queue_batch_row(qb, *a)}
             batch_row(producer, parts, block, src_ids, dst_ids)  # warm-up (first touch of every page)
             queue_row(q, parts, block, src_ids, dst_ids)
+            queue_batch_row(qb, parts, block, src_ids, dst_ids)
             for r in range(args.rounds):
-                order = ("batch", "per_layer", "queue")
-                for kind in order[r % 3:] + order[:r % 3]:
+                order = ("batch", "per_layer", "queue", "queue_batch")
+                for kind in order[r % 4:] + order[:r % 4]:
                     rows[kind].append(fns[kind](parts, block, src_ids, dst_ids))
                     list(consumer.notifications(timeout=0.01))  # drain
             mb = 2 * LAYERS * half / 1e6
@@ -94,7 +108,7 @@ def main():
                   f"{os.cpu_count()} CPUs")
             print(f"{'api':>22} {'calls':>6} {'submit_ms':>10} {'handoff_ms':>11} {'GB/s':>6}")
             for kind, row, calls in (("write_batch", "batch", 1), ("write_blocks per half", "per_layer", 2 * LAYERS),
-                                     ("queue post_paged", "queue", 0)):
+                                     ("queue post_paged", "queue", 0), ("queue post_batch", "queue_batch", 0)):
                 v = rows[row]
                 submit = statistics.median(x[0] for x in v) * 1e3
                 total = statistics.median(x[1] for x in v) * 1e3

@@ -15,6 +15,10 @@ memory the agent reads when it takes the entry, so one mapping serves every laye
     for layer in range(num_layers):                         # one entry per layer
         q.post_paged(kv[layer], block_size, n, table_index=0, user_data=layer)
 
+or every layer as one transfer, one completion and one notification (a ``write_batch``
+with no RPC): ``q.post_batch([(kv[l], l, 0, 0) for l in layers], block_size, src_ids,
+dst_ids, notify=True, tag=7)``.
+
 The Python face of the agent's shared-memory ring (proto/ferry/wire/ring_layout.h; the C++
 client is client/cpp/write_queue.h): a memfd both sides map, a submission ring the
 agent's NIC worker polls, a completion ring it fills, and two eventfd doorbells rung
@@ -30,6 +34,7 @@ the client's session: after ``Client.reconnect()`` create a new one. x86-64 and 
 """
 from __future__ import annotations
 
+import array
 import dataclasses
 import mmap
 import operator
@@ -55,7 +60,9 @@ _SUBMIT = struct.Struct("<QQQQQQIIII")
 _COMPLETION = struct.Struct("<QQQQiI216s")  # user_data transfer_id bytes duration_ns code path message
 _COMPLETION_HEAD = struct.Struct("<QQQQiI")  # all but the message, which only a failure needs
 _MESSAGE = struct.Struct("216s")
-_FLAG_NOTIFY, _FLAG_PAGED = 1, 2
+_FLAG_NOTIFY, _FLAG_PAGED, _FLAG_BATCH = 1, 2, 4
+_PART = struct.Struct("<QQQII")  # a batch part in the table: src_region src_base dst_base dst_index reserved
+_PART_IDS, _MAX_BATCH_PARTS = _PART.size // 4, 1024
 PATH_NAMES = {ferry_pb2.TRANSFER_PATH_LOCAL: "local", ferry_pb2.TRANSFER_PATH_FABRIC: "fabric",
               ferry_pb2.TRANSFER_PATH_STAGED: "staged"}
 
@@ -81,6 +88,14 @@ def _refuse(src, **values) -> None:
             raise errors.InvalidArgument(f"{name} must be an integer, got {v!r}") from None
         if not 0 <= v < (1 << (32 if name in ("dst_index", "table_index", "blocks") else 64)):
             raise errors.InvalidArgument(f"{name} out of range: {v}")
+
+
+class _NoRegion:
+    """What a batch entry names as its source: each part names its own."""
+    id = 0
+
+
+_NO_REGION = _NoRegion()
 
 
 class WriteQueue:
@@ -122,6 +137,7 @@ class WriteQueue:
             self._words = memoryview(self._map).cast("I")  # 4-byte aligned stores and loads
             #: The block table: ``table_ids`` uint32 ids shared with the agent (see post_paged).
             self.table = self._words[table_offset // 4:]
+            self._table_offset = table_offset
             struct.pack_into("<II", self._map, 0, _MAGIC, entries)
             req = ferry_pb2.CreateQueueRequest(
                 ring_fd=client._session.send_fd(ring), submit_doorbell_fd=client._session.send_fd(self._submit_fd),
@@ -160,6 +176,47 @@ class WriteQueue:
                    table_index, blocks, user_data,
                    dict(block_size=block_size, src_base=src_base, dst_base=dst_base, table_index=table_index,
                         blocks=blocks))
+
+    def post_batch(self, parts: Sequence, block_size: int, src_ids: Sequence[int], dst_ids: Sequence[int], *,
+                   table_index: int = 0, user_data: int = 0, notify: bool = False, tag: int = 0) -> None:
+        """Queues one block mapping over several regions as one transfer (the queue's form
+        of ``Client.write_batch``): ``parts`` are ``(src Region, dst_index, src_base,
+        dst_base)``; part p's block i copies ``block_size`` bytes from src_base +
+        src_ids[i] * block_size to dst_base + dst_ids[i] * block_size of destination
+        dst_index. Writes the parts and ids into ``self.table`` at ``table_index`` (they
+        must stay as they are until the entry is reaped), then posts one entry: one
+        completion, and with ``notify`` one notification to the owner of part 0's
+        destination once every part has landed."""
+        if self._map is None:
+            raise errors.FailedPrecondition("this queue is closed")
+        n = len(src_ids)
+        if len(dst_ids) != n:
+            raise errors.InvalidArgument(f"{n} source ids but {len(dst_ids)} destination ids; they must pair up")
+        if not 1 <= len(parts) <= _MAX_BATCH_PARTS:
+            raise errors.InvalidArgument(f"parts must hold 1..{_MAX_BATCH_PARTS} parts, got {len(parts)}")
+        words = len(parts) * _PART_IDS + 2 * n
+        if not (isinstance(table_index, int) and 0 <= table_index and table_index + words <= len(self.table)):
+            raise errors.InvalidArgument(f"the batch needs {words} table ids from table_index {table_index!r}; "
+                                         f"the queue's table has {len(self.table)} (create_queue's table_ids)")
+        if self._posted - self._reaped >= self._entries:  # before the table: entries in flight may use it
+            raise errors.ResourceExhausted(
+                f"the queue already has {self._entries} writes in flight; reap completions first")
+        at = self._table_offset + 4 * table_index
+        for i, part in enumerate(parts):
+            try:
+                src, dst_index, src_base, dst_base = part
+                _PART.pack_into(self._map, at + i * _PART.size, src.id, src_base, dst_base, dst_index, 0)
+            except (TypeError, ValueError, AttributeError, struct.error) as e:
+                raise errors.InvalidArgument(
+                    f"parts[{i}] must be (Region, dst_index, src_base, dst_base) of unsigned integers: {e}") from None
+        first = table_index + len(parts) * _PART_IDS
+        try:
+            self.table[first:first + n] = array.array("I", src_ids)
+            self.table[first + n:first + 2 * n] = array.array("I", dst_ids)
+        except (TypeError, OverflowError) as e:
+            raise errors.InvalidArgument(f"block ids must be integers in [0, 2**32): {e}") from None
+        self._post(_NO_REGION, 0, 0, block_size, tag, len(parts), _FLAG_BATCH | (_FLAG_NOTIFY if notify else 0),
+                   table_index, n, user_data, dict(block_size=block_size))
 
     def _post(self, src, src_offset, dst_offset, length, tag, dst_index, flags, table_index, blocks, user_data,
               named) -> None:

@@ -127,6 +127,41 @@ def test_bad_paged_entries_are_refused_and_move_nothing(agent):
             assert isinstance(x.error, ferry.OutOfRange) and "block table of 0 ids" in x.error.message
 
 
+def test_a_batch_entry_is_one_transfer_with_one_notification(agent):
+    block, per_layer, moved = 4096, 32, 12
+    with ferry.Client(agent.socket) as writer, ferry.Client(agent.socket) as reader:
+        layers = [writer.register_host(block * per_layer) for _ in range(4)]
+        target = reader.register_host(4 * block * per_layer)  # the 4 layers side by side
+        for r in layers:
+            r.buffer[:] = os.urandom(block * per_layer)
+        rng = random.Random(8)
+        src_ids, dst_ids = rng.sample(range(per_layer), moved), rng.sample(range(per_layer), moved)
+        got = []
+        watcher = threading.Thread(target=lambda: got.extend(reader.notifications(timeout=5)))
+        watcher.start()
+        parts = [(r, 0, 0, i * block * per_layer) for i, r in enumerate(layers)]
+        with writer.create_queue([target.descriptor()], entries=8, table_ids=128) as q:
+            q.post_batch(parts, block, src_ids, dst_ids, table_index=3, notify=True, tag=55, user_data=9)
+            (done,) = reap_all(q, 1)
+            assert done.error is None and done.user_data == 9 and done.bytes == 4 * moved * block
+            with pytest.raises(ferry.InvalidArgument, match="table ids"):
+                q.post_batch(parts, block, src_ids, dst_ids, table_index=100)  # 4 * 8 + 24 ids do not fit
+            with pytest.raises(ferry.InvalidArgument, match="pair up"):
+                q.post_batch(parts, block, src_ids, dst_ids[:-1])
+            with pytest.raises(ferry.InvalidArgument, match=r"parts\[0\]"):
+                q.post_batch([("not a region", 0, 0, 0)], block, src_ids, dst_ids)
+            q.post_batch([(layers[0], 5, 0, 0)], block, src_ids, dst_ids, user_data=10)  # no destination 5
+            (bad,) = reap_all(q, 1)
+            assert isinstance(bad.error, ferry.InvalidArgument) and "parts[0]: dst_index 5" in bad.error.message
+        watcher.join()
+        assert [(n.tag, n.bytes) for n in got] == [(55, 4 * moved * block)]  # one, for the whole batch
+        for i, r in enumerate(layers):
+            base = i * block * per_layer
+            for s, d in zip(src_ids, dst_ids):
+                assert bytes(target.buffer[base + d * block:base + (d + 1) * block]) == \
+                    bytes(r.buffer[s * block:(s + 1) * block])
+
+
 class _Index:
     """An integer that is no int, as numpy's are: it only has __index__."""
 

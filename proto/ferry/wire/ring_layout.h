@@ -42,6 +42,9 @@ inline constexpr uint32_t kMaxTableIds = 4u << 20;
 // SubmitEntry.flags
 inline constexpr uint32_t kFlagNotify = 1;
 inline constexpr uint32_t kFlagPaged = 2;
+inline constexpr uint32_t kFlagBatch = 4;
+// The most parts of a batch entry (as ferry.v1.WriteBatchRequest's).
+inline constexpr uint32_t kMaxBatchParts = 1024;
 
 struct alignas(64) Cursor {
   std::atomic<uint32_t> value;
@@ -68,6 +71,16 @@ struct RingHeader {
 // dst_offset + table[table_index + blocks + i] * length (the source ids, then the
 // destination ids, in the queue's block table). Entries may share table ids (one
 // mapping for every layer of a request). Without it, table_index and blocks are 0.
+//
+// With kFlagBatch, one block mapping over several regions as one transfer (ferry.v1.
+// WriteBatchRequest: a KV request's layers, one completion and at most one
+// notification): dst_index parts (TablePart, kPartIds ids each) at table[table_index],
+// then the blocks source ids, then the blocks destination ids; `length` is the block
+// size; src_region, src_offset and dst_offset are 0. Part p's block i copies from
+// parts[p].src_base + src_id[i] * length of region parts[p].src_region to
+// parts[p].dst_base + dst_id[i] * length of destination parts[p].dst_index. With
+// kFlagNotify the owner of part 0's destination is notified (tag, every part's bytes)
+// once every part has landed.
 struct SubmitEntry {
   uint64_t user_data;  // returned in the completion, opaque to the agent
   uint64_t src_region;
@@ -81,6 +94,18 @@ struct SubmitEntry {
   uint32_t blocks;
 };
 static_assert(sizeof(SubmitEntry) == 64, "ABI");
+
+// One part of a batch entry, as it lies in the block table (copied byte for byte: the
+// table is uint32 ids, so a part may sit at any 4-byte boundary).
+struct TablePart {
+  uint64_t src_region;
+  uint64_t src_base;
+  uint64_t dst_base;
+  uint32_t dst_index;
+  uint32_t reserved;  // 0
+};
+static_assert(sizeof(TablePart) == 32, "ABI");
+inline constexpr uint32_t kPartIds = sizeof(TablePart) / sizeof(uint32_t);
 
 struct CompletionEntry {
   uint64_t user_data;
