@@ -141,6 +141,15 @@ absl::Status TransferQueue::CopyParts(uint32_t index, uint32_t parts, std::vecto
   return absl::OkStatus();
 }
 
+absl::Status TransferQueue::CopyBytes(uint32_t index, uint64_t bytes, std::string* out) const {
+  if (uint64_t{index} * sizeof(uint32_t) + bytes > uint64_t{table_ids_} * sizeof(uint32_t)) {
+    return absl::OutOfRangeError(absl::StrCat(bytes, " bytes from table id ", index,
+                                              " are outside the queue's block table of ", table_ids_, " ids"));
+  }
+  out->assign(reinterpret_cast<const char*>(table_ + index), bytes);
+  return absl::OkStatus();
+}
+
 void TransferQueue::SetSleeping(bool sleeping) {
   header_->agent_sleeping.value.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
 }

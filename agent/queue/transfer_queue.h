@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -69,6 +70,9 @@ class TransferQueue {
   // Any thread. Copies `parts` batch parts from table[index] (kPartIds ids each) into
   // `out`. OUT_OF_RANGE when they are not all inside the table.
   absl::Status CopyParts(uint32_t index, uint32_t parts, std::vector<queue::TablePart>* out) const;
+  // Any thread. Copies `bytes` bytes from table[index] on into `out`. OUT_OF_RANGE when
+  // they are not all inside the table.
+  absl::Status CopyBytes(uint32_t index, uint64_t bytes, std::string* out) const;
 
   // Any thread. Writes one completion and wakes the client if it waits.
   void Complete(const queue::CompletionEntry& c);

@@ -107,9 +107,8 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
     return absl::InvalidArgumentError(
         absl::StrCat("a batch entry has 1..", queue::kMaxBatchParts, " parts (its dst_index), got ", n));
   }
-  if (e.src_region != 0 || e.src_offset != 0 || e.dst_offset != 0) {
-    return absl::InvalidArgumentError(
-        "src_region, src_offset and dst_offset of a batch entry must be 0 (each part names its own)");
+  if (e.src_region != 0 || e.dst_offset != 0) {
+    return absl::InvalidArgumentError("src_region and dst_offset of a batch entry must be 0 (each part names its own)");
   }
   thread_local std::vector<queue::TablePart> parts;
   thread_local std::vector<uint64_t> src_ids, dst_ids;
@@ -117,6 +116,20 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
   if (absl::Status s = q.CopyBlockIds(e.table_index + n * queue::kPartIds, e.blocks, &src_ids, &dst_ids); !s.ok()) {
     return s;
   }
+  WriteSpec whole;
+  whole.notify = (e.flags & queue::kFlagNotify) != 0;
+  whole.tag = e.tag;
+  if (e.src_offset > kMaxNotifyPayloadBytes) {  // checked before the copy: the length is the client's
+    return absl::InvalidArgumentError(absl::StrCat("the notification payload (src_offset) is ", e.src_offset,
+                                                   " bytes; at most ", kMaxNotifyPayloadBytes));
+  }
+  // No index here wraps: each copy checked the ids before it against the table's size.
+  if (absl::Status s =
+          q.CopyBytes(e.table_index + n * queue::kPartIds + 2 * e.blocks, e.src_offset, &whole.notify_payload);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = TransferRouter::CheckNotifyPayload(whole.notify, whole.notify_payload); !s.ok()) return s;
   const BlockMapping mapping{e.length, src_ids, dst_ids};
   std::vector<std::shared_ptr<Transfer>> prepared;
   prepared.reserve(n);
@@ -141,9 +154,6 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
     }
     prepared.push_back(std::move(*t));
   }
-  WriteSpec whole;
-  whole.notify = (e.flags & queue::kFlagNotify) != 0;
-  whole.tag = e.tag;
   return router_->Join(std::move(prepared), whole);
 }
 

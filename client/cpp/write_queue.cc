@@ -97,7 +97,8 @@ absl::Status WriteQueue::PostBatch(uint32_t table_index, absl::Span<const queue:
     return absl::InvalidArgumentError(
         absl::StrCat(src_ids.size(), " source ids but ", dst_ids.size(), " destination ids; they must pair up"));
   }
-  const uint64_t words = uint64_t{parts.size()} * queue::kPartIds + 2 * uint64_t{src_ids.size()};
+  const uint64_t payload_words = (options.payload.size() + sizeof(uint32_t) - 1) / sizeof(uint32_t);
+  const uint64_t words = uint64_t{parts.size()} * queue::kPartIds + 2 * uint64_t{src_ids.size()} + payload_words;
   if (uint64_t{table_index} + words > table_ids_) {
     return absl::InvalidArgumentError(absl::StrCat("the batch needs ", words, " table ids from ", table_index,
                                                    "; the queue's table has ", table_ids_, " (Create's table_ids)"));
@@ -111,9 +112,10 @@ absl::Status WriteQueue::PostBatch(uint32_t table_index, absl::Span<const queue:
   at += parts.size() * queue::kPartIds;
   memcpy(at, src_ids.data(), src_ids.size() * sizeof(uint32_t));
   memcpy(at + src_ids.size(), dst_ids.data(), dst_ids.size() * sizeof(uint32_t));
-  return PostSlot({options.user_data, 0, 0, 0, options.block_size, options.tag, static_cast<uint32_t>(parts.size()),
-                   queue::kFlagBatch | (options.notify ? queue::kFlagNotify : 0), table_index,
-                   static_cast<uint32_t>(src_ids.size())});
+  memcpy(at + 2 * src_ids.size(), options.payload.data(), options.payload.size());
+  return PostSlot({options.user_data, 0, options.payload.size(), 0, options.block_size, options.tag,
+                   static_cast<uint32_t>(parts.size()), queue::kFlagBatch | (options.notify ? queue::kFlagNotify : 0),
+                   table_index, static_cast<uint32_t>(src_ids.size())});
 }
 
 absl::Status WriteQueue::PostSlot(const queue::SubmitEntry& entry) {

@@ -41,6 +41,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -84,6 +85,7 @@ class WriteQueue {
     uint64_t user_data = 0;
     bool notify = false;  // the owner of parts[0]'s destination, once every part landed
     uint64_t tag = 0;
+    std::string payload;  // with notify: up to 4 KiB handed to the owner with the notification
   };
   struct Completion {
     uint64_t user_data = 0;
@@ -105,8 +107,8 @@ class WriteQueue {
   absl::Status Post(const Entry& e);
   absl::Status PostPaged(const PagedEntry& e);
   // One block mapping over several regions as one transfer (ring_layout.h, kFlagBatch):
-  // writes `parts`, then `src_ids` and `dst_ids`, into the table at `table_index`, and
-  // posts the entry. Those table ids must stay as they are until it completes.
+  // writes `parts`, then `src_ids` and `dst_ids`, then the payload, into the table at
+  // `table_index`, and posts the entry. Those table ids must stay as they are until it completes.
   // INVALID_ARGUMENT when they do not fit in the table or the id lists differ in length.
   absl::Status PostBatch(uint32_t table_index, absl::Span<const queue::TablePart> parts,
                          absl::Span<const uint32_t> src_ids, absl::Span<const uint32_t> dst_ids,

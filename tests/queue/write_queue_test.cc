@@ -391,7 +391,8 @@ TEST_CASE("a batch entry moves one block mapping over several regions as one tra
   for (uint32_t l = 0; l < kLayers; ++l) parts.push_back({sender.reg.region_id(), l * kLayer, l * kLayer, l, 0});
   auto ctx = receiver.client->NewContext(absl::Seconds(30));
   auto stream = receiver.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
-  REQUIRE((*q)->PostBatch(5, parts, src, dst, {kBlock, /*user_data=*/77, /*notify=*/true, /*tag=*/123}).ok());
+  REQUIRE(
+      (*q)->PostBatch(5, parts, src, dst, {kBlock, /*user_data=*/77, /*notify=*/true, /*tag=*/123, "request-1"}).ok());
   auto done = ReapAll(**q, 1);
   INFO(done[0].status.ToString());
   REQUIRE(done[0].status.ok());
@@ -409,6 +410,7 @@ TEST_CASE("a batch entry moves one block mapping over several regions as one tra
   v1::Notification n;
   REQUIRE(stream->Read(&n));
   CHECK(n.tag() == 123);
+  CHECK(n.payload() == "request-1");
   CHECK(n.bytes() == kLayers * kMoved * kBlock);
   CHECK(n.transfer_id() == done[0].transfer_id);
 
@@ -435,6 +437,14 @@ TEST_CASE("a batch entry moves one block mapping over several regions as one tra
        absl::StatusCode::kPermissionDenied, "parts[0]"},
       {"ids past the table", parts, 480, absl::StatusCode::kInvalidArgument, "table ids"},
   };
+  {  // a payload longer than a notification may carry (the client library would refuse less)
+    auto big = WriteQueue::Create(*sender.client, dsts, 8, 0, v1::TRAFFIC_CLASS_UNSPECIFIED, 4096);
+    REQUIRE(big.ok());
+    REQUIRE((*big)->PostBatch(0, parts, src, dst, {kBlock, 9, true, 1, std::string(5000, 'x')}).ok());
+    auto got = ReapAll(**big, 1);
+    CHECK(got[0].status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(got[0].status.message()).find("at most 4096") != std::string::npos);
+  }
   for (size_t i = 0; i < cases.size(); ++i) {
     absl::Status posted = (*q)->PostBatch(cases[i].table_index, cases[i].parts, src, dst, {kBlock, 300 + i, true, 1});
     INFO(cases[i].name << ": " << posted.ToString());

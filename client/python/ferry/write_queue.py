@@ -178,15 +178,16 @@ class WriteQueue:
                         blocks=blocks))
 
     def post_batch(self, parts: Sequence, block_size: int, src_ids: Sequence[int], dst_ids: Sequence[int], *,
-                   table_index: int = 0, user_data: int = 0, notify: bool = False, tag: int = 0) -> None:
+                   table_index: int = 0, user_data: int = 0, notify: bool = False, tag: int = 0,
+                   payload: bytes = b"") -> None:
         """Queues one block mapping over several regions as one transfer (the queue's form
         of ``Client.write_batch``): ``parts`` are ``(src Region, dst_index, src_base,
         dst_base)``; part p's block i copies ``block_size`` bytes from src_base +
         src_ids[i] * block_size to dst_base + dst_ids[i] * block_size of destination
         dst_index. Writes the parts and ids into ``self.table`` at ``table_index`` (they
         must stay as they are until the entry is reaped), then posts one entry: one
-        completion, and with ``notify`` one notification to the owner of part 0's
-        destination once every part has landed."""
+        completion, and with ``notify`` one notification (``tag``, ``payload`` of at most
+        4 KiB) to the owner of part 0's destination once every part has landed."""
         if self._map is None:
             raise errors.FailedPrecondition("this queue is closed")
         n = len(src_ids)
@@ -194,7 +195,8 @@ class WriteQueue:
             raise errors.InvalidArgument(f"{n} source ids but {len(dst_ids)} destination ids; they must pair up")
         if not 1 <= len(parts) <= _MAX_BATCH_PARTS:
             raise errors.InvalidArgument(f"parts must hold 1..{_MAX_BATCH_PARTS} parts, got {len(parts)}")
-        words = len(parts) * _PART_IDS + 2 * n
+        payload = bytes(payload)
+        words = len(parts) * _PART_IDS + 2 * n + (len(payload) + 3) // 4
         if not (isinstance(table_index, int) and 0 <= table_index and table_index + words <= len(self.table)):
             raise errors.InvalidArgument(f"the batch needs {words} table ids from table_index {table_index!r}; "
                                          f"the queue's table has {len(self.table)} (create_queue's table_ids)")
@@ -215,8 +217,11 @@ class WriteQueue:
             self.table[first + n:first + 2 * n] = array.array("I", dst_ids)
         except (TypeError, OverflowError) as e:
             raise errors.InvalidArgument(f"block ids must be integers in [0, 2**32): {e}") from None
-        self._post(_NO_REGION, 0, 0, block_size, tag, len(parts), _FLAG_BATCH | (_FLAG_NOTIFY if notify else 0),
-                   table_index, n, user_data, dict(block_size=block_size))
+        end = self._table_offset + 4 * (first + 2 * n)
+        self._map[end:end + len(payload)] = payload
+        flags = _FLAG_BATCH | (_FLAG_NOTIFY if notify else 0)
+        self._post(_NO_REGION, len(payload), 0, block_size, tag, len(parts), flags, table_index, n, user_data,
+                   dict(block_size=block_size))
 
     def _post(self, src, src_offset, dst_offset, length, tag, dst_index, flags, table_index, blocks, user_data,
               named) -> None:

@@ -141,7 +141,8 @@ def test_a_batch_entry_is_one_transfer_with_one_notification(agent):
         watcher.start()
         parts = [(r, 0, 0, i * block * per_layer) for i, r in enumerate(layers)]
         with writer.create_queue([target.descriptor()], entries=8, table_ids=128) as q:
-            q.post_batch(parts, block, src_ids, dst_ids, table_index=3, notify=True, tag=55, user_data=9)
+            q.post_batch(parts, block, src_ids, dst_ids, table_index=3, notify=True, tag=55, user_data=9,
+                         payload=b"request-7")
             (done,) = reap_all(q, 1)
             assert done.error is None and done.user_data == 9 and done.bytes == 4 * moved * block
             with pytest.raises(ferry.InvalidArgument, match="table ids"):
@@ -154,7 +155,7 @@ def test_a_batch_entry_is_one_transfer_with_one_notification(agent):
             (bad,) = reap_all(q, 1)
             assert isinstance(bad.error, ferry.InvalidArgument) and "parts[0]: dst_index 5" in bad.error.message
         watcher.join()
-        assert [(n.tag, n.bytes) for n in got] == [(55, 4 * moved * block)]  # one, for the whole batch
+        assert [(n.tag, n.bytes, n.payload) for n in got] == [(55, 4 * moved * block, b"request-7")]  # one
         for i, r in enumerate(layers):
             base = i * block * per_layer
             for s, d in zip(src_ids, dst_ids):

@@ -75,12 +75,13 @@ struct RingHeader {
 // With kFlagBatch, one block mapping over several regions as one transfer (ferry.v1.
 // WriteBatchRequest: a KV request's layers, one completion and at most one
 // notification): dst_index parts (TablePart, kPartIds ids each) at table[table_index],
-// then the blocks source ids, then the blocks destination ids; `length` is the block
-// size; src_region, src_offset and dst_offset are 0. Part p's block i copies from
+// then the blocks source ids, then the blocks destination ids, then src_offset bytes of
+// notification payload (at most 4 KiB, padded to whole ids; with kFlagNotify only);
+// `length` is the block size; src_region and dst_offset are 0. Part p's block i copies from
 // parts[p].src_base + src_id[i] * length of region parts[p].src_region to
 // parts[p].dst_base + dst_id[i] * length of destination parts[p].dst_index. With
-// kFlagNotify the owner of part 0's destination is notified (tag, every part's bytes)
-// once every part has landed.
+// kFlagNotify the owner of part 0's destination is notified (tag, payload, every part's
+// bytes) once every part has landed.
 struct SubmitEntry {
   uint64_t user_data;  // returned in the completion, opaque to the agent
   uint64_t src_region;
