@@ -7,8 +7,11 @@ for MLA caches). The producer publishes a small mailbox region's descriptor (in 
 the request's kv_transfer_params); the consumer sends it, through the agents
 (``Client.send_message``): once per producer its layout and layer descriptors (HELLO),
 then per request the blocks it wants filled (PULL). The producer answers a PULL with one
-``write_batch`` — the request's blocks in every layer, K and V — whose notification
-carries the request id; the consumer counts it as received.
+batch write — the request's blocks in every layer, K and V, as one transfer — whose
+notification carries the request id; the consumer counts it as received. The write goes
+as a batch entry of a write queue to that consumer (no RPC: the parts and block ids go
+through shared memory), or as one ``write_batch`` RPC where a queue cannot take it (more
+than 64 layers, a full queue or block table).
 
     spec = KVCacheSpec(num_blocks=4096, block_bytes=32768, halves=2)
     producer = KVProducer(client, spec, layer_regions, engine_id="prefill-0")
@@ -136,9 +139,53 @@ class _Inbox:
 class _Held:
     src_ids: List[int]
     expires: float
-    future: Optional[TransferFuture] = None
+    future: Optional[object] = None  # the write in flight: a TransferFuture, or _QUEUED
     dst_ids: Optional[List[Optional[int]]] = None  # a pull's ids, as they arrive
     answer_to: Optional[tuple] = None  # (consumer's first descriptor, its id for the request), once pulled
+
+
+_QUEUED = object()  # _Held.future of a write posted to a _ConsumerQueue
+
+
+class _ConsumerQueue:
+    """A write queue to one consumer's layers, whose block table is handed out in ranges:
+    a request's range stays its own until its completion is reaped."""
+    ENTRIES, TABLE_IDS = 64, 1 << 20  # 4 MiB of ids: a 64-part request of 16,384 blocks 30 times over
+
+    def __init__(self, client: Client, descriptors: list):
+        self.queue = client.create_queue(descriptors, entries=self.ENTRIES, table_ids=self.TABLE_IDS)
+        self._next = 0
+        self._ranges: Dict[int, tuple] = {}  # user_data -> (request id, first id, end)
+        self._user_data = 0
+
+    def post(self, rid: str, parts: list, block_bytes: int, src_ids, dst_ids, reply: bytes) -> bool:
+        """Posts the request's batch entry; False when the queue or its table is full."""
+        words = len(parts) * 8 + 2 * len(src_ids) + (len(reply) + 3) // 4
+        if self.queue.inflight >= self.ENTRIES or words > self.TABLE_IDS:
+            return False
+        for start in (self._next, 0):  # after the last request's range, else from the start
+            end = start + words
+            if end <= self.TABLE_IDS and all(end <= a or start >= b for _, a, b in self._ranges.values()):
+                break
+        else:
+            return False
+        self._user_data += 1
+        self.queue.post_batch(parts, block_bytes, src_ids, dst_ids, table_index=start, user_data=self._user_data,
+                              notify=True, tag=_DONE, payload=reply)
+        self._ranges[self._user_data] = (rid, start, end)
+        self._next = end
+        return True
+
+    def busy(self) -> bool:
+        return bool(self._ranges)
+
+    def reap(self) -> list:
+        """(request id, None or the error) of each write completed since the last call."""
+        out = []
+        for c in self.queue.reap(max_count=self.ENTRIES, timeout=0):
+            rid, _, _ = self._ranges.pop(c.user_data)
+            out.append((rid, None if c.error is None else f"writing the blocks failed: {c.error}"))
+        return out
 
 
 class KVProducer:
@@ -153,6 +200,8 @@ class KVProducer:
         self.mailbox = self._mailbox_region.descriptor()
         self._consumers: Dict[str, list] = {}  # consumer id -> its layer descriptors
         self._consumer_specs: Dict[str, KVCacheSpec] = {}
+        self._queues: Dict[str, Optional[_ConsumerQueue]] = {}  # consumer id -> its queue (None: write_batch)
+        self._retired: List[_ConsumerQueue] = []  # replaced queues with writes still in flight
         self._held: Dict[str, _Held] = {}
         self._written: "queue.Queue" = queue.Queue()  # (request id, None or why it failed)
         self._inbox = _Inbox(client)
@@ -172,11 +221,17 @@ class KVProducer:
         for n in self._inbox.drain():
             if n.kind == "message":
                 self._on_message(n.payload, progress)
+        live = [q for q in self._queues.values() if q is not None]
+        written = [w for q in live + self._retired for w in q.reap()]
+        for q in [q for q in self._retired if not q.busy()]:
+            self._retired.remove(q)
+            q.queue.close()
         while True:
             try:
-                rid, why = self._written.get_nowait()
+                written.append(self._written.get_nowait())
             except queue.Empty:
                 break
+        for rid, why in written:
             self._held.pop(rid, None)
             if why is None:
                 progress.done.add(rid)
@@ -225,6 +280,11 @@ class KVProducer:
         slots = self._consumers.setdefault(consumer, [None] * total)
         slots[first:first + count] = descriptors
         self._consumer_specs[consumer] = spec
+        # New descriptors (a consumer that reconnected): a new queue at the next write; the
+        # old one's writes in flight are still reaped.
+        old = self._queues.pop(consumer, None)
+        if old is not None:
+            self._retired.append(old)
 
     def _on_pull(self, body: bytes, progress: Progress) -> None:
         consumer, at = _unpack_str(body, 0)
@@ -273,14 +333,32 @@ class KVProducer:
         src_ids = held.src_ids[skip:]
         half = self._spec.num_blocks * self._spec.block_bytes
         dst_half = self._consumer_specs[consumer].num_blocks * self._spec.block_bytes
-        parts = [(self._layers[layer], descriptors[layer], h * half, h * dst_half)
-                 for layer in range(len(self._layers)) for h in range(self._spec.halves)]
         held.answer_to = (descriptors[0], reply)
+        layers = [(layer, h * half, h * dst_half) for layer in range(len(self._layers)) for h in range(self._spec.halves)]
+        q = self._queue_for(consumer, descriptors)
+        if q is not None and q.post(rid, [(self._layers[l], l, s, d) for l, s, d in layers], self._spec.block_bytes,
+                                    src_ids, dst_ids, reply.encode()):
+            held.future = _QUEUED  # poll() reaps its completion
+            return
+        parts = [(self._layers[l], descriptors[l], s, d) for l, s, d in layers]
         held.future = self._client.write_batch(parts, self._spec.block_bytes, src_ids, dst_ids, notify=True,
                                                tag=_DONE, notify_payload=reply.encode())
         # A thread waits on the agent (one blocking Wait RPC at a time) so that poll()
         # never makes an RPC: an engine polls every step, on the agent's cores.
         threading.Thread(target=self._await_write, args=(rid, held.future), daemon=True).start()
+
+    def _queue_for(self, consumer: str, descriptors: list) -> Optional[_ConsumerQueue]:
+        """The write queue to `consumer`'s layers, made at its first write (None: it cannot
+        have one, and its writes go by write_batch)."""
+        if consumer not in self._queues:
+            q = None
+            if len(descriptors) <= 64:  # a queue's destinations
+                try:
+                    q = _ConsumerQueue(self._client, descriptors)
+                except errors.FerryError:
+                    q = None
+            self._queues[consumer] = q
+        return self._queues[consumer]
 
     def _await_write(self, rid: str, future: TransferFuture) -> None:
         try:
@@ -309,6 +387,10 @@ class KVProducer:
 
     def close(self) -> None:
         self._inbox.close()
+        for q in [q for q in self._queues.values() if q is not None] + self._retired:
+            q.queue.close()  # writes in flight complete in the agent; nobody reaps them
+        self._queues.clear()
+        self._retired.clear()
 
 
 def refuse(client: Client, answer_to: tuple, why: str) -> None:

@@ -55,6 +55,21 @@ def test_one_request_lands_in_every_layer_and_both_sides_hear_of_it(pair):
     consumer.pull("req-1", producer.mailbox, dst)
     p, c = until(producer, consumer)
     assert (p.done, p.failed, c.done, c.failed) == ({"req-1"}, {}, {"req-1"}, {})
+    assert [q is not None for q in producer._queues.values()] == [True]  # as a write queue's batch entry
+    for layer in range(LAYERS):
+        for half in (0, 1):
+            for s, d in zip(src, dst):
+                assert block(clayers[layer], cspec, half, d) == block(players[layer], pspec, half, s)
+
+
+def test_a_write_the_queue_cannot_take_goes_by_write_batch(pair, monkeypatch):
+    producer, consumer, players, clayers, pspec, cspec = pair
+    monkeypatch.setattr(ferry.kv_handoff._ConsumerQueue, "post", lambda *args: False)  # as if full
+    src, dst = random.Random(3).sample(range(64), 7), random.Random(4).sample(range(48), 7)
+    producer.hold("req-2", src)
+    consumer.pull("req-2", producer.mailbox, dst)
+    p, c = until(producer, consumer)
+    assert (p.done, p.failed, c.done, c.failed) == ({"req-2"}, {}, {"req-2"}, {})
     for layer in range(LAYERS):
         for half in (0, 1):
             for s, d in zip(src, dst):
