@@ -117,6 +117,30 @@ std::unique_ptr<Client> Connect(const AgentProcess& agent) {
   return std::move(*c);
 }
 
+// Two buffers on GPU 0 (one GPU: its kernel reaches both) registered by two sessions: the
+// source filled with random bytes (`data`), the destination poisoned (`expect` holds
+// its bytes, for the test to apply its writes to).
+struct GpuPair {
+  std::unique_ptr<Client> writer, reader;
+  CudaBuffer src, dst;
+  std::vector<uint8_t> data, expect;
+  v1::RegisterMemoryResponse s, d;
+};
+
+GpuPair MakeGpuPair(const CudaDriver* cu, const AgentProcess& agent, uint64_t src_bytes, uint64_t dst_bytes,
+                    uint64_t seed) {
+  GpuPair p{Connect(agent), Connect(agent), Allocate(0, src_bytes, CudaExport::kPosixFd),
+            Allocate(0, dst_bytes, CudaExport::kPosixFd)};
+  p.data.resize(p.src.size());
+  FillRandom(p.data.data(), p.data.size(), seed);
+  Upload(cu, p.src, p.data);
+  p.expect.assign(p.dst.size(), 0xA5);
+  Upload(cu, p.dst, p.expect);
+  p.s = Register(*p.writer, p.src);
+  p.d = Register(*p.reader, p.dst);
+  return p;
+}
+
 // Applies `chunks` to `expect` as the agent should to the destination.
 void ApplyChunks(const std::vector<uint8_t>& src, std::vector<uint8_t>& expect, const v1::WriteRequest& req) {
   if (req.has_paged()) {
@@ -239,18 +263,10 @@ TEST_CASE("small GPU writes queued together share a kernel launch; every byte la
   std::unique_ptr<AgentProcess> agent = StartAgent();
   constexpr uint64_t kSrcBytes = 64 << 20, kDstBytes = 256 << 20;
   constexpr size_t kWrites = 300;
-  auto writer = Connect(*agent);
-  auto reader = Connect(*agent);
-  CudaBuffer src = Allocate(0, kSrcBytes, CudaExport::kPosixFd);
-  CudaBuffer dst = Allocate(0, kDstBytes, CudaExport::kPosixFd);  // one GPU: its kernel reaches both
-  std::vector<uint8_t> data(src.size());
-  FillRandom(data.data(), data.size(), 77);
-  Upload(cu, src, data);
-  std::vector<uint8_t> expect(dst.size(), 0xA5);
-  Upload(cu, dst, expect);  // poisoned
-  v1::RegisterMemoryResponse s = Register(*writer, src);
-  v1::RegisterMemoryResponse d = Register(*reader, dst);
-  absl::StatusOr<std::unique_ptr<WriteQueue>> q = WriteQueue::Create(*writer, {d.region()}, 128);
+  GpuPair p = MakeGpuPair(cu, *agent, kSrcBytes, kDstBytes, 77);
+  std::vector<uint8_t>& data = p.data;
+  std::vector<uint8_t>& expect = p.expect;
+  absl::StatusOr<std::unique_ptr<WriteQueue>> q = WriteQueue::Create(*p.writer, {p.d.region()}, 128);
   REQUIRE(q.ok());
   // Writes of 1 B .. 256 KiB and of 4 MiB + 3 (over the batch limit) at odd offsets, each
   // to its own destination range, 64 in flight: batches mix lengths and alignments.
@@ -266,7 +282,7 @@ TEST_CASE("small GPU writes queued together share a kernel launch; every byte la
       const uint64_t dst_offset = next_dst + rng() % 64;
       REQUIRE(dst_offset + length <= kDstBytes);
       const uint64_t src_offset = rng() % (kSrcBytes - length);
-      REQUIRE((*q)->Post({s.region_id(), 0, src_offset, dst_offset, length, posted}).ok());
+      REQUIRE((*q)->Post({p.s.region_id(), 0, src_offset, dst_offset, length, posted}).ok());
       lengths.push_back(length);
       memcpy(expect.data() + dst_offset, data.data() + src_offset, length);
       next_dst = dst_offset + length;
@@ -282,7 +298,7 @@ TEST_CASE("small GPU writes queued together share a kernel launch; every byte la
     reaped += done.size();
   }
   REQUIRE(reaped == kWrites);
-  REQUIRE(Diff(Download(cu, dst), expect) == "");
+  REQUIRE(Diff(Download(cu, p.dst), expect) == "");
   absl::StatusOr<std::string> m = testing::HttpGet(agent->metrics_port(), "/metrics");
   REQUIRE(m.ok());
   const std::string device = R"(device="0",)";
@@ -303,19 +319,11 @@ TEST_CASE("paged queue entries move a KV mapping for every layer on the GPU, byt
   // of each layer move, scattered, by one table mapping named by 8 entries.
   constexpr uint64_t kBlock = 32 << 10, kLayerBlocks = 512, kLayer = kBlock * kLayerBlocks, kLayers = 8;
   constexpr uint32_t kMoved = 300;
-  auto writer = Connect(*agent);
-  auto reader = Connect(*agent);
-  CudaBuffer src = Allocate(0, kLayer * kLayers, CudaExport::kPosixFd);
-  CudaBuffer dst = Allocate(0, kLayer * kLayers, CudaExport::kPosixFd);
-  std::vector<uint8_t> data(src.size());
-  FillRandom(data.data(), data.size(), 78);
-  Upload(cu, src, data);
-  std::vector<uint8_t> expect(dst.size(), 0xA5);
-  Upload(cu, dst, expect);  // poisoned
-  v1::RegisterMemoryResponse s = Register(*writer, src);
-  v1::RegisterMemoryResponse d = Register(*reader, dst);
+  GpuPair p = MakeGpuPair(cu, *agent, kLayer * kLayers, kLayer * kLayers, 78);
+  std::vector<uint8_t>& data = p.data;
+  std::vector<uint8_t>& expect = p.expect;
   absl::StatusOr<std::unique_ptr<WriteQueue>> q =
-      WriteQueue::Create(*writer, {d.region()}, 16, 0, v1::TRAFFIC_CLASS_UNSPECIFIED, 2 * kMoved);
+      WriteQueue::Create(*p.writer, {p.d.region()}, 16, 0, v1::TRAFFIC_CLASS_UNSPECIFIED, 2 * kMoved);
   REQUIRE(q.ok());
   std::vector<uint32_t> sb(kLayerBlocks), db(kLayerBlocks);
   std::iota(sb.begin(), sb.end(), 0);
@@ -326,7 +334,7 @@ TEST_CASE("paged queue entries move a KV mapping for every layer on the GPU, byt
   std::copy(db.begin(), db.begin() + kMoved, (*q)->table() + kMoved);
   for (uint64_t l = 0; l < kLayers; ++l) {
     WriteQueue::PagedEntry e;
-    e.src_region = s.region_id();
+    e.src_region = p.s.region_id();
     e.src_base = e.dst_base = l * kLayer;
     e.block_size = kBlock;
     e.blocks = kMoved;
@@ -345,7 +353,7 @@ TEST_CASE("paged queue entries move a KV mapping for every layer on the GPU, byt
     CHECK(c.status.ok());
     CHECK(c.bytes == kMoved * kBlock);
   }
-  REQUIRE(Diff(Download(cu, dst), expect) == "");
+  REQUIRE(Diff(Download(cu, p.dst), expect) == "");
   REQUIRE(agent->Stop() == 0);
 }
 

@@ -159,7 +159,8 @@ class _ConsumerQueue:
         self._user_data = 0
 
     def post(self, rid: str, parts: list, block_bytes: int, src_ids, dst_ids, reply: bytes) -> bool:
-        """Posts the request's batch entry; False when the queue or its table is full."""
+        """Posts the request's batch entry; False when the queue or its table is full (or
+        refused the entry)."""
         words = len(parts) * 8 + 2 * len(src_ids) + (len(reply) + 3) // 4
         if self.queue.inflight >= self.ENTRIES or words > self.TABLE_IDS:
             return False
@@ -170,8 +171,12 @@ class _ConsumerQueue:
         else:
             return False
         self._user_data += 1
-        self.queue.post_batch(parts, block_bytes, src_ids, dst_ids, table_index=start, user_data=self._user_data,
-                              notify=True, tag=_DONE, payload=reply)
+        try:
+            self.queue.post_batch(parts, block_bytes, src_ids, dst_ids, table_index=start, user_data=self._user_data,
+                                  notify=True, tag=_DONE, payload=reply)
+        except errors.FerryError:
+            return False  # the caller's write_batch says what is wrong, if anything
+
         self._ranges[self._user_data] = (rid, start, end)
         self._next = end
         return True
