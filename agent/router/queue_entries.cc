@@ -37,7 +37,7 @@ bool QueueEntries::Handle(const std::shared_ptr<TransferQueue>& q, const queue::
   if (e.flags & ~(queue::kFlagNotify | queue::kFlagPaged | queue::kFlagBatch)) {
     return refuse(absl::InvalidArgumentError(absl::StrCat("flags 0x", absl::Hex(e.flags), " has unknown bits")));
   }
-  if ((e.flags & queue::kFlagPaged) || (e.flags & queue::kFlagBatch)) {
+  if (e.flags & (queue::kFlagPaged | queue::kFlagBatch)) {
     if (e.blocks > limits_.max_chunks) {
       return refuse(
           absl::ResourceExhaustedError(absl::StrCat("blocks: ", e.blocks, " exceed the limit of ", limits_.max_chunks,

@@ -159,12 +159,8 @@ void ApplyChunks(const std::vector<uint8_t>& src, std::vector<uint8_t>& expect, 
 // Random paged write: `n` distinct source blocks to `n` distinct destination blocks.
 v1::WriteRequest PagedWrite(uint64_t src_region, const v1::RegionDescriptor& dst, uint64_t block, uint64_t region_bytes,
                             size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<uint64_t> s(region_bytes / block), d(region_bytes / block);
-  std::iota(s.begin(), s.end(), 0);
-  std::iota(d.begin(), d.end(), 0);
-  std::shuffle(s.begin(), s.end(), rng);
-  std::shuffle(d.begin(), d.end(), rng);
+  const std::vector<uint64_t> s = testing::ShuffledIds<uint64_t>(region_bytes / block, seed),
+                              d = testing::ShuffledIds<uint64_t>(region_bytes / block, seed + 1);
   v1::WriteRequest req;
   req.set_src_region_id(src_region);
   *req.mutable_dst() = dst;
@@ -325,11 +321,7 @@ TEST_CASE("paged queue entries move a KV mapping for every layer on the GPU, byt
   absl::StatusOr<std::unique_ptr<WriteQueue>> q =
       WriteQueue::Create(*p.writer, {p.d.region()}, 16, 0, v1::TRAFFIC_CLASS_UNSPECIFIED, 2 * kMoved);
   REQUIRE(q.ok());
-  std::vector<uint32_t> sb(kLayerBlocks), db(kLayerBlocks);
-  std::iota(sb.begin(), sb.end(), 0);
-  std::iota(db.begin(), db.end(), 0);
-  std::shuffle(sb.begin(), sb.end(), std::mt19937(1));
-  std::shuffle(db.begin(), db.end(), std::mt19937(2));
+  const std::vector<uint32_t> sb = testing::ShuffledIds(kLayerBlocks, 1), db = testing::ShuffledIds(kLayerBlocks, 2);
   std::copy(sb.begin(), sb.begin() + kMoved, (*q)->table());
   std::copy(db.begin(), db.begin() + kMoved, (*q)->table() + kMoved);
   for (uint64_t l = 0; l < kLayers; ++l) {

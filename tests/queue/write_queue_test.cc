@@ -9,8 +9,6 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <new>
-#include <numeric>
-#include <random>
 
 #include "absl/time/clock.h"
 #include "client/cpp/ferry_client.h"
@@ -25,6 +23,7 @@ namespace {
 using testing::AgentProcess;
 using testing::FillRandom;
 using testing::MakePod;
+using testing::ShuffledIds;
 using testing::TestPod;
 
 std::unique_ptr<AgentProcess> StartAgent() {
@@ -53,9 +52,7 @@ TEST_CASE("a write queue moves many small writes byte for byte and returns each 
   INFO(q.status().ToString());
   REQUIRE(q.ok());
 
-  std::vector<uint64_t> dst(kBlocks);
-  for (uint64_t i = 0; i < kBlocks; ++i) dst[i] = i;
-  std::shuffle(dst.begin(), dst.end(), std::mt19937(4));
+  const std::vector<uint64_t> dst = ShuffledIds<uint64_t>(kBlocks, 4);
   std::vector<int> seen(kBlocks, 0);
   uint64_t posted = 0, reaped = 0;
   std::vector<WriteQueue::Completion> done;
@@ -246,11 +243,7 @@ TEST_CASE("paged entries apply one block mapping from the queue's block table to
   REQUIRE(q.ok());
   REQUIRE((*q)->table_ids() == 1024);
 
-  std::vector<uint32_t> src(kLayerBlocks), dst(kLayerBlocks);
-  std::iota(src.begin(), src.end(), 0);
-  std::iota(dst.begin(), dst.end(), 0);
-  std::shuffle(src.begin(), src.end(), std::mt19937(1));
-  std::shuffle(dst.begin(), dst.end(), std::mt19937(2));
+  const std::vector<uint32_t> src = ShuffledIds(kLayerBlocks, 1), dst = ShuffledIds(kLayerBlocks, 2);
   const uint32_t at = 100;  // anywhere in the table
   std::copy(src.begin(), src.begin() + kMoved, (*q)->table() + at);
   std::copy(dst.begin(), dst.begin() + kMoved, (*q)->table() + at + kMoved);
@@ -380,11 +373,7 @@ TEST_CASE("a batch entry moves one block mapping over several regions as one tra
   std::vector<v1::RegionDescriptor> dsts(kLayers, receiver.reg.region());
   auto q = WriteQueue::Create(*sender.client, dsts, 8, 0, v1::TRAFFIC_CLASS_UNSPECIFIED, /*table_ids=*/512);
   REQUIRE(q.ok());
-  std::vector<uint32_t> src(kBlocks), dst(kBlocks);
-  std::iota(src.begin(), src.end(), 0);
-  std::iota(dst.begin(), dst.end(), 0);
-  std::shuffle(src.begin(), src.end(), std::mt19937(3));
-  std::shuffle(dst.begin(), dst.end(), std::mt19937(4));
+  std::vector<uint32_t> src = ShuffledIds(kBlocks, 3), dst = ShuffledIds(kBlocks, 4);
   src.resize(kMoved);
   dst.resize(kMoved);
   std::vector<queue::TablePart> parts;

@@ -10,8 +10,10 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "client/cpp/ferry_client.h"
@@ -98,6 +100,15 @@ inline void FillRandom(uint8_t* p, size_t n, uint64_t seed) {
     uint64_t v = rng();
     memcpy(p + i, &v, std::min<size_t>(8, n - i));
   }
+}
+
+// The ids 0..n-1 in a reproducible random order (a paged write's scattered blocks).
+template <typename Id = uint32_t>
+std::vector<Id> ShuffledIds(size_t n, uint64_t seed) {
+  std::vector<Id> ids(n);
+  std::iota(ids.begin(), ids.end(), Id{0});
+  std::shuffle(ids.begin(), ids.end(), std::mt19937_64(seed));
+  return ids;
 }
 
 }  // namespace ferry::testing

@@ -161,7 +161,7 @@ class _ConsumerQueue:
     def post(self, rid: str, parts: list, block_bytes: int, src_ids, dst_ids, reply: bytes) -> bool:
         """Posts the request's batch entry; False when the queue or its table is full (or
         refused the entry)."""
-        words = len(parts) * 8 + 2 * len(src_ids) + (len(reply) + 3) // 4
+        words = self.queue.batch_table_ids(len(parts), len(src_ids), len(reply))
         if self.queue.inflight >= self.ENTRIES or words > self.TABLE_IDS:
             return False
         for start in (self._next, 0):  # after the last request's range, else from the start
@@ -176,7 +176,6 @@ class _ConsumerQueue:
                                   notify=True, tag=_DONE, payload=reply)
         except errors.FerryError:
             return False  # the caller's write_batch says what is wrong, if anything
-
         self._ranges[self._user_data] = (rid, start, end)
         self._next = end
         return True

@@ -177,6 +177,12 @@ class WriteQueue:
                    dict(block_size=block_size, src_base=src_base, dst_base=dst_base, table_index=table_index,
                         blocks=blocks))
 
+    @staticmethod
+    def batch_table_ids(parts: int, blocks: int, payload_bytes: int = 0) -> int:
+        """How many ids of the block table a ``post_batch`` of ``parts`` parts, ``blocks``
+        block pairs and a ``payload_bytes`` payload takes from its ``table_index``."""
+        return parts * _PART_IDS + 2 * blocks + (payload_bytes + 3) // 4
+
     def post_batch(self, parts: Sequence, block_size: int, src_ids: Sequence[int], dst_ids: Sequence[int], *,
                    table_index: int = 0, user_data: int = 0, notify: bool = False, tag: int = 0,
                    payload: bytes = b"") -> None:
@@ -196,7 +202,7 @@ class WriteQueue:
         if not 1 <= len(parts) <= _MAX_BATCH_PARTS:
             raise errors.InvalidArgument(f"parts must hold 1..{_MAX_BATCH_PARTS} parts, got {len(parts)}")
         payload = bytes(payload)
-        words = len(parts) * _PART_IDS + 2 * n + (len(payload) + 3) // 4
+        words = self.batch_table_ids(len(parts), n, len(payload))
         if not (isinstance(table_index, int) and 0 <= table_index and table_index + words <= len(self.table)):
             raise errors.InvalidArgument(f"the batch needs {words} table ids from table_index {table_index!r}; "
                                          f"the queue's table has {len(self.table)} (create_queue's table_ids)")
