@@ -307,7 +307,7 @@ TEST_CASE("small GPU writes queued together share a kernel launch; every byte la
   REQUIRE(agent->Stop() == 0);
 }
 
-TEST_CASE("paged queue entries move a KV mapping for every layer on the GPU, byte for byte") {
+TEST_CASE("paged and batch queue entries move a KV mapping for every layer on the GPU, byte for byte") {
   const CudaDriver* cu = GpuOrSkip();
   if (cu == nullptr) return;
   std::unique_ptr<AgentProcess> agent = StartAgent();
@@ -319,7 +319,7 @@ TEST_CASE("paged queue entries move a KV mapping for every layer on the GPU, byt
   std::vector<uint8_t>& data = p.data;
   std::vector<uint8_t>& expect = p.expect;
   absl::StatusOr<std::unique_ptr<WriteQueue>> q =
-      WriteQueue::Create(*p.writer, {p.d.region()}, 16, 0, v1::TRAFFIC_CLASS_UNSPECIFIED, 2 * kMoved);
+      WriteQueue::Create(*p.writer, {p.d.region()}, 16, 0, v1::TRAFFIC_CLASS_UNSPECIFIED, 4 * kMoved + 8 * kLayers);
   REQUIRE(q.ok());
   const std::vector<uint32_t> sb = testing::ShuffledIds(kLayerBlocks, 1), db = testing::ShuffledIds(kLayerBlocks, 2);
   std::copy(sb.begin(), sb.begin() + kMoved, (*q)->table());
@@ -345,6 +345,26 @@ TEST_CASE("paged queue entries move a KV mapping for every layer on the GPU, byt
     CHECK(c.status.ok());
     CHECK(c.bytes == kMoved * kBlock);
   }
+  REQUIRE(Diff(Download(cu, p.dst), expect) == "");
+
+  // The same layers as one batch entry (one completion for every part), another mapping.
+  std::vector<uint32_t> src = testing::ShuffledIds(kLayerBlocks, 3), dst = testing::ShuffledIds(kLayerBlocks, 4);
+  src.resize(kMoved);
+  dst.resize(kMoved);
+  std::vector<queue::TablePart> parts;
+  for (uint32_t l = 0; l < kLayers; ++l) parts.push_back({p.s.region_id(), l * kLayer, l * kLayer, 0, 0});
+  REQUIRE((*q)->PostBatch(2 * kMoved, parts, src, dst, {kBlock, /*user_data=*/99}).ok());
+  for (uint64_t l = 0; l < kLayers; ++l) {
+    for (uint32_t i = 0; i < kMoved; ++i) {
+      memcpy(expect.data() + l * kLayer + dst[i] * kBlock, data.data() + l * kLayer + src[i] * kBlock, kBlock);
+    }
+  }
+  done.clear();
+  while (done.empty() && absl::Now() < deadline) (*q)->Reap(&done, 1, absl::Seconds(1));
+  REQUIRE(done.size() == 1);
+  INFO(done[0].status.ToString());
+  CHECK(done[0].status.ok());
+  CHECK(done[0].bytes == kLayers * kMoved * kBlock);
   REQUIRE(Diff(Download(cu, p.dst), expect) == "");
   REQUIRE(agent->Stop() == 0);
 }

@@ -3,16 +3,19 @@
 Two FerryWorkers (ferry.vllm.worker, what vLLM's workers run) on two agents: the
 producer holds a request's blocks (what its scheduler's request_finished plans), the
 consumer pulls them into blocks of its own (what its update_state_after_alloc plans),
-and both are polled as vLLM's model runner does each step. Timed: from the producer's
-hold to the consumer reporting the request in finished_recving. Submit: the longest
-producer step (the one that answered the pull with one write_batch over all layers).
+and both are polled as vLLM's model runner does each step (every --step_ms, default 1).
+Timed: from the producer's hold to the consumer reporting the request in
+finished_recving. Submit: the longest producer step (the one that answered the pull
+with one batch entry, or write_batch, over all layers).
 
     python kv_handoff.py --producer=A.sock --consumer=B.sock --tokens=1024,4096 --rounds=3
 
 Prints "tokens bytes time_ms GBps submit_ms" per request (after one untimed request per
 size), and with --device=cuda:N "raw_copy_ms" (one contiguous copy of the same bytes on
-that GPU). Cache: Llama-3-8B-shaped, 32 layers of [2, blocks, 16, 8, 128] bf16, in host
-memory or on the GPU.
+that GPU), and with --phases when the pull was sent, reached the producer, was answered
+(the batch posted), the producer saw its write complete, and the consumer's notification
+arrived, in ms after the hold. Cache:
+Llama-3-8B-shaped, 32 layers of [2, blocks, 16, 8, 128] bf16, in host memory or on the GPU.
 """
 import argparse
 import random
@@ -54,16 +57,54 @@ def raw_copy_seconds(nbytes, device):
     return sorted(times[1:])[2]
 
 
-def handoff(producer, consumer, rid, src, dst, seconds=120.0):
-    t0 = time.perf_counter()
+class Timeline:
+    """--phases: when each step of one handoff happened, by wrapping the worker core's
+    pieces from outside (no timer in ferry's code): the consumer's pull sent, the pull
+    taken from the producer's notification stream, the batch posted, the producer's step
+    that saw its write complete, the consumer's notification taken from its stream."""
+
+    def __init__(self, producer, consumer):
+        self.marks = {}
+        self._stamp_inbox(producer.producer._inbox, "pull_at_producer")
+        self._stamp_inbox(consumer.consumer._inbox, "notified_consumer")
+        kvp = producer.producer
+        on_pull = kvp._on_pull
+
+        def timed_on_pull(*a, **k):
+            on_pull(*a, **k)
+            self.marks["posted"] = time.perf_counter()  # a long pull is several messages: the last
+        kvp._on_pull = timed_on_pull
+
+    def _stamp_inbox(self, inbox, name):
+        put = inbox._q.put
+
+        def stamped(n, *a, **k):
+            self.marks.setdefault(name, time.perf_counter())
+            put(n, *a, **k)
+        inbox._q.put = stamped
+
+    def start(self):
+        self.marks = {}
+        return time.perf_counter()
+
+
+PHASES = ("pull_sent", "pull_at_producer", "posted", "written", "notified_consumer")
+
+
+def handoff(producer, consumer, rid, src, dst, step, timeline=None, seconds=120.0):
+    t0 = timeline.start() if timeline else time.perf_counter()
     producer.apply(StepPlan(hold={rid: src}))
     consumer.apply(StepPlan(pull={rid: Pull(rid, [producer.mailbox], dst, 0)}))
+    if timeline:
+        timeline.marks["pull_sent"] = time.perf_counter()
     submit, received, sent = 0.0, None, False
     while received is None or not sent:
         s0 = time.perf_counter()
         r = producer.results()
         submit = max(submit, time.perf_counter() - s0)
         sent |= rid in r.finished_sending
+        if sent and timeline:
+            timeline.marks.setdefault("written", time.perf_counter())
         c = consumer.results()
         if c.failed_recving:
             raise RuntimeError(f"the handoff of {rid} failed")
@@ -71,8 +112,9 @@ def handoff(producer, consumer, rid, src, dst, seconds=120.0):
             received = time.perf_counter()
         if time.perf_counter() - t0 > seconds:
             raise TimeoutError(f"{rid} did not land in {seconds} s")
-        time.sleep(0.001)  # a step of a busy engine is longer; polling faster takes the agent's core
-    return received - t0, submit
+        time.sleep(step)  # a step of a busy engine is longer; polling faster takes the agent's core
+    phases = [(timeline.marks.get(p, float("nan")) - t0) * 1e3 for p in PHASES] if timeline else []
+    return received - t0, submit, phases
 
 
 def main():
@@ -82,6 +124,10 @@ def main():
     ap.add_argument("--tokens", default="1024,4096,16384")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu (ferry.host memory) or cuda:N (also prints raw_copy_ms)")
+    ap.add_argument("--step_ms", type=float, default=1.0,
+                    help="pause between two polls of both workers (a model runner's step); 0 polls back to back")
+    ap.add_argument("--phases", action="store_true",
+                    help="also print when each step happened, ms after the hold: " + ", ".join(PHASES))
     args = ap.parse_args()
     sizes = [int(t) for t in args.tokens.split(",")]
     num_blocks = max(sizes) // BLOCK_TOKENS + 8
@@ -90,20 +136,22 @@ def main():
     consumer = FerryWorker(args.consumer, "bench-decode", 0, producer=False, consumer=True, timeout=300)
     producer.register_kv_caches(pcache)
     consumer.register_kv_caches(ccache)
+    timeline = Timeline(producer, consumer) if args.phases else None
     rng = random.Random(3)
     block_bytes = 2 * BLOCK_TOKENS * KV_HEADS * HEAD * 2 * LAYERS  # K and V, every layer
     for tokens in sizes:
         n = tokens // BLOCK_TOKENS
         for r in range(args.rounds + 1):
             src, dst = rng.sample(range(num_blocks), n), rng.sample(range(num_blocks), n)
-            seconds, submit = handoff(producer, consumer, f"{tokens}-{r}", src, dst)
+            seconds, submit, phases = handoff(producer, consumer, f"{tokens}-{r}", src, dst, args.step_ms / 1e3,
+                                              timeline)
             layer = next(iter(pcache))
             assert torch.equal(ccache[layer][:, dst[-1]].view(torch.int16), pcache[layer][:, src[-1]].view(torch.int16)), \
                 "a block differs"
             if r:  # the first request of a size warms up (page faults of fresh memory)
                 raw = f" {raw_copy_seconds(n * block_bytes, args.device) * 1e3:.2f}" if args.device != "cpu" else ""
                 print(tokens, n * block_bytes, f"{seconds * 1e3:.2f}", f"{n * block_bytes / seconds / 1e9:.3f}",
-                      f"{submit * 1e3:.3f}{raw}", flush=True)
+                      f"{submit * 1e3:.3f}{raw}", *(f"{p:.2f}" for p in phases), flush=True)
     producer.close()
     consumer.close()
 
