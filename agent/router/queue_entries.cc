@@ -34,8 +34,19 @@ bool QueueEntries::Handle(const std::shared_ptr<TransferQueue>& q, const queue::
   if (shutting_down_.load()) return refuse(absl::UnavailableError("the agent is shutting down"));
   std::shared_ptr<Session> session = sessions_->FindById(q->session_id());
   if (session == nullptr) return refuse(absl::UnavailableError("the session ended"));
-  if (e.flags & ~(queue::kFlagNotify | queue::kFlagPaged | queue::kFlagBatch)) {
+  if (e.flags & ~(queue::kFlagNotify | queue::kFlagPaged | queue::kFlagBatch | queue::kFlagMessage)) {
     return refuse(absl::InvalidArgumentError(absl::StrCat("flags 0x", absl::Hex(e.flags), " has unknown bits")));
+  }
+  if (e.flags & queue::kFlagMessage) {
+    if (e.flags != queue::kFlagMessage) {
+      return refuse(absl::InvalidArgumentError(
+          absl::StrCat("flags 0x", absl::Hex(e.flags), ": a message entry (8) takes no other flag")));
+    }
+    absl::Status sent = SendMessage(*q, e, may_block);
+    if (IsWouldBlock(sent)) return false;
+    if (!sent.ok()) return refuse(sent);
+    q->Complete(ToCompletion(e.user_data, v1::TransferResult()));
+    return true;
   }
   if (e.flags & (queue::kFlagPaged | queue::kFlagBatch)) {
     if (e.blocks > limits_.max_chunks) {
@@ -57,6 +68,24 @@ bool QueueEntries::Handle(const std::shared_ptr<TransferQueue>& q, const queue::
   };
   router_->Launch(std::move(*t));
   return true;
+}
+
+absl::Status QueueEntries::SendMessage(const TransferQueue& q, const queue::SubmitEntry& e, bool may_block) const {
+  if (e.src_region != 0 || e.dst_offset != 0 || e.length != 0 || e.blocks != 0) {
+    return absl::InvalidArgumentError(
+        "src_region, dst_offset, length and blocks of a message entry must be 0 (it writes no bytes)");
+  }
+  if (absl::Status s = CheckDestination(q, e.dst_index, "dst_index"); !s.ok()) return s;
+  if (e.src_offset > kMaxNotifyPayloadBytes) {  // checked before the copy: the length is the client's
+    return absl::InvalidArgumentError(
+        absl::StrCat("the message payload (src_offset) is ", e.src_offset, " bytes; at most ", kMaxNotifyPayloadBytes));
+  }
+  const std::shared_ptr<const v1::RegionDescriptor>& dst = q.destinations()[e.dst_index];
+  // Another agent's region: an RPC to it, on the poller's own thread.
+  if (!may_block && !router_->IsLocal(*dst)) return WouldBlockError("a message to another agent");
+  thread_local std::string payload;
+  if (absl::Status s = q.CopyBytes(e.table_index, e.src_offset, &payload); !s.ok()) return s;
+  return router_->SendMessage(dst, e.tag, payload, absl::Now() + absl::Milliseconds(q.timeout_ms()));
 }
 
 WriteSpec QueueEntries::Spec(const TransferQueue& q, uint64_t src_region, uint32_t dst_index) const {

@@ -44,6 +44,9 @@ class QueueEntries {
   absl::StatusOr<std::shared_ptr<Transfer>> PrepareBatch(const std::shared_ptr<Session>& session,
                                                          const TransferQueue& q, const queue::SubmitEntry& e,
                                                          bool may_block) const;
+  // A message entry, delivered before it returns; a would-block status when !may_block
+  // and the destination is on another agent (its delivery is an RPC).
+  absl::Status SendMessage(const TransferQueue& q, const queue::SubmitEntry& e, bool may_block) const;
   WriteSpec Spec(const TransferQueue& q, uint64_t src_region, uint32_t dst_index) const;
   static absl::Status CheckDestination(const TransferQueue& q, uint32_t dst_index, const char* field);
 

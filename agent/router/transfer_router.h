@@ -101,6 +101,8 @@ class TransferRouter {
   // or through its own agent, which checks the token. Returns once that agent queued it.
   absl::Status SendMessage(const std::shared_ptr<const v1::RegionDescriptor>& dst, uint64_t tag,
                            const std::string& payload, absl::Time deadline) const;
+  // Whether `dst` names a region of this agent (so SendMessage to it makes no RPC).
+  bool IsLocal(const v1::RegionDescriptor& dst) const { return dst.agent_incarnation() == deps_.incarnation; }
 
  private:
   // Fills t's destination from its descriptor: this agent's region (path LOCAL), or

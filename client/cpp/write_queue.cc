@@ -89,6 +89,18 @@ absl::Status WriteQueue::PostPaged(const PagedEntry& e) {
                    queue::kFlagPaged | (e.notify ? queue::kFlagNotify : 0), e.table_index, e.blocks});
 }
 
+absl::Status WriteQueue::CheckTableRoom(const char* what, uint64_t table_index, uint64_t words) const {
+  if (table_index + words > table_ids_) {
+    return absl::InvalidArgumentError(absl::StrCat("the ", what, " needs ", words, " table ids from ", table_index,
+                                                   "; the queue's table has ", table_ids_, " (Create's table_ids)"));
+  }
+  if (posted_ - reaped_ >= entries_) {  // before the table is touched: entries in flight may use it
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the queue already has ", entries_, " writes in flight; Reap completions first"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteQueue::PostBatch(uint32_t table_index, absl::Span<const queue::TablePart> parts,
                                    absl::Span<const uint32_t> src_ids, absl::Span<const uint32_t> dst_ids,
                                    const BatchOptions& options) {
@@ -99,14 +111,7 @@ absl::Status WriteQueue::PostBatch(uint32_t table_index, absl::Span<const queue:
   }
   const uint64_t payload_words = (options.payload.size() + sizeof(uint32_t) - 1) / sizeof(uint32_t);
   const uint64_t words = uint64_t{parts.size()} * queue::kPartIds + 2 * uint64_t{src_ids.size()} + payload_words;
-  if (uint64_t{table_index} + words > table_ids_) {
-    return absl::InvalidArgumentError(absl::StrCat("the batch needs ", words, " table ids from ", table_index,
-                                                   "; the queue's table has ", table_ids_, " (Create's table_ids)"));
-  }
-  if (posted_ - reaped_ >= entries_) {  // before the table is touched: entries in flight may use it
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the queue already has ", entries_, " writes in flight; Reap completions first"));
-  }
+  if (absl::Status s = CheckTableRoom("batch", table_index, words); !s.ok()) return s;
   uint32_t* at = table_ + table_index;
   memcpy(at, parts.data(), parts.size() * sizeof(queue::TablePart));
   at += parts.size() * queue::kPartIds;
@@ -116,6 +121,14 @@ absl::Status WriteQueue::PostBatch(uint32_t table_index, absl::Span<const queue:
   return PostSlot({options.user_data, 0, options.payload.size(), 0, options.block_size, options.tag,
                    static_cast<uint32_t>(parts.size()), queue::kFlagBatch | (options.notify ? queue::kFlagNotify : 0),
                    table_index, static_cast<uint32_t>(src_ids.size())});
+}
+
+absl::Status WriteQueue::PostMessage(uint32_t table_index, uint32_t dst_index, uint64_t tag, absl::string_view payload,
+                                     uint64_t user_data) {
+  const uint64_t words = (payload.size() + sizeof(uint32_t) - 1) / sizeof(uint32_t);
+  if (absl::Status s = CheckTableRoom("message", table_index, words); !s.ok()) return s;
+  if (!payload.empty()) memcpy(table_ + table_index, payload.data(), payload.size());
+  return PostSlot({user_data, 0, payload.size(), 0, 0, tag, dst_index, queue::kFlagMessage, table_index, 0});
 }
 
 absl::Status WriteQueue::PostSlot(const queue::SubmitEntry& entry) {

@@ -31,6 +31,11 @@
 //   (*q)->PostBatch(/*table_index=*/0, parts, src_ids, dst_ids, {.block_size = 32768, .user_data = 7,
 //                                                               .notify = true, .tag = 42});
 //
+// And messages (no bytes written: a notification of kind MESSAGE with a payload, as
+// Client::SendMessage) to a destination's owner, e.g. a KV consumer asking for blocks:
+//
+//   (*q)->PostMessage(/*table_index=*/0, /*dst_index=*/0, /*tag=*/7, "pull request 12");
+//
 // Not thread-safe: one thread posts and reaps (wrap it in a mutex to share it). At most
 // `entries` writes are in flight; Post answers RESOURCE_EXHAUSTED until Reap frees room.
 // Writes in flight together are not ordered against each other (completions come in any
@@ -45,6 +50,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/cpp/ferry_client.h"
@@ -113,6 +119,12 @@ class WriteQueue {
   absl::Status PostBatch(uint32_t table_index, absl::Span<const queue::TablePart> parts,
                          absl::Span<const uint32_t> src_ids, absl::Span<const uint32_t> dst_ids,
                          const BatchOptions& options);
+  // A message to the owner of destination `dst_index` (ring_layout.h, kFlagMessage; as
+  // Client::SendMessage, without the RPC): writes `payload` (at most 4 KiB) into the table
+  // at `table_index`, where it must stay until the entry completes (once the message was
+  // queued for its owner). INVALID_ARGUMENT when it does not fit in the table.
+  absl::Status PostMessage(uint32_t table_index, uint32_t dst_index, uint64_t tag, absl::string_view payload,
+                           uint64_t user_data = 0);
   // The block table: table_ids() uint32 ids in memory shared with the agent. Ids that
   // entries in flight name must stay as they were until those entries complete.
   uint32_t* table() { return table_; }
@@ -133,6 +145,9 @@ class WriteQueue {
   WriteQueue() = default;
   size_t Take(std::vector<Completion>* out, size_t max);
   absl::Status PostSlot(const queue::SubmitEntry& entry);
+  // That `words` table ids from `table_index` fit in the table and that a slot is free
+  // (checked before the table is written: entries in flight may still use it).
+  absl::Status CheckTableRoom(const char* what, uint64_t table_index, uint64_t words) const;
 
   uint64_t id_ = 0;
   uint32_t entries_ = 0;

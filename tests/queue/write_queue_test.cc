@@ -229,6 +229,21 @@ absl::Status Create(Client& c, int ring, int submit, int complete, uint32_t entr
   return FromGrpc(c.stub()->CreateQueue(ctx.get(), req, &resp));
 }
 
+// Posts `e` as entry `index` of `rq` (made with `entries` slots) and returns its completion.
+queue::CompletionEntry PostRaw(RawQueue& rq, uint32_t entries, const queue::SubmitEntry& e, uint32_t index = 0) {
+  rq.sq()[index % entries] = e;
+  rq.header->sq_tail.value.store(index + 1);
+  uint64_t one = 1;
+  REQUIRE(write(rq.submit, &one, sizeof(one)) == sizeof(one));
+  const absl::Time end = absl::Now() + absl::Seconds(30);
+  while (rq.header->cq_tail.value.load() == index && absl::Now() < end) absl::SleepFor(absl::Milliseconds(1));
+  REQUIRE(rq.header->cq_tail.value.load() == index + 1);
+  const queue::CompletionEntry c = reinterpret_cast<const queue::CompletionEntry*>(
+      static_cast<char*>(rq.map) + queue::CompletionOffset(entries))[index % entries];
+  rq.header->cq_head.value.store(index + 1);  // reaped: the slot is free again
+  return c;
+}
+
 TEST_CASE("paged entries apply one block mapping from the queue's block table to each layer") {
   auto agent = StartAgent();
   // Two "layers" in each region: layer l at base l * kLayer. 48 of each layer's 128
@@ -334,18 +349,11 @@ TEST_CASE("paged entries are checked like a Write's paged layout: refusals name 
   {
     RawQueue rq(16);
     REQUIRE(Create(*sender.client, rq.ring, rq.submit, rq.complete, 16, {receiver.reg.region()}).ok());
-    *rq.sq() = queue::SubmitEntry{7, sender.reg.region_id(), 0, 0, kBlock, 0, 0, 0, /*table_index=*/0, /*blocks=*/4};
-    rq.header->sq_tail.value.store(1);
-    uint64_t one = 1;
-    REQUIRE(write(rq.submit, &one, sizeof(one)) == sizeof(one));
-    const absl::Time end = absl::Now() + absl::Seconds(30);
-    while (rq.header->cq_tail.value.load() == 0 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(1));
-    REQUIRE(rq.header->cq_tail.value.load() == 1);
-    const auto* c =
-        reinterpret_cast<const queue::CompletionEntry*>(static_cast<char*>(rq.map) + queue::CompletionOffset(16));
-    CHECK(c->user_data == 7);
-    CHECK(c->code == static_cast<int>(absl::StatusCode::kInvalidArgument));
-    CHECK(std::string(c->message).find("table_index and blocks are for paged and batch entries") != std::string::npos);
+    const queue::CompletionEntry c =
+        PostRaw(rq, 16, {7, sender.reg.region_id(), 0, 0, kBlock, 0, 0, 0, /*table_index=*/0, /*blocks=*/4});
+    CHECK(c.user_data == 7);
+    CHECK(c.code == static_cast<int>(absl::StatusCode::kInvalidArgument));
+    CHECK(std::string(c.message).find("table_index and blocks are for paged and batch entries") != std::string::npos);
   }
   auto plain = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 8);
   REQUIRE(plain.ok());
@@ -454,6 +462,108 @@ TEST_CASE("a batch entry moves one block mapping over several regions as one tra
   CHECK(ReapAll(**q, 1)[0].status.ok());
   REQUIRE(stream->Read(&n));
   CHECK(n.tag() == 456);
+  ctx->TryCancel();
+}
+
+TEST_CASE("message entries reach the destination's owner in order; bad ones are refused and deliver nothing") {
+  auto agent = StartAgent();
+  TestPod sender = MakePod(agent->socket(), 1 << 16);
+  TestPod receiver = MakePod(agent->socket(), 1 << 16);
+  auto q = WriteQueue::Create(*sender.client, {receiver.reg.region()}, 8, 0, v1::TRAFFIC_CLASS_UNSPECIFIED,
+                              /*table_ids=*/3 * 1024);
+  REQUIRE(q.ok());
+  auto ctx = receiver.client->NewContext(absl::Seconds(30));
+  auto stream = receiver.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
+  const std::string payloads[] = {"pull 1", "", std::string(4096, 'x')};
+  for (uint32_t i = 0; i < 3; ++i) REQUIRE((*q)->PostMessage(i * 1024, 0, /*tag=*/10 + i, payloads[i], i).ok());
+  for (const WriteQueue::Completion& c : ReapAll(**q, 3)) {
+    INFO(c.status.ToString());
+    CHECK(c.status.ok());
+    CHECK(c.bytes == 0);
+  }
+  for (uint32_t i = 0; i < 3; ++i) {
+    v1::Notification n;
+    REQUIRE(stream->Read(&n));
+    CHECK(n.kind() == v1::NOTIFICATION_KIND_MESSAGE);
+    CHECK(n.tag() == 10 + i);
+    CHECK(n.payload() == payloads[i]);
+    CHECK(n.region_id() == receiver.reg.region_id());
+  }
+
+  // Refused by the client: the payload does not fit in the table.
+  absl::Status posted = (*q)->PostMessage(3 * 1024 - 1, 0, 1, "12345");
+  CHECK(posted.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(posted.message()).find("table ids") != std::string::npos);
+  // Refused by the agent, naming the field.
+  RawQueue rq(8, queue::RingBytes(8, 1024));
+  REQUIRE(Create(*sender.client, rq.ring, rq.submit, rq.complete, 8, {receiver.reg.region()}, 1024).ok());
+  const uint32_t kMessage = queue::kFlagMessage;
+  struct Case {
+    const char* name;
+    queue::SubmitEntry entry;  // user_data, src_region, src_offset (payload bytes), dst_offset, length, tag,
+                               // dst_index, flags, table_index, blocks
+    absl::StatusCode code;
+    const char* message_part;
+  };
+  const std::vector<Case> cases = {
+      {"another destination index",
+       {0, 0, 4, 0, 0, 1, 1, kMessage, 0, 0},
+       absl::StatusCode::kInvalidArgument,
+       "dst_index 1"},
+      {"with the notify flag",
+       {0, 0, 4, 0, 0, 1, 0, kMessage | queue::kFlagNotify, 0, 0},
+       absl::StatusCode::kInvalidArgument,
+       "takes no other flag"},
+      {"with the batch flag",
+       {0, 0, 4, 0, 0, 1, 0, kMessage | queue::kFlagBatch, 0, 0},
+       absl::StatusCode::kInvalidArgument,
+       "takes no other flag"},
+      {"a source region",
+       {0, sender.reg.region_id(), 4, 0, 0, 1, 0, kMessage, 0, 0},
+       absl::StatusCode::kInvalidArgument,
+       "must be 0"},
+      {"a length", {0, 0, 4, 0, 8, 1, 0, kMessage, 0, 0}, absl::StatusCode::kInvalidArgument, "must be 0"},
+      {"blocks", {0, 0, 4, 0, 0, 1, 0, kMessage, 0, 3}, absl::StatusCode::kInvalidArgument, "must be 0"},
+      {"a destination offset", {0, 0, 4, 64, 0, 1, 0, kMessage, 0, 0}, absl::StatusCode::kInvalidArgument, "must be 0"},
+      {"a payload over 4 KiB",
+       {0, 0, 4097, 0, 0, 1, 0, kMessage, 0, 0},
+       absl::StatusCode::kInvalidArgument,
+       "at most 4096"},
+      {"a payload past the table",
+       {0, 0, 8, 0, 0, 1, 0, kMessage, 1023, 0},
+       absl::StatusCode::kOutOfRange,
+       "outside the queue's block table of 1024 ids"},
+      {"a table index past the table",
+       {0, 0, 0, 0, 0, 1, 0, kMessage, 5000, 0},
+       absl::StatusCode::kOutOfRange,
+       "outside the queue's block table"},
+  };
+  uint32_t index = 0;
+  for (const Case& c : cases) {
+    queue::SubmitEntry e = c.entry;
+    e.user_data = 500 + index;
+    const queue::CompletionEntry done = PostRaw(rq, 8, e, index++);
+    INFO(c.name << ": " << done.message);
+    CHECK(done.user_data == e.user_data);
+    CHECK(done.code == static_cast<int>(c.code));
+    CHECK(std::string(done.message).find(c.message_part) != std::string::npos);
+  }
+  // A destination that went away.
+  TestPod gone = MakePod(agent->socket(), 4096);
+  auto to_gone = WriteQueue::Create(*sender.client, {gone.reg.region()}, 8, 0, v1::TRAFFIC_CLASS_UNSPECIFIED, 1024);
+  REQUIRE(to_gone.ok());
+  REQUIRE(gone.client->Deregister(gone.reg.region_id()).ok());
+  REQUIRE((*to_gone)->PostMessage(0, 0, 1, "anyone?").ok());
+  auto refused = ReapAll(**to_gone, 1);
+  CHECK(refused[0].status.code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(refused[0].status.message()).find("is not registered") != std::string::npos);
+  // Nothing refused reached the receiver: its next notification is the next good message.
+  REQUIRE((*q)->PostMessage(0, 0, 99, "after").ok());
+  CHECK(ReapAll(**q, 1)[0].status.ok());
+  v1::Notification n;
+  REQUIRE(stream->Read(&n));
+  CHECK(n.tag() == 99);
+  CHECK(n.payload() == "after");
   ctx->TryCancel();
 }
 

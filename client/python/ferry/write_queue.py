@@ -17,7 +17,8 @@ memory the agent reads when it takes the entry, so one mapping serves every laye
 
 or every layer as one transfer, one completion and one notification (a ``write_batch``
 with no RPC): ``q.post_batch([(kv[l], l, 0, 0) for l in layers], block_size, src_ids,
-dst_ids, notify=True, tag=7)``.
+dst_ids, notify=True, tag=7)``. And messages to a destination's owner, with no bytes
+written (``Client.send_message`` with no RPC): ``q.post_message(b"pull 12", tag=3)``.
 
 The Python face of the agent's shared-memory ring (proto/ferry/wire/ring_layout.h; the C++
 client is client/cpp/write_queue.h): a memfd both sides map, a submission ring the
@@ -60,7 +61,8 @@ _SUBMIT = struct.Struct("<QQQQQQIIII")
 _COMPLETION = struct.Struct("<QQQQiI216s")  # user_data transfer_id bytes duration_ns code path message
 _COMPLETION_HEAD = struct.Struct("<QQQQiI")  # all but the message, which only a failure needs
 _MESSAGE = struct.Struct("216s")
-_FLAG_NOTIFY, _FLAG_PAGED, _FLAG_BATCH = 1, 2, 4
+_FLAG_NOTIFY, _FLAG_PAGED, _FLAG_BATCH, _FLAG_MESSAGE = 1, 2, 4, 8
+_MAX_PAYLOAD = 4096  # a notification's or message's payload
 _PART = struct.Struct("<QQQII")  # a batch part in the table: src_region src_base dst_base dst_index reserved
 _PART_IDS, _MAX_BATCH_PARTS = _PART.size // 4, 1024
 PATH_NAMES = {ferry_pb2.TRANSFER_PATH_LOCAL: "local", ferry_pb2.TRANSFER_PATH_FABRIC: "fabric",
@@ -91,7 +93,7 @@ def _refuse(src, **values) -> None:
 
 
 class _NoRegion:
-    """What a batch entry names as its source: each part names its own."""
+    """What a batch or message entry names as its source: none of its own."""
     id = 0
 
 
@@ -203,12 +205,7 @@ class WriteQueue:
             raise errors.InvalidArgument(f"parts must hold 1..{_MAX_BATCH_PARTS} parts, got {len(parts)}")
         payload = bytes(payload)
         words = self.batch_table_ids(len(parts), n, len(payload))
-        if not (isinstance(table_index, int) and 0 <= table_index and table_index + words <= len(self.table)):
-            raise errors.InvalidArgument(f"the batch needs {words} table ids from table_index {table_index!r}; "
-                                         f"the queue's table has {len(self.table)} (create_queue's table_ids)")
-        if self._posted - self._reaped >= self._entries:  # before the table: entries in flight may use it
-            raise errors.ResourceExhausted(
-                f"the queue already has {self._entries} writes in flight; reap completions first")
+        self._check_table_room("batch", table_index, words)
         at = self._table_offset + 4 * table_index
         for i, part in enumerate(parts):
             try:
@@ -228,6 +225,35 @@ class WriteQueue:
         flags = _FLAG_BATCH | (_FLAG_NOTIFY if notify else 0)
         self._post(_NO_REGION, len(payload), 0, block_size, tag, len(parts), flags, table_index, n, user_data,
                    dict(block_size=block_size))
+
+    def post_message(self, payload: bytes, *, dst_index: int = 0, tag: int = 0, table_index: int = 0,
+                     user_data: int = 0) -> None:
+        """Queues a message (``Client.send_message`` without the RPC): the owner of
+        destination ``dst_index`` gets a notification of kind "message" with ``tag`` and
+        ``payload`` (at most 4 KiB). The payload goes into ``self.table`` at
+        ``table_index``, where it must stay until the entry is reaped; the completion
+        comes once the message was queued for its owner. Messages to one destination
+        arrive in the order they were posted."""
+        payload = bytes(payload)
+        if len(payload) > _MAX_PAYLOAD:
+            raise errors.InvalidArgument(f"the payload is {len(payload)} bytes; at most {_MAX_PAYLOAD}")
+        words = (len(payload) + 3) // 4
+        self._check_table_room("message", table_index, words)
+        at = self._table_offset + 4 * table_index
+        self._map[at:at + len(payload)] = payload
+        self._post(_NO_REGION, len(payload), 0, 0, tag, dst_index, _FLAG_MESSAGE, table_index, 0, user_data, {})
+
+    def _check_table_room(self, what: str, table_index, words: int) -> None:
+        """That ``words`` table ids from ``table_index`` fit, and that a slot is free
+        (checked before the table is written: entries in flight may still use it)."""
+        if self._map is None:
+            raise errors.FailedPrecondition("this queue is closed")
+        if not (isinstance(table_index, int) and 0 <= table_index and table_index + words <= len(self.table)):
+            raise errors.InvalidArgument(f"the {what} needs {words} table ids from table_index {table_index!r}; "
+                                         f"the queue's table has {len(self.table)} (create_queue's table_ids)")
+        if self._posted - self._reaped >= self._entries:
+            raise errors.ResourceExhausted(
+                f"the queue already has {self._entries} writes in flight; reap completions first")
 
     def _post(self, src, src_offset, dst_offset, length, tag, dst_index, flags, table_index, blocks, user_data,
               named) -> None:

@@ -163,6 +163,41 @@ def test_a_batch_entry_is_one_transfer_with_one_notification(agent):
                     bytes(r.buffer[s * block:(s + 1) * block])
 
 
+def _messages_arrive_in_order(sender, reader, target, expect_path=""):
+    got = []
+    watcher = threading.Thread(target=lambda: got.extend(reader.notifications(timeout=5)))
+    watcher.start()
+    payloads = [b"hello", b"", os.urandom(4096), b"pull 12"]
+    with sender.create_queue([target.descriptor()], entries=8, table_ids=4 * 1024) as q:
+        for i, p in enumerate(payloads):
+            q.post_message(p, tag=20 + i, table_index=i * 1024, user_data=i)
+        done = reap_all(q, len(payloads))
+    watcher.join()
+    assert all(c.error is None and c.bytes == 0 for c in done), [c.error for c in done]
+    assert [(n.kind, n.tag, n.payload, n.region_id) for n in got] == \
+        [("message", 20 + i, p, target.id) for i, p in enumerate(payloads)]
+
+
+def test_message_entries_reach_the_owner_in_order_and_bad_ones_are_refused(agent):
+    with ferry.Client(agent.socket) as sender, ferry.Client(agent.socket) as reader:
+        target = reader.register_host(4096)
+        _messages_arrive_in_order(sender, reader, target)
+        with sender.create_queue([target.descriptor()], entries=8, table_ids=16) as q:
+            with pytest.raises(ferry.InvalidArgument, match="at most 4096"):
+                q.post_message(bytes(4097))
+            with pytest.raises(ferry.InvalidArgument, match="table ids"):
+                q.post_message(bytes(64), table_index=8)  # 16 ids from 8 do not fit in 16
+            with pytest.raises(ferry.InvalidArgument, match="dst_index"):
+                q.post_message(b"x", dst_index=-1)
+            q.post_message(b"x", dst_index=3, user_data=4)  # the queue has one destination
+            (bad,) = reap_all(q, 1)
+            assert isinstance(bad.error, ferry.InvalidArgument) and "dst_index 3" in bad.error.message
+            target.deregister()
+            q.post_message(b"anyone?", user_data=5)
+            (gone,) = reap_all(q, 1)
+            assert isinstance(gone.error, ferry.NotFound) and "is not registered" in gone.error.message
+
+
 class _Index:
     """An integer that is no int, as numpy's are: it only has __index__."""
 
@@ -221,3 +256,9 @@ def test_queued_writes_cross_agents_through_the_fabric(fabric_agents):
             done = reap_all(q, 16)
         assert all(c.error is None and c.path == "fabric" for c in done), [c.error for c in done]
         assert dst.buffer == src.buffer
+
+
+def test_message_entries_to_another_agent(fabric_agents):
+    a, b = fabric_agents
+    with ferry.Client(a.socket) as sender, ferry.Client(b.socket) as reader:
+        _messages_arrive_in_order(sender, reader, reader.register_host(4096))

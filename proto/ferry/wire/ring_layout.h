@@ -43,6 +43,7 @@ inline constexpr uint32_t kMaxTableIds = 4u << 20;
 inline constexpr uint32_t kFlagNotify = 1;
 inline constexpr uint32_t kFlagPaged = 2;
 inline constexpr uint32_t kFlagBatch = 4;
+inline constexpr uint32_t kFlagMessage = 8;
 // The most parts of a batch entry (as ferry.v1.WriteBatchRequest's).
 inline constexpr uint32_t kMaxBatchParts = 1024;
 
@@ -82,6 +83,12 @@ struct RingHeader {
 // parts[p].dst_base + dst_id[i] * length of destination parts[p].dst_index. With
 // kFlagNotify the owner of part 0's destination is notified (tag, payload, every part's
 // bytes) once every part has landed.
+//
+// With kFlagMessage, a message (ferry.v1.SendMessageRequest: no bytes written): the
+// owner of destination `dst_index` gets a notification of kind MESSAGE with `tag` and
+// the src_offset bytes (at most 4 KiB) at table[table_index]; every other field is 0.
+// It completes once the destination's agent has queued it for its owner, as the RPC
+// returns; a queue's messages to one destination arrive in the order they were posted.
 struct SubmitEntry {
   uint64_t user_data;  // returned in the completion, opaque to the agent
   uint64_t src_region;
