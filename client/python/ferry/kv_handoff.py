@@ -4,9 +4,9 @@ with no side channel: the core a serving engine's KV connector drives (no engine
 Each side holds one region per layer, in the FlashAttention layout
 ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (K half, then V half; one half
 for MLA caches). The producer publishes a small mailbox region's descriptor (in vLLM, in
-the request's kv_transfer_params); the consumer sends it, through the agents
-(``Client.send_message``): once per producer its layout and layer descriptors (HELLO),
-then per request the blocks it wants filled (PULL). The producer answers a PULL with one
+the request's kv_transfer_params); the consumer sends it, through the agents (message
+entries of a write queue to that mailbox: no RPC, in order): once per producer its
+layout and layer descriptors (HELLO), then per request the blocks it wants filled (PULL). The producer answers a PULL with one
 batch write — the request's blocks in every layer, K and V, as one transfer — whose
 notification carries the request id; the consumer counts it as received. The write goes
 as a batch entry of a write queue to that consumer (no RPC: the parts and block ids go
@@ -190,6 +190,48 @@ class _ConsumerQueue:
             rid, _, _ = self._ranges.pop(c.user_data)
             out.append((rid, None if c.error is None else f"writing the blocks failed: {c.error}"))
         return out
+
+
+class _Mailbox:
+    """A write queue to one producer's mailbox, for the consumer's messages to it (HELLO,
+    PULL, CANCEL) as message entries: no RPC, delivered in order. Each message in flight
+    has its own 4 KiB of the block table."""
+    ENTRIES, SLOT_IDS = 16, _MAX_PAYLOAD // 4
+    WAIT = 1.0  # seconds send() waits for a free entry before it gives up
+
+    def __init__(self, client: Client, mailbox: bytes):
+        self.queue = client.create_queue([mailbox], entries=self.ENTRIES, table_ids=self.ENTRIES * self.SLOT_IDS)
+        self._free = list(range(self.ENTRIES))  # table slots
+        self._sent: Dict[int, tuple] = {}  # user_data -> (slot, kind, request id)
+        self._user_data = 0
+        self.failed: List[tuple] = []  # (kind, request id, error) of messages the agent refused
+
+    def send(self, kind: int, body: bytes, rid: Optional[str] = None) -> None:
+        if not self._free:
+            self._reap(self.WAIT)
+        if not self._free:
+            raise errors.ResourceExhausted(f"{self.ENTRIES} messages to this producer are still being delivered")
+        slot = self._free.pop()
+        self._user_data += 1
+        self.queue.post_message(_message(kind, body), table_index=slot * self.SLOT_IDS, user_data=self._user_data)
+        self._sent[self._user_data] = (slot, kind, rid)
+
+    def _reap(self, timeout: float) -> None:
+        for c in self.queue.reap(max_count=self.ENTRIES, timeout=timeout):
+            slot, kind, rid = self._sent.pop(c.user_data)
+            self._free.append(slot)
+            if c.error is not None:
+                self.failed.append((kind, rid, c.error))
+
+    def take_failed(self) -> List[tuple]:
+        """The messages refused or undeliverable since the last call."""
+        if self._sent:
+            self._reap(0)
+        out, self.failed = self.failed, []
+        return out
+
+    def close(self) -> None:
+        self.queue.close()
 
 
 class KVProducer:
@@ -413,6 +455,7 @@ class KVConsumer:
                 raise ValueError(f"layer {i}'s region has {r.size} bytes; the spec needs {spec.region_bytes}")
         self._client, self._spec, self.engine_id, self._timeout = client, spec, engine_id, timeout
         self._descriptors = [r.descriptor() for r in layers]
+        self._mailboxes: Dict[bytes, _Mailbox] = {}  # producer mailbox -> the queue to it
         self._introduced: set = set()
         self._waiting: Dict[str, float] = {}  # request id -> deadline
         self._cancelled: set = set()
@@ -426,24 +469,34 @@ class KVConsumer:
         bad = [i for i in dst_block_ids if not 0 <= i < self._spec.num_blocks]
         if bad:
             raise ValueError(f"block id {bad[0]} is outside 0..{self._spec.num_blocks - 1}")
-        self._introduce(producer_mailbox)
-        self._waiting[request_id] = time.monotonic() + self._timeout
+        mailbox = self._mailbox(producer_mailbox)
+        self._introduce(producer_mailbox, mailbox)
         head = _pack_str(self.engine_id) + _pack_str(producer_request_id or request_id)
         tail = _pack_str(request_id)
         per_message = (_MAX_PAYLOAD - 5 - len(head) - len(tail) - 16) // 4
+        self._waiting[request_id] = time.monotonic() + self._timeout
         first = 0
-        while True:  # as many ids per message as fit; at least one message
-            chunk = dst_block_ids[first:first + per_message]
-            body = head + struct.pack("<III", skip, len(dst_block_ids), first) + _pack_ids(chunk) + tail
-            self._client.send_message(producer_mailbox, _message(_PULL, body))
-            first += len(chunk)
-            if first >= len(dst_block_ids):
-                break
+        try:
+            while True:  # as many ids per message as fit; at least one message
+                chunk = dst_block_ids[first:first + per_message]
+                body = head + struct.pack("<III", skip, len(dst_block_ids), first) + _pack_ids(chunk) + tail
+                mailbox.send(_PULL, body, request_id)
+                first += len(chunk)
+                if first >= len(dst_block_ids):
+                    break
+        except errors.FerryError:
+            del self._waiting[request_id]  # the caller hears it now, not from poll()
+            raise
 
-    def _introduce(self, mailbox: bytes) -> None:
-        """Sends the producer behind ``mailbox`` this consumer's layout and layer
+    def _mailbox(self, producer_mailbox: bytes) -> _Mailbox:
+        if producer_mailbox not in self._mailboxes:
+            self._mailboxes[producer_mailbox] = _Mailbox(self._client, producer_mailbox)
+        return self._mailboxes[producer_mailbox]
+
+    def _introduce(self, producer_mailbox: bytes, mailbox: _Mailbox) -> None:
+        """Sends the producer behind ``producer_mailbox`` this consumer's layout and layer
         descriptors (HELLO), once; as many descriptors per message as fit in a payload."""
-        if mailbox in self._introduced:
+        if producer_mailbox in self._introduced:
             return
         head = _pack_str(self.engine_id) + self._spec._pack()
         first = 0
@@ -455,26 +508,35 @@ class KVConsumer:
                 count += 1
             body = head + struct.pack("<III", first, len(self._descriptors), count) + b"".join(
                 struct.pack("<H", len(d)) + d for d in self._descriptors[first:first + count])
-            self._client.send_message(mailbox, _message(_HELLO, body))
+            mailbox.send(_HELLO, body)
             first += count
-        self._introduced.add(mailbox)
+        self._introduced.add(producer_mailbox)
 
     def cancel(self, request_id: str, producer_mailbox: bytes, producer_request_id: Optional[str] = None) -> bool:
         """Tells the producer to drop ``request_id``. Returns True when nothing can be
         written into its blocks any more; False when a pull is out: poll() then reports the
         request (done or failed) once the producer's write or its answer arrives, and only
         then may the blocks be reused."""
+        mailbox = self._mailbox(producer_mailbox)
+        self._introduce(producer_mailbox, mailbox)
+        body = _pack_str(self.engine_id) + _pack_str(producer_request_id or request_id) + _pack_str(request_id)
+        mailbox.send(_CANCEL, body, request_id)
         if request_id in self._waiting:
             self._cancelled.add(request_id)
-        self._introduce(producer_mailbox)
-        body = _pack_str(self.engine_id) + _pack_str(producer_request_id or request_id) + _pack_str(request_id)
-        self._client.send_message(producer_mailbox, _message(_CANCEL, body))
         return request_id not in self._waiting
 
     def poll(self) -> Progress:
         """Requests whose blocks have all landed (done), or failed (the producer's error,
         a failed write, a cancel, or nothing heard before the timeout)."""
         progress = Progress()
+        for producer_mailbox, mailbox in self._mailboxes.items():
+            for kind, rid, error in mailbox.take_failed():
+                if kind == _HELLO:  # introduce again at the next pull; this one's PULL fails too
+                    self._introduced.discard(producer_mailbox)
+                elif rid in self._waiting:  # a PULL or CANCEL that did not reach the producer
+                    del self._waiting[rid]
+                    progress.failed[rid] = CANCELLED if rid in self._cancelled else \
+                        f"asking the producer failed: {error}"
         for n in self._inbox.drain():
             rid, _, why = n.payload.decode(errors="replace").partition("\n")
             if rid not in self._waiting or not (n.kind == "write" or n.kind == "message"):
@@ -504,3 +566,6 @@ class KVConsumer:
 
     def close(self) -> None:
         self._inbox.close()
+        for mailbox in self._mailboxes.values():
+            mailbox.close()
+        self._mailboxes.clear()

@@ -48,8 +48,10 @@ def block(region, spec, half, i):
     return bytes(region.buffer[at:at + BLOCK])
 
 
-def test_one_request_lands_in_every_layer_and_both_sides_hear_of_it(pair):
+def test_one_request_lands_in_every_layer_and_both_sides_hear_of_it(pair, monkeypatch):
     producer, consumer, players, clayers, pspec, cspec = pair
+    # The consumer's HELLO and PULL go as message entries of a write queue, not by RPC.
+    monkeypatch.setattr(consumer._client, "send_message", lambda *a, **k: pytest.fail("a message by RPC"))
     src, dst = random.Random(1).sample(range(64), 10), random.Random(2).sample(range(48), 10)
     producer.hold("req-1", src)
     consumer.pull("req-1", producer.mailbox, dst)
@@ -60,6 +62,20 @@ def test_one_request_lands_in_every_layer_and_both_sides_hear_of_it(pair):
         for half in (0, 1):
             for s, d in zip(src, dst):
                 assert block(clayers[layer], cspec, half, d) == block(players[layer], pspec, half, s)
+
+
+def test_a_pull_to_a_mailbox_that_is_gone_fails_on_the_consumer(pair):
+    producer, consumer, players, clayers, pspec, cspec = pair
+    producer.hold("req-8", [5])
+    consumer.pull("req-8", producer.mailbox, [6])  # the consumer's queue to the mailbox is made here
+    assert until(producer, consumer)[1].done == {"req-8"}
+    producer.hold("req-9", [1, 2])
+    producer._mailbox_region.deregister()
+    consumer.pull("req-9", producer.mailbox, [3, 4])  # queued: the refusal comes back through poll()
+    (c,) = until(consumer)
+    assert not c.done and "asking the producer failed" in c.failed["req-9"] and "not registered" in c.failed["req-9"]
+    for layer in range(LAYERS):
+        assert block(clayers[layer], cspec, 0, 3) == bytes(BLOCK)  # nothing written
 
 
 def test_a_write_the_queue_cannot_take_goes_by_write_batch(pair, monkeypatch):
