@@ -156,6 +156,8 @@ absl::Status Agent::StartLocalApi() {
   if (gpu_copier_ != nullptr) deps.gpu_warm_up = [g = gpu_copier_.get()](int device) { g->WarmUp(device); };
   deps.cuda_unavailable = cuda_status_;
   deps.queues = queue_poller_.get();
+  inboxes_ = std::make_unique<Inboxes>();
+  deps.inboxes = inboxes_.get();
   if (engine_ != nullptr) {
     deps.registrar = engine_.get();
     deps.fill_status = [e = engine_.get(), st = staging_table_.get()](v1::GetStatusResponse* r) {
@@ -335,6 +337,7 @@ void Agent::Shutdown(absl::Duration grace) {
   if (engine_ && queue_poller_) engine_->AttachPollSource(nullptr);
   if (queue_poller_) queue_poller_->Stop();
   if (sessions_) sessions_->CloseAll();
+  inboxes_.reset();  // their sessions ended: each pump stops
   // After the sessions: their regions' fabric registrations close before the NICs do.
   if (engine_) engine_->Shutdown();
   staged_.reset();

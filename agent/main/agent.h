@@ -22,6 +22,7 @@
 #include "agent/memory/region_table.h"
 #include "agent/metrics/metrics.h"
 #include "agent/peers/peer_service.h"
+#include "agent/queue/inbox.h"
 #include "agent/queue/queue_poller.h"
 #include "agent/router/queue_entries.h"
 #include "agent/router/transfer_router.h"
@@ -83,6 +84,7 @@ class Agent {
   std::unique_ptr<LocalService> local_service_;
   std::unique_ptr<QueueEntries> queue_entries_;
   std::unique_ptr<QueuePoller> queue_poller_;  // after queue_entries_: its handler
+  std::unique_ptr<Inboxes> inboxes_;
   std::unique_ptr<grpc::Server> local_server_;
   std::unique_ptr<SessionSocketServer> session_server_;
   std::unique_ptr<MetricsServer> metrics_server_;

@@ -10,23 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
-#include "agent/common/sealed_file.h"
 
 namespace ferry {
-namespace {
-
-absl::Status CheckEventFd(int fd, const char* field) {
-  char link[64] = {0};
-  const std::string path = absl::StrCat("/proc/self/fd/", fd);
-  ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
-  if (n <= 0 || std::string(link, n) != "anon_inode:[eventfd]") {
-    return absl::InvalidArgumentError(absl::StrCat(field, " must be an eventfd (eventfd(2)), got ",
-                                                   n > 0 ? std::string(link, n) : "an unreadable fd"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(
     uint64_t id, uint64_t session_id, UniqueFd ring, UniqueFd submit_doorbell, UniqueFd complete_doorbell,
@@ -41,29 +26,13 @@ absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(
   }
   if (absl::Status s = CheckEventFd(submit_doorbell.get(), "submit_doorbell_fd"); !s.ok()) return s;
   if (absl::Status s = CheckEventFd(complete_doorbell.get(), "complete_doorbell_fd"); !s.ok()) return s;
-  // Non-blocking for both ends (the flag lives in the shared open file): nothing the
-  // client does to its doorbells can block an agent thread.
-  for (int fd : {submit_doorbell.get(), complete_doorbell.get()}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  struct stat st;
-  if (fstat(ring.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError("ring_fd must be a memfd or regular file");
-  }
-  // Sealed before its size is read: from here on it can only grow.
-  if (absl::Status s = SealAgainstShrinking(ring.get(), "ring_fd"); !s.ok()) return s;
-  if (fstat(ring.get(), &st) != 0) return absl::InvalidArgumentError("ring_fd: fstat failed");
-  const size_t bytes = queue::RingBytes(entries, table_ids);
-  if (static_cast<uint64_t>(st.st_size) < bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("ring_fd holds ", st.st_size, " bytes; a queue of ", entries,
-                                                   " entries and ", table_ids, " table ids needs ", bytes));
-  }
+  absl::StatusOr<SharedMapping> map =
+      SharedMapping::Map(std::move(ring), queue::RingBytes(entries, table_ids), "ring_fd",
+                         absl::StrCat("a queue of ", entries, " entries and ", table_ids, " table ids"));
+  if (!map.ok()) return map.status();
   std::shared_ptr<TransferQueue> q(new TransferQueue(id, session_id, entries, table_ids));
-  q->map_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ring.get(), 0);
-  if (q->map_ == MAP_FAILED) {
-    q->map_ = nullptr;
-    return absl::InvalidArgumentError(absl::StrCat("ring_fd cannot be mapped shared: ", strerror(errno)));
-  }
-  q->map_bytes_ = bytes;
-  auto* base = static_cast<char*>(q->map_);
+  q->map_ = std::move(*map);
+  char* base = q->map_.data();
   q->header_ = reinterpret_cast<queue::RingHeader*>(base);
   q->sq_ = reinterpret_cast<const queue::SubmitEntry*>(base + queue::kSubmitOffset);
   q->cq_ = reinterpret_cast<queue::CompletionEntry*>(base + queue::CompletionOffset(entries));
@@ -79,15 +48,10 @@ absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(
   if (q->sq_head_ != q->cq_seen_ || q->cq_seen_ != q->cq_written_.load()) {
     return absl::InvalidArgumentError("a new queue must start empty (sq_head == cq_head == cq_tail)");
   }
-  q->ring_fd_ = std::move(ring);
   q->submit_doorbell_ = std::move(submit_doorbell);
   q->complete_doorbell_ = std::move(complete_doorbell);
   q->destinations_ = std::move(destinations);
   return q;
-}
-
-TransferQueue::~TransferQueue() {
-  if (map_ != nullptr) munmap(map_, map_bytes_);
 }
 
 size_t TransferQueue::Take(queue::SubmitEntry* out, size_t max) {

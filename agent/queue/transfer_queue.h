@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/queue/shared_ring.h"
 #include "agent/session/session.h"
 #include "proto/ferry/v1/ferry.pb.h"
 #include "proto/ferry/wire/ring_layout.h"
@@ -35,7 +36,6 @@ class TransferQueue {
   static absl::StatusOr<std::shared_ptr<TransferQueue>> Open(
       uint64_t id, uint64_t session_id, UniqueFd ring, UniqueFd submit_doorbell, UniqueFd complete_doorbell,
       uint32_t entries, uint32_t table_ids, std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations);
-  ~TransferQueue();
   TransferQueue(const TransferQueue&) = delete;
   TransferQueue& operator=(const TransferQueue&) = delete;
 
@@ -88,9 +88,8 @@ class TransferQueue {
   std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations_;
   uint32_t timeout_ms_ = 0;
   v1::TrafficClass traffic_class_ = v1::TRAFFIC_CLASS_UNSPECIFIED;
-  UniqueFd ring_fd_, submit_doorbell_, complete_doorbell_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
+  UniqueFd submit_doorbell_, complete_doorbell_;
+  SharedMapping map_;  // the ring, its header first
   queue::RingHeader* header_ = nullptr;
   const queue::SubmitEntry* sq_ = nullptr;
   queue::CompletionEntry* cq_ = nullptr;

@@ -320,6 +320,33 @@ grpc::Status LocalService::CreateQueue(grpc::ServerContext* ctx, const v1::Creat
   return grpc::Status::OK;
 }
 
+absl::Status LocalService::DoOpenInbox(const std::shared_ptr<Session>& session, const v1::OpenInboxRequest& req) {
+  if (deps_.inboxes == nullptr) return absl::UnimplementedError("this agent serves no inboxes");
+  absl::StatusOr<UniqueFd> ring = session->TakeFd(req.ring_fd());
+  if (!ring.ok()) return absl::Status(ring.status().code(), absl::StrCat("ring_fd: ", ring.status().message()));
+  absl::StatusOr<UniqueFd> doorbell = session->TakeFd(req.doorbell_fd());
+  if (!doorbell.ok()) {
+    return absl::Status(doorbell.status().code(), absl::StrCat("doorbell_fd: ", doorbell.status().message()));
+  }
+  // Claimed before the pump starts: from then on it drains the session's notifications.
+  if (absl::Status s = session->ClaimNotifications(Session::NotificationReader::kInbox); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<Inbox>> inbox =
+      Inbox::Open(session, std::move(*ring), std::move(*doorbell), req.slots());
+  if (!inbox.ok()) {
+    session->ReleaseNotifications(Session::NotificationReader::kInbox);
+    return inbox.status();
+  }
+  deps_.inboxes->Add(std::move(*inbox));
+  return absl::OkStatus();
+}
+
+grpc::Status LocalService::OpenInbox(grpc::ServerContext* ctx, const v1::OpenInboxRequest* req,
+                                     v1::OpenInboxResponse*) {
+  absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
+  if (!session.ok()) return Reply("OpenInbox", session.status());
+  return Reply("OpenInbox", DoOpenInbox(*session, *req));
+}
+
 // ---------------------------------------------------------------- streams
 
 template <typename Event>
@@ -347,7 +374,14 @@ grpc::Status LocalService::WatchCompletions(grpc::ServerContext* ctx, const v1::
 
 grpc::Status LocalService::WatchNotifications(grpc::ServerContext* ctx, const v1::WatchNotificationsRequest*,
                                               grpc::ServerWriter<v1::Notification>* writer) {
-  return Drain(ctx, "WatchNotifications", &Session::notifications, writer);
+  absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
+  if (!session.ok()) return Reply("WatchNotifications", session.status());
+  if (absl::Status s = (*session)->ClaimNotifications(Session::NotificationReader::kStream); !s.ok()) {
+    return Reply("WatchNotifications", s);
+  }
+  grpc::Status drained = Drain(ctx, "WatchNotifications", &Session::notifications, writer);
+  (*session)->ReleaseNotifications(Session::NotificationReader::kStream);
+  return drained;
 }
 
 // ---------------------------------------------------------------- status

@@ -18,6 +18,7 @@
 #include "agent/cuda/cuda_import.h"
 #include "agent/memory/region_table.h"
 #include "agent/metrics/metrics.h"
+#include "agent/queue/inbox.h"
 #include "agent/queue/queue_poller.h"
 #include "agent/router/transfer_router.h"
 #include "agent/session/session_registry.h"
@@ -46,6 +47,8 @@ struct LocalServiceDeps {
   RegionRegistrar* registrar = nullptr;
   // Serves shared-memory transfer queues; null disables CreateQueue.
   QueuePoller* queues = nullptr;
+  // Keeps notification inboxes pumping; null disables OpenInbox.
+  Inboxes* inboxes = nullptr;
   // Adds fabric, NIC and peer details to GetStatus; may be null.
   std::function<void(v1::GetStatusResponse*)> fill_status;
   std::function<void(v1::GetTopologyResponse*)> fill_topology;
@@ -69,6 +72,8 @@ class LocalService final : public v1::Agent::Service {
   grpc::Status Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req, v1::WaitResponse* resp) override;
   grpc::Status CreateQueue(grpc::ServerContext* ctx, const v1::CreateQueueRequest* req,
                            v1::CreateQueueResponse* resp) override;
+  grpc::Status OpenInbox(grpc::ServerContext* ctx, const v1::OpenInboxRequest* req,
+                         v1::OpenInboxResponse* resp) override;
   grpc::Status WatchCompletions(grpc::ServerContext* ctx, const v1::WatchCompletionsRequest* req,
                                 grpc::ServerWriter<v1::TransferResult>* writer) override;
   grpc::Status WatchNotifications(grpc::ServerContext* ctx, const v1::WatchNotificationsRequest* req,
@@ -93,6 +98,7 @@ class LocalService final : public v1::Agent::Service {
   // Write's answer: the id, and the result if the transfer has already finished.
   void Answer(Session& session, uint64_t id, v1::WriteResponse* resp);
   absl::StatusOr<uint64_t> DoCreateQueue(const std::shared_ptr<Session>& session, const v1::CreateQueueRequest& req);
+  absl::Status DoOpenInbox(const std::shared_ptr<Session>& session, const v1::OpenInboxRequest& req);
   // Counts errors by API and code, converts to grpc::Status.
   grpc::Status Reply(const char* api, const absl::Status& status);
   template <typename Event>

@@ -106,6 +106,35 @@ size_t Session::inflight() const {
   return inflight_;
 }
 
+absl::Status Session::ClaimNotifications(NotificationReader reader) {
+  absl::MutexLock lock(&mu_);
+  if (inbox_) {
+    return reader == NotificationReader::kInbox
+               ? absl::AlreadyExistsError("this session has an inbox already (one per session)")
+               : absl::FailedPreconditionError(
+                     "this session reads its notifications through its inbox (OpenInbox), not a stream");
+  }
+  if (reader == NotificationReader::kStream) {
+    ++notification_streams_;
+    return absl::OkStatus();
+  }
+  if (notification_streams_ > 0) {
+    return absl::FailedPreconditionError(
+        "this session has a WatchNotifications stream open; close it before opening an inbox");
+  }
+  inbox_ = true;
+  return absl::OkStatus();
+}
+
+void Session::ReleaseNotifications(NotificationReader reader) {
+  absl::MutexLock lock(&mu_);
+  if (reader == NotificationReader::kStream) {
+    --notification_streams_;
+  } else {
+    inbox_ = false;
+  }
+}
+
 void Session::Close() {
   {
     absl::MutexLock lock(&mu_);

@@ -98,6 +98,14 @@ class Session {
 
   EventQueue<v1::TransferResult>& completions() { return completions_; }
   EventQueue<v1::Notification>& notifications() { return notifications_; }
+  // Who drains notifications(): WatchNotifications streams or one inbox (OpenInbox),
+  // never both, or each would take an arbitrary share. A stream is refused
+  // (FAILED_PRECONDITION) once there is an inbox; an inbox while a stream is open
+  // (FAILED_PRECONDITION) or when there is one already (ALREADY_EXISTS).
+  enum class NotificationReader { kStream, kInbox };
+  absl::Status ClaimNotifications(NotificationReader reader);
+  // A stream ended, or an inbox could not be opened after all.
+  void ReleaseNotifications(NotificationReader reader);
 
   // Ends the session: wakes waiters and closes the event queues. Its transfers still in
   // flight stop at their next check (Transfer::StopStatus).
@@ -121,6 +129,8 @@ class Session {
   absl::flat_hash_map<uint64_t, std::optional<v1::TransferResult>> transfers_ ABSL_GUARDED_BY(mu_);
   size_t inflight_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<uint64_t> finished_order_ ABSL_GUARDED_BY(mu_);
+  int notification_streams_ ABSL_GUARDED_BY(mu_) = 0;
+  bool inbox_ ABSL_GUARDED_BY(mu_) = false;
 
   EventQueue<v1::TransferResult> completions_;
   EventQueue<v1::Notification> notifications_;

@@ -9,15 +9,17 @@ See ferry.client for the full example.
 """
 from .client import (Client, HostRegion, Notification, Region, RegionDescriptor, TransferFuture,
                      TransferResult)
-from .errors import (Cancelled, DeadlineExceeded, FailedPrecondition, FerryError, Internal, InvalidArgument,
-                     NotFound, OutOfRange, PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable)
+from .errors import (AlreadyExists, Cancelled, DeadlineExceeded, FailedPrecondition, FerryError, Internal,
+                     InvalidArgument, NotFound, OutOfRange, PermissionDenied, ResourceExhausted, Unauthenticated,
+                     Unavailable)
 from .kv import KVLayout
 from .write_queue import WriteQueue
+from .inbox import Inbox
 from . import cuda  # noqa: F401  (ferry.cuda.empty, DeviceBuffer)
 
 __all__ = [
     "Client", "HostRegion", "Notification", "Region", "RegionDescriptor", "TransferFuture", "TransferResult",
-    "KVLayout", "WriteQueue", "FerryError", "Cancelled", "DeadlineExceeded", "FailedPrecondition", "Internal",
-    "InvalidArgument", "NotFound", "OutOfRange", "PermissionDenied", "ResourceExhausted", "Unauthenticated",
-    "Unavailable",
+    "KVLayout", "WriteQueue", "Inbox", "FerryError", "AlreadyExists", "Cancelled", "DeadlineExceeded",
+    "FailedPrecondition", "Internal", "InvalidArgument", "NotFound", "OutOfRange", "PermissionDenied",
+    "ResourceExhausted", "Unauthenticated", "Unavailable",
 ]

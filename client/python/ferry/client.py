@@ -449,6 +449,13 @@ class Client:
         for paged writes (``WriteQueue.post_paged``)."""
         return WriteQueue(self, destinations, entries, timeout, traffic_class, table_ids)
 
+    def open_inbox(self, slots: int = 64) -> "Inbox":
+        """This session's notifications through shared memory instead of
+        notifications(): ``inbox.poll()`` reads them with no RPC and no thread
+        (ferry.inbox). One per session; refused while a notifications() stream is open."""
+        from .inbox import Inbox  # the module needs this one's Notification
+        return Inbox(self, slots)
+
     def send_message(self, dst: Union[RegionDescriptor, bytes], payload: bytes = b"", *, tag: int = 0,
                      timeout: Optional[float] = None) -> None:
         """Sends ``payload`` (at most 4 KiB) and ``tag`` to the owner of ``dst``'s region,

@@ -58,9 +58,13 @@ class Internal(FerryError):
     code = grpc.StatusCode.INTERNAL
 
 
+class AlreadyExists(FerryError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
 _BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, PermissionDenied, OutOfRange, FailedPrecondition,
                                       ResourceExhausted, Unavailable, DeadlineExceeded, Unauthenticated, Cancelled,
-                                      Internal)}
+                                      Internal, AlreadyExists)}
 _BY_NUMBER = {code.value[0]: cls for code, cls in _BY_CODE.items()}
 
 

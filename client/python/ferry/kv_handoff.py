@@ -39,6 +39,7 @@ import queue
 import struct
 import threading
 import time
+import weakref
 from typing import Dict, List, Optional, Sequence
 
 from . import errors
@@ -104,35 +105,51 @@ def _unpack_str(body: bytes, at: int):
     return body[at + 2:at + 2 + n].decode(), at + 2 + n
 
 
-class _Inbox:
-    """The session's notifications, read on a thread of their own so poll() never blocks.
-    One stream for the inbox's life: a stream ended early could drop the notification it
-    had just taken from the agent."""
+class _SessionInbox:
+    """A session's notifications, read from its inbox (shared memory, ferry.inbox) when
+    polled: no thread, no RPC. A session has one inbox, so a client's producer and
+    consumer share it: each reads the notifications of its own regions (an _Inbox), and
+    those of regions neither has are dropped."""
+    _by_session: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, client: Client) -> "_SessionInbox":
+        shared = cls._by_session.get(client._session)
+        if shared is None:
+            shared = cls._by_session[client._session] = cls(client)
+        return shared
 
     def __init__(self, client: Client):
-        self._q: "queue.Queue" = queue.Queue()
-        self._stream = client.notification_stream()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._inbox = client.open_inbox(slots=256)
+        self.readers: List[set] = []  # each reader's region ids
+        self._kept: list = []  # notifications another reader has not taken yet
 
-    def _run(self) -> None:
-        try:
-            for n in self._stream:
-                self._q.put(n)
-        except errors.FerryError:
-            return  # the session ended
+    def take(self, mine: set) -> list:
+        pending = self._kept + self._inbox.poll(max_count=1 << 20)
+        others = set().union(*(r for r in self.readers if r is not mine))
+        self._kept = [n for n in pending if n.region_id in others and n.region_id not in mine]
+        return [n for n in pending if n.region_id in mine]
+
+    def leave(self, mine: set) -> None:
+        self.readers = [r for r in self.readers if r is not mine]
+        if not self.readers:
+            self._inbox.close()
+
+
+class _Inbox:
+    """The notifications of ``regions`` (a producer's mailbox, a consumer's layers)."""
+
+    def __init__(self, client: Client, regions: Sequence[Region]):
+        self._shared = _SessionInbox.of(client)
+        self._mine = {r.id for r in regions}
+        self._shared.readers.append(self._mine)
 
     def drain(self) -> list:
-        out = []
-        while True:
-            try:
-                out.append(self._q.get_nowait())
-            except queue.Empty:
-                return out
+        """What arrived for these regions since the last call, in order."""
+        return self._shared.take(self._mine)
 
     def close(self) -> None:
-        self._stream.cancel()
-        self._thread.join(2)
+        self._shared.leave(self._mine)
 
 
 @dataclasses.dataclass
@@ -250,7 +267,7 @@ class KVProducer:
         self._retired: List[_ConsumerQueue] = []  # replaced queues with writes still in flight
         self._held: Dict[str, _Held] = {}
         self._written: "queue.Queue" = queue.Queue()  # (request id, None or why it failed)
-        self._inbox = _Inbox(client)
+        self._inbox = _Inbox(client, [self._mailbox_region])
 
     def hold(self, request_id: str, src_block_ids: Sequence[int], lease: float = 30.0) -> None:
         """Keeps ``src_block_ids`` (this request's blocks, in token order) for a consumer
@@ -459,7 +476,7 @@ class KVConsumer:
         self._introduced: set = set()
         self._waiting: Dict[str, float] = {}  # request id -> deadline
         self._cancelled: set = set()
-        self._inbox = _Inbox(client)
+        self._inbox = _Inbox(client, layers)
 
     def pull(self, request_id: str, producer_mailbox: bytes, dst_block_ids: Sequence[int], skip: int = 0,
              producer_request_id: Optional[str] = None) -> None:

@@ -92,6 +92,19 @@ def _refuse(src, **values) -> None:
             raise errors.InvalidArgument(f"{name} out of range: {v}")
 
 
+_FENCE = threading.Lock()
+
+
+def store_load_fence() -> None:
+    """Orders our last cursor store before our next load. Each doorbell check is one side
+    of a pair (we store sq_tail then load agent_sleeping; the agent stores agent_sleeping
+    then loads sq_tail): x86 lets a load pass an earlier store, and then both sides could
+    miss each other and sleep. A lock round trip is a locked instruction, which x86 does
+    not let loads pass."""
+    _FENCE.acquire()
+    _FENCE.release()
+
+
 class _NoRegion:
     """What a batch or message entry names as its source: none of its own."""
     id = 0
@@ -121,7 +134,6 @@ class WriteQueue:
         self._cq_offset = _SUBMIT_OFFSET + entries * _SUBMIT.size
         table_offset = self._cq_offset + entries * _COMPLETION.size
         size = table_offset + 4 * table_ids
-        self._fence_lock = threading.Lock()  # see _fence
         self._fds: List[int] = []
         self._map: Optional[mmap.mmap] = None
         self._words: Optional[memoryview] = None
@@ -274,7 +286,7 @@ class WriteQueue:
             raise
         self._posted += 1
         self._words[_SQ_TAIL // 4] = self._posted & 0xFFFFFFFF  # after the entry: x86 keeps store order
-        self._fence()
+        store_load_fence()
         if self._words[_AGENT_SLEEPING // 4]:
             os.eventfd_write(self._submit_fd, 1)
 
@@ -298,7 +310,7 @@ class WriteQueue:
             # Announce the wait, then look again: a completion written before the
             # announcement rang no doorbell.
             self._words[_CLIENT_WAITING // 4] = want
-            self._fence()
+            store_load_fence()
             if self._ready() < want:
                 select.select([self._complete_fd], [], [], min(deadline - now, 1.0))
                 try:
@@ -337,15 +349,6 @@ class WriteQueue:
             pass
 
     # ------------------------------------------------------------------ plumbing
-
-    def _fence(self) -> None:
-        """Orders our last cursor store before our next load. Each doorbell check is one
-        side of a pair (we store sq_tail then load agent_sleeping; the agent stores
-        agent_sleeping then loads sq_tail): x86 lets a load pass an earlier store, and then
-        both sides could miss each other and sleep. A lock round trip is a locked
-        instruction, which x86 does not let loads pass."""
-        self._fence_lock.acquire()
-        self._fence_lock.release()
 
     def _ready(self) -> int:
         return (self._words[_CQ_TAIL // 4] - self._reaped) & 0xFFFFFFFF

@@ -208,3 +208,25 @@ def test_a_consumer_with_other_block_sizes_is_refused(fabric_agents):
         finally:
             producer.close()
             consumer.close()
+
+
+def test_one_client_as_producer_and_consumer_shares_its_inbox(agent):
+    # vLLM's kv_both: both roles on one session, which has one notification inbox.
+    with ferry.Client(agent.socket) as client:
+        spec = KVCacheSpec(num_blocks=16, block_bytes=BLOCK)
+        src = [client.register_host(spec.region_bytes) for _ in range(LAYERS)]
+        dst = [client.register_host(spec.region_bytes) for _ in range(LAYERS)]
+        for r in src:
+            r.buffer[:] = os.urandom(r.size)
+        producer = KVProducer(client, spec, src, "both-0")
+        consumer = KVConsumer(client, spec, dst, "both-0", timeout=5.0)
+        try:
+            for i in range(3):
+                producer.hold(f"r{i}", [i, i + 3])
+                consumer.pull(f"r{i}", producer.mailbox, [i + 8, i + 11])
+                p, c = until(producer, consumer)
+                assert (p.done, c.done, p.failed, c.failed) == ({f"r{i}"}, {f"r{i}"}, {}, {})
+                assert block(dst[1], spec, 1, i + 11) == block(src[1], spec, 1, i + 3)
+        finally:
+            producer.close()
+            consumer.close()

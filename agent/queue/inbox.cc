@@ -1,0 +1,112 @@
+#include "agent/queue/inbox.h"
+
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace ferry {
+
+absl::StatusOr<std::unique_ptr<Inbox>> Inbox::Open(std::shared_ptr<Session> session, UniqueFd ring, UniqueFd doorbell,
+                                                   uint32_t slots) {
+  if (!inbox::ValidSlots(slots)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slots must be a power of two in [", inbox::kMinSlots, ", ", inbox::kMaxSlots, "], got ", slots));
+  }
+  if (absl::Status s = CheckEventFd(doorbell.get(), "doorbell_fd"); !s.ok()) return s;
+  absl::StatusOr<SharedMapping> map = SharedMapping::Map(std::move(ring), inbox::InboxBytes(slots), "ring_fd",
+                                                         absl::StrCat("an inbox of ", slots, " slots"));
+  if (!map.ok()) return map.status();
+  const auto* header = reinterpret_cast<const inbox::InboxHeader*>(map->data());
+  if (header->magic != inbox::kInboxMagic || header->slots != slots) {
+    return absl::InvalidArgumentError("ring_fd does not hold an initialised inbox header (magic, slots)");
+  }
+  if (header->head.value.load() != header->tail.value.load()) {
+    return absl::InvalidArgumentError("a new inbox must start empty (head == tail)");
+  }
+  return std::unique_ptr<Inbox>(new Inbox(std::move(session), std::move(*map), std::move(doorbell), slots));
+}
+
+Inbox::Inbox(std::shared_ptr<Session> session, SharedMapping map, UniqueFd doorbell, uint32_t slots)
+    : session_(std::move(session)),
+      map_(std::move(map)),
+      doorbell_(std::move(doorbell)),
+      slots_(slots),
+      header_(reinterpret_cast<inbox::InboxHeader*>(map_.data())),
+      tail_(header_->tail.value.load()),
+      pump_([this] { Pump(); }) {}
+
+Inbox::~Inbox() {
+  Stop();
+  pump_.join();
+}
+
+void Inbox::Pump() {
+  prctl(PR_SET_NAME, "ferry-inbox");
+  EventQueue<v1::Notification>& events = session_->notifications();
+  while (!stopping_.load()) {
+    // Bounded waits: notice the session's end and Stop within 200 ms.
+    std::optional<v1::Notification> n = events.Pop(absl::Milliseconds(200));
+    if (!n.has_value()) {
+      if (events.closed()) break;
+      continue;
+    }
+    // The ring is full: the client is not reading. Wait for it, more patiently the
+    // longer it takes.
+    for (absl::Duration wait = absl::Microseconds(50); !Write(*n); wait = std::min(2 * wait, absl::Milliseconds(10))) {
+      if (stopping_.load() || events.closed()) break;
+      absl::SleepFor(wait);
+    }
+  }
+  done_.store(true);
+}
+
+bool Inbox::Write(const v1::Notification& n) {
+  // The client's head is untrusted: one ahead of our tail (or more than a ring behind)
+  // reads as "full", which stalls only this inbox.
+  const uint32_t head = header_->head.value.load(std::memory_order_acquire);
+  if (tail_ - head >= slots_) return false;
+  constexpr size_t kRoom = inbox::kSlotBytes - sizeof(uint32_t);
+  const v1::Notification* out = &n;
+  v1::Notification shortened;
+  if (n.ByteSizeLong() > kRoom) {  // only a long error message can do this: shorten it
+    shortened = n;
+    const size_t over = n.ByteSizeLong() - kRoom;
+    shortened.mutable_message()->resize(shortened.message().size() > over + 16 ? shortened.message().size() - over - 16
+                                                                               : 0);
+    out = &shortened;
+  }
+  const uint32_t size = static_cast<uint32_t>(out->ByteSizeLong());
+  char* slot = map_.data() + inbox::kSlotsOffset + size_t{tail_ & (slots_ - 1)} * inbox::kSlotBytes;
+  memcpy(slot, &size, sizeof(size));
+  out->SerializeToArray(slot + sizeof(size), static_cast<int>(kRoom));
+  ++tail_;
+  header_->tail.value.store(tail_, std::memory_order_seq_cst);
+  if (header_->client_waiting.value.load(std::memory_order_seq_cst) != 0) {
+    uint64_t one = 1;
+    ssize_t ignored = write(doorbell_.get(), &one, sizeof(one));  // non-blocking
+    (void)ignored;
+  }
+  return true;
+}
+
+Inboxes::~Inboxes() {
+  absl::MutexLock lock(&mu_);
+  for (auto& in : inboxes_) in->Stop();
+  inboxes_.clear();  // joins each
+}
+
+void Inboxes::Add(std::unique_ptr<Inbox> inbox) {
+  absl::MutexLock lock(&mu_);
+  // Those whose session ended have nothing more to pump.
+  inboxes_.erase(std::remove_if(inboxes_.begin(), inboxes_.end(), [](const auto& in) { return in->done(); }),
+                 inboxes_.end());
+  inboxes_.push_back(std::move(inbox));
+}
+
+}  // namespace ferry

@@ -1,0 +1,79 @@
+// Inbox: the agent's side of a session's notification inbox (proto/ferry/wire/
+// inbox_layout.h): a pump thread moves the session's notifications from its queue into
+// a ring in the client's shared memory, so the client reads them by polling memory.
+//
+//   absl::StatusOr<std::unique_ptr<Inbox>> in =
+//       Inbox::Open(session, std::move(ring_fd), std::move(doorbell_fd), /*slots=*/64);
+//   inboxes.Add(std::move(*in));   // pumps until the session ends or the agent stops
+//
+// A client that stops reading stalls only its own inbox: while the ring is full the
+// pump waits, and later notifications wait in the session's queue (bounded; dropped and
+// counted past its capacity, as for a stream nobody reads).
+#ifndef FERRY_AGENT_QUEUE_INBOX_H_
+#define FERRY_AGENT_QUEUE_INBOX_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/queue/shared_ring.h"
+#include "agent/session/session.h"
+#include "proto/ferry/v1/ferry.pb.h"
+#include "proto/ferry/wire/inbox_layout.h"
+
+namespace ferry {
+
+class Inbox {
+ public:
+  // Maps `ring` (InboxBytes(slots) bytes, sealed; its header initialised and empty),
+  // keeps `doorbell` (an eventfd) and starts the pump. INVALID_ARGUMENT names the field.
+  static absl::StatusOr<std::unique_ptr<Inbox>> Open(std::shared_ptr<Session> session, UniqueFd ring, UniqueFd doorbell,
+                                                     uint32_t slots);
+  // Stops the pump and joins it.
+  ~Inbox();
+  Inbox(const Inbox&) = delete;
+  Inbox& operator=(const Inbox&) = delete;
+
+  // Asks the pump to stop; it does within ~200 ms.
+  void Stop() { stopping_.store(true); }
+  // The pump has exited (its session ended, or Stop).
+  bool done() const { return done_.load(); }
+
+ private:
+  Inbox(std::shared_ptr<Session> session, SharedMapping map, UniqueFd doorbell, uint32_t slots);
+  void Pump();
+  // Writes `n` into the next slot; false while the ring is full.
+  bool Write(const v1::Notification& n);
+
+  const std::shared_ptr<Session> session_;
+  const SharedMapping map_;
+  const UniqueFd doorbell_;
+  const uint32_t slots_;
+  inbox::InboxHeader* const header_;
+  uint32_t tail_;  // the pump's own count of notifications written
+  std::string scratch_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> done_{false};
+  std::thread pump_;  // last: starts after every member above is initialised
+};
+
+// Every inbox of the agent: keeps them pumping, lets go of those whose session ended.
+class Inboxes {
+ public:
+  // Stops every pump, then joins them (all within ~200 ms).
+  ~Inboxes();
+  void Add(std::unique_ptr<Inbox> inbox);
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<Inbox>> inboxes_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_AGENT_QUEUE_INBOX_H_

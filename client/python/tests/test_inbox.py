@@ -1,0 +1,81 @@
+"""ferry.Inbox (notifications through shared memory) against live ferryd processes."""
+import os
+import threading
+
+import pytest
+
+import ferry
+
+
+def poll_all(inbox, n, timeout=30.0):
+    got = []
+    for _ in range(int(timeout / 0.2)):
+        got += inbox.poll(max_count=n - len(got), timeout=0.2)
+        if len(got) >= n:
+            break
+    assert len(got) == n, f"{len(got)} of {n} notifications"
+    return got
+
+
+def test_writes_and_messages_arrive_in_order_and_a_full_ring_loses_nothing(agent):
+    with ferry.Client(agent.socket) as writer, ferry.Client(agent.socket) as reader:
+        src, dst = writer.register_host(4096), reader.register_host(4096)
+        src.buffer[:] = os.urandom(4096)
+        with reader.open_inbox(slots=8) as inbox:
+            assert inbox.poll() == []
+            assert inbox.poll(timeout=0.05) == []  # waits, then nothing
+            writer.write(src, dst.descriptor(), [(0, 0, 4096)], notify=True, tag=7, notify_payload=b"req-1").result()
+            writer.send_message(dst.descriptor(), os.urandom(4096), tag=8)
+            (w, m) = poll_all(inbox, 2)
+            assert (w.kind, w.tag, w.bytes, w.payload, w.region_id, w.ok) == ("write", 7, 4096, b"req-1", dst.id, True)
+            assert (m.kind, m.tag, len(m.payload)) == ("message", 8, 4096)
+            assert dst.buffer == src.buffer
+            for i in range(50):  # eight slots: the rest wait in the agent
+                writer.send_message(dst.descriptor(), b"%d" % i, tag=100 + i)
+            assert [n.tag for n in poll_all(inbox, 50)] == list(range(100, 150))
+            # A waiting poll() wakes on the doorbell (often before the sender's RPC returns).
+            sender = threading.Timer(0.1, lambda: writer.send_message(dst.descriptor(), b"late", tag=9))
+            sender.start()
+            (late,) = inbox.poll(timeout=10)
+            sender.join()
+            assert late.payload == b"late"
+
+
+def test_one_reader_per_session_and_bad_arguments(agent):
+    with ferry.Client(agent.socket) as a, ferry.Client(agent.socket) as b:
+        with pytest.raises(ferry.InvalidArgument, match="power of two"):
+            a.open_inbox(slots=12)
+        with a.open_inbox(slots=8):
+            with pytest.raises(ferry.AlreadyExists, match="one per session"):
+                a.open_inbox()
+            with pytest.raises(ferry.FailedPrecondition, match="through its inbox"):
+                next(iter(a.notifications(timeout=2)))
+        stream = b.notification_stream(timeout=5)
+        got = []
+        reader = threading.Thread(target=lambda: got.extend(stream))
+        reader.start()
+        try:
+            for _ in range(100):  # the stream may not be open at the agent yet
+                try:
+                    b.open_inbox(slots=8).close()
+                except ferry.FailedPrecondition as e:
+                    assert "close it before opening an inbox" in e.message
+                    break
+            else:
+                pytest.fail("an inbox opened while a stream was open")
+        finally:
+            stream.cancel()
+            reader.join()
+
+
+def test_notifications_from_another_agent(fabric_agents):
+    a, b = fabric_agents
+    with ferry.Client(a.socket) as writer, ferry.Client(b.socket) as reader:
+        src, dst = writer.register_host(1 << 16), reader.register_host(1 << 16)
+        src.buffer[:] = os.urandom(1 << 16)
+        with reader.open_inbox(slots=16) as inbox:
+            writer.write(src, dst.descriptor(), [(0, 0, 1 << 16)], notify=True, tag=3).result()
+            writer.send_message(dst.descriptor(), b"hello from a", tag=4)
+            (w, m) = poll_all(inbox, 2)
+            assert (w.kind, w.tag, w.bytes, m.kind, m.payload) == ("write", 3, 1 << 16, "message", b"hello from a")
+            assert dst.buffer == src.buffer
