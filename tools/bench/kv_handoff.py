@@ -12,7 +12,7 @@ with one batch entry, or write_batch, over all layers).
 
 Prints "tokens bytes time_ms GBps submit_ms" per request (after one untimed request per
 size), and with --device=cuda:N "raw_copy_ms" (one contiguous copy of the same bytes on
-that GPU), and with --phases when the pull was sent, reached the producer, was answered
+that GPU), and with --phases when the pull was sent, was read by the producer, was answered
 (the batch posted), the producer saw its write complete, and the consumer's notification
 arrived, in ms after the hold. Cache:
 Llama-3-8B-shaped, 32 layers of [2, blocks, 16, 8, 128] bf16, in host memory or on the GPU.
@@ -60,8 +60,8 @@ def raw_copy_seconds(nbytes, device):
 class Timeline:
     """--phases: when each step of one handoff happened, by wrapping the worker core's
     pieces from outside (no timer in ferry's code): the consumer's pull sent, the pull
-    taken from the producer's notification stream, the batch posted, the producer's step
-    that saw its write complete, the consumer's notification taken from its stream."""
+    read by the producer's poll, the batch posted, the producer's step that saw its write
+    complete, the consumer's notification read by its poll."""
 
     def __init__(self, producer, consumer):
         self.marks = {}
@@ -76,12 +76,14 @@ class Timeline:
         kvp._on_pull = timed_on_pull
 
     def _stamp_inbox(self, inbox, name):
-        put = inbox._q.put
+        drain = inbox.drain
 
-        def stamped(n, *a, **k):
-            self.marks.setdefault(name, time.perf_counter())
-            put(n, *a, **k)
-        inbox._q.put = stamped
+        def stamped():
+            got = drain()
+            if got:
+                self.marks.setdefault(name, time.perf_counter())
+            return got
+        inbox.drain = stamped
 
     def start(self):
         self.marks = {}
