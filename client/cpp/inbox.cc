@@ -1,17 +1,16 @@
 #include "client/cpp/inbox.h"
 
-#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <new>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/cpp/doorbell.h"
 
 namespace ferry {
 
@@ -68,14 +67,7 @@ absl::StatusOr<size_t> Inbox::Poll(std::vector<v1::Notification>* out, size_t ma
     // Announce the wait, then look again: a notification written before the
     // announcement rang no doorbell.
     header_->client_waiting.value.store(1, std::memory_order_seq_cst);
-    if (header_->tail.value.load(std::memory_order_seq_cst) == head_) {
-      const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      pollfd p{doorbell_fd_, POLLIN, 0};
-      poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms + 1, 1000)));
-      uint64_t v;
-      ssize_t ignored = read(doorbell_fd_, &v, sizeof(v));
-      (void)ignored;
-    }
+    if (header_->tail.value.load(std::memory_order_seq_cst) == head_) SleepOnDoorbell(doorbell_fd_, deadline);
     header_->client_waiting.value.store(0, std::memory_order_relaxed);
   }
   size_t n = 0;

@@ -1,6 +1,5 @@
 #include "client/cpp/write_queue.h"
 
-#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -11,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/cpp/doorbell.h"
 
 namespace ferry {
 
@@ -184,16 +184,11 @@ size_t WriteQueue::Reap(std::vector<Completion>* out, size_t max, absl::Duration
     // would otherwise not ring the doorbell. The agent rings once `want` are unreaped.
     header_->client_waiting.value.store(want, std::memory_order_seq_cst);
     if (header_->cq_tail.value.load(std::memory_order_seq_cst) - reaped_ < want) {
-      const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (left_ms < 0) {
+      if (absl::Now() > deadline) {
         header_->client_waiting.value.store(0, std::memory_order_relaxed);
         return Take(out, max);
       }
-      pollfd p{complete_fd_, POLLIN, 0};
-      poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms + 1, 1000)));
-      uint64_t v;
-      ssize_t ignored = read(complete_fd_, &v, sizeof(v));
-      (void)ignored;
+      SleepOnDoorbell(complete_fd_, deadline);
     }
     header_->client_waiting.value.store(0, std::memory_order_relaxed);
   }

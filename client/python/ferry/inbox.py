@@ -16,18 +16,14 @@ polls. x86-64 and Python 3.10+ only, as the write queue.
 """
 from __future__ import annotations
 
-import mmap
-import os
-import platform
-import select
 import struct
 import time
-from typing import List, Optional
+from typing import List
 
 from . import errors
 from ._proto import ferry_pb2
+from ._shared_ring import SharedRing
 from .client import Notification, _notification
-from .write_queue import store_load_fence
 
 # proto/ferry/wire/inbox_layout.h (checked by test_inbox.py against the agent).
 _MAGIC = 0x31494246  # "FBI1"
@@ -37,33 +33,19 @@ _TAIL, _HEAD, _CLIENT_WAITING = 64, 128, 192
 _LENGTH = struct.Struct("<I")
 
 
-class Inbox:
+class Inbox(SharedRing):
     """See the module docstring. Made by ``Client.open_inbox``."""
 
     def __init__(self, client, slots: int = 64):
-        if platform.machine() not in ("x86_64", "AMD64"):
-            raise errors.FailedPrecondition(f"ferry.Inbox needs x86-64 (this is {platform.machine()})")
-        if not hasattr(os, "eventfd"):
-            raise errors.FailedPrecondition("ferry.Inbox needs Python 3.10 or later (os.eventfd)")
         if not (isinstance(slots, int) and _MIN_SLOTS <= slots <= _MAX_SLOTS and slots & (slots - 1) == 0):
             raise errors.InvalidArgument(f"slots must be a power of two in [{_MIN_SLOTS}, {_MAX_SLOTS}], got {slots!r}")
         self._slots, self._head = slots, 0
-        self._fds: List[int] = []
-        self._map: Optional[mmap.mmap] = None
-        self._words: Optional[memoryview] = None
+        super().__init__("ferry.Inbox", "ferry-inbox", _SLOTS_OFFSET + slots * _SLOT_BYTES, eventfds=1)
+        (self._doorbell,) = self._eventfds
         try:
-            # MFD_ALLOW_SEALING: the agent seals what it maps against shrinking.
-            ring = os.memfd_create("ferry-inbox", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-            self._fds.append(ring)
-            self._doorbell = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-            self._fds.append(self._doorbell)
-            size = _SLOTS_OFFSET + slots * _SLOT_BYTES
-            os.ftruncate(ring, size)
-            self._map = mmap.mmap(ring, size)
-            self._words = memoryview(self._map).cast("I")
             struct.pack_into("<II", self._map, 0, _MAGIC, slots)
             client._call("OpenInbox", ferry_pb2.OpenInboxRequest(
-                ring_fd=client._session.send_fd(ring), doorbell_fd=client._session.send_fd(self._doorbell),
+                ring_fd=client._session.send_fd(self._ring_fd), doorbell_fd=client._session.send_fd(self._doorbell),
                 slots=slots))
         except BaseException:
             self.close()
@@ -74,20 +56,9 @@ class Inbox:
         waits up to ``timeout`` seconds for the first when there is none."""
         if self._map is None:
             raise errors.FailedPrecondition("this inbox is closed")
-        if self._ready() == 0 and timeout > 0:
-            deadline = time.monotonic() + timeout
-            while self._ready() == 0 and time.monotonic() < deadline:
-                # Announce the wait, then look again: a notification written before the
-                # announcement rang no doorbell.
-                self._words[_CLIENT_WAITING // 4] = 1
-                store_load_fence()
-                if self._ready() == 0:
-                    select.select([self._doorbell], [], [], max(0.0, min(deadline - time.monotonic(), 1.0)))
-                    try:
-                        os.eventfd_read(self._doorbell)
-                    except BlockingIOError:
-                        pass
-                self._words[_CLIENT_WAITING // 4] = 0
+        deadline = time.monotonic() + timeout
+        while self._ready() == 0 and time.monotonic() < deadline:
+            self._sleep_on(self._doorbell, _CLIENT_WAITING, 1, self._ready, deadline)
         out: List[Notification] = []
         for _ in range(min(self._ready(), max_count)):
             at = _SLOTS_OFFSET + (self._head & (self._slots - 1)) * _SLOT_BYTES
@@ -103,27 +74,7 @@ class Inbox:
     def close(self) -> None:
         """Unmaps the ring. The agent keeps the inbox (and its share of the session's
         notifications) until the session ends."""
-        if self._words is not None:
-            self._words.release()
-            self._words = None
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-        for fd in self._fds:
-            os.close(fd)
-        self._fds = []
+        super().close()
 
     def _ready(self) -> int:
         return (self._words[_TAIL // 4] - self._head) & 0xFFFFFFFF
-
-    def __enter__(self) -> "Inbox":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

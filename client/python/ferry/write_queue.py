@@ -37,17 +37,14 @@ from __future__ import annotations
 
 import array
 import dataclasses
-import mmap
 import operator
 import os
-import platform
-import select
 import struct
-import threading
 import time
 from typing import List, Optional, Sequence
 
 from . import errors
+from ._shared_ring import SharedRing, store_load_fence
 from ._proto import ferry_pb2
 
 # proto/ferry/wire/ring_layout.h (checked by test_write_queue.py against the agent).
@@ -92,19 +89,6 @@ def _refuse(src, **values) -> None:
             raise errors.InvalidArgument(f"{name} out of range: {v}")
 
 
-_FENCE = threading.Lock()
-
-
-def store_load_fence() -> None:
-    """Orders our last cursor store before our next load. Each doorbell check is one side
-    of a pair (we store sq_tail then load agent_sleeping; the agent stores agent_sleeping
-    then loads sq_tail): x86 lets a load pass an earlier store, and then both sides could
-    miss each other and sleep. A lock round trip is a locked instruction, which x86 does
-    not let loads pass."""
-    _FENCE.acquire()
-    _FENCE.release()
-
-
 class _NoRegion:
     """What a batch or message entry names as its source: none of its own."""
     id = 0
@@ -113,16 +97,11 @@ class _NoRegion:
 _NO_REGION = _NoRegion()
 
 
-class WriteQueue:
+class WriteQueue(SharedRing):
     """See the module docstring. Made by ``Client.create_queue``."""
 
     def __init__(self, client, destinations: Sequence, entries: int = 256, timeout: Optional[float] = None,
                  traffic_class: Optional[str] = None, table_ids: int = 0):
-        if platform.machine() not in ("x86_64", "AMD64"):
-            raise errors.FailedPrecondition(
-                f"ferry.WriteQueue needs x86-64 (this is {platform.machine()}); use Client.write")
-        if not hasattr(os, "eventfd"):
-            raise errors.FailedPrecondition("ferry.WriteQueue needs Python 3.10 or later (os.eventfd)")
         if not (_MIN_ENTRIES <= entries <= _MAX_ENTRIES and entries & (entries - 1) == 0):
             raise errors.InvalidArgument(
                 f"entries must be a power of two in [{_MIN_ENTRIES}, {_MAX_ENTRIES}], got {entries}")
@@ -133,28 +112,17 @@ class WriteQueue:
         self._reaped = 0
         self._cq_offset = _SUBMIT_OFFSET + entries * _SUBMIT.size
         table_offset = self._cq_offset + entries * _COMPLETION.size
-        size = table_offset + 4 * table_ids
-        self._fds: List[int] = []
-        self._map: Optional[mmap.mmap] = None
-        self._words: Optional[memoryview] = None
         self.table: Optional[memoryview] = None
+        super().__init__("ferry.WriteQueue", "ferry-write-queue", table_offset + 4 * table_ids, eventfds=2)
+        self._submit_fd, self._complete_fd = self._eventfds
         try:
-            # MFD_ALLOW_SEALING: the agent seals what it maps against shrinking.
-            ring = os.memfd_create("ferry-write-queue", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-            self._fds.append(ring)
-            self._submit_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-            self._fds.append(self._submit_fd)
-            self._complete_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-            self._fds.append(self._complete_fd)
-            os.ftruncate(ring, size)
-            self._map = mmap.mmap(ring, size)
-            self._words = memoryview(self._map).cast("I")  # 4-byte aligned stores and loads
             #: The block table: ``table_ids`` uint32 ids shared with the agent (see post_paged).
             self.table = self._words[table_offset // 4:]
             self._table_offset = table_offset
             struct.pack_into("<II", self._map, 0, _MAGIC, entries)
             req = ferry_pb2.CreateQueueRequest(
-                ring_fd=client._session.send_fd(ring), submit_doorbell_fd=client._session.send_fd(self._submit_fd),
+                ring_fd=client._session.send_fd(self._ring_fd),
+                submit_doorbell_fd=client._session.send_fd(self._submit_fd),
                 complete_doorbell_fd=client._session.send_fd(self._complete_fd), entries=entries,
                 timeout_ms=0 if timeout is None else max(1, int(timeout * 1000)),
                 traffic_class=client._traffic_class(traffic_class), table_ids=table_ids)
@@ -307,46 +275,16 @@ class WriteQueue:
                 continue
             if now >= deadline:
                 break
-            # Announce the wait, then look again: a completion written before the
-            # announcement rang no doorbell.
-            self._words[_CLIENT_WAITING // 4] = want
-            store_load_fence()
-            if self._ready() < want:
-                select.select([self._complete_fd], [], [], min(deadline - now, 1.0))
-                try:
-                    os.eventfd_read(self._complete_fd)
-                except BlockingIOError:
-                    pass
-            self._words[_CLIENT_WAITING // 4] = 0
+            self._sleep_on(self._complete_fd, _CLIENT_WAITING, want, self._ready, deadline)
         return self._take(max_count)
 
     def close(self) -> None:
         """Unmaps the ring and closes its fds. Writes still in flight complete in the
         agent; their completions are not read. The agent drops the queue with the session."""
-        if self.table is not None:
+        if getattr(self, "table", None) is not None:
             self.table.release()
             self.table = None
-        if self._words is not None:
-            self._words.release()
-            self._words = None
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-        for fd in self._fds:
-            os.close(fd)
-        self._fds = []
-
-    def __enter__(self) -> "WriteQueue":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+        super().close()
 
     # ------------------------------------------------------------------ plumbing
 

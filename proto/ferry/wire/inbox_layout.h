@@ -16,9 +16,10 @@
 #ifndef FERRY_PROTO_FERRY_WIRE_INBOX_LAYOUT_H_
 #define FERRY_PROTO_FERRY_WIRE_INBOX_LAYOUT_H_
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
+
+#include "proto/ferry/wire/ring_layout.h"
 
 namespace ferry::inbox {
 
@@ -30,10 +31,7 @@ inline constexpr uint32_t kMaxSlots = 4096;
 // the payload, to make it fit.
 inline constexpr size_t kSlotBytes = 8192;
 
-struct alignas(64) Cursor {
-  std::atomic<uint32_t> value;
-};
-static_assert(std::atomic<uint32_t>::is_always_lock_free, "cursors are shared between processes");
+using Cursor = queue::Cursor;  // one writer each, on its own cache line
 
 struct InboxHeader {
   uint32_t magic;         // kInboxMagic, written by the client before OpenInbox

@@ -1,0 +1,89 @@
+"""What the write queue and the inbox share: a memfd this process and the agent both map,
+its eventfds, and the doorbell protocol (announce a wait, look again, sleep)."""
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import select
+import threading
+import time
+from typing import Callable, List, Optional
+
+from . import errors
+
+_FENCE = threading.Lock()
+
+
+def store_load_fence() -> None:
+    """Orders our last cursor store before our next load. Each doorbell check is one side
+    of a pair (we store a "waiting" word then load the agent's cursor; the agent stores
+    its cursor then loads our word): x86 lets a load pass an earlier store, and then both
+    sides could miss each other and sleep. A lock round trip is a locked instruction,
+    which x86 does not let loads pass."""
+    _FENCE.acquire()
+    _FENCE.release()
+
+
+class SharedRing:
+    """A sealed-ready memfd of ``size`` bytes mapped here (``_map``, ``_words`` as uint32)
+    and ``eventfds`` non-blocking eventfds; closed by close() or the context manager."""
+
+    def __init__(self, what: str, name: str, size: int, eventfds: int):
+        if platform.machine() not in ("x86_64", "AMD64"):
+            raise errors.FailedPrecondition(f"{what} needs x86-64 (this is {platform.machine()})")
+        if not hasattr(os, "eventfd"):
+            raise errors.FailedPrecondition(f"{what} needs Python 3.10 or later (os.eventfd)")
+        self._fds: List[int] = []
+        self._map: Optional[mmap.mmap] = None
+        self._words: Optional[memoryview] = None
+        try:
+            # MFD_ALLOW_SEALING: the agent seals what it maps against shrinking.
+            self._ring_fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            self._fds.append(self._ring_fd)
+            self._eventfds = [os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK) for _ in range(eventfds)]
+            self._fds += self._eventfds
+            os.ftruncate(self._ring_fd, size)
+            self._map = mmap.mmap(self._ring_fd, size)
+            self._words = memoryview(self._map).cast("I")  # 4-byte aligned stores and loads
+        except BaseException:
+            self.close()
+            raise
+
+    def _sleep_on(self, doorbell: int, waiting_at: int, want: int, ready: Callable[[], int], deadline: float) -> None:
+        """One wait for ``want`` things ready: announce it at byte ``waiting_at`` (the agent
+        rings ``doorbell`` only then), look again (what came before the announcement
+        rang nothing), then sleep until the doorbell or ``deadline``."""
+        self._words[waiting_at // 4] = want
+        store_load_fence()
+        if ready() < want:
+            select.select([doorbell], [], [], max(0.0, min(deadline - time.monotonic(), 1.0)))
+            try:
+                os.eventfd_read(doorbell)
+            except BlockingIOError:
+                pass
+        self._words[waiting_at // 4] = 0
+
+    def close(self) -> None:
+        """Unmaps the ring and closes its fds."""
+        if self._words is not None:
+            self._words.release()
+            self._words = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
