@@ -56,7 +56,6 @@ class Inbox {
   const uint32_t slots_;
   inbox::InboxHeader* const header_;
   uint32_t tail_;  // the pump's own count of notifications written
-  std::string scratch_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> done_{false};
   std::thread pump_;  // last: starts after every member above is initialised

@@ -1,8 +1,5 @@
 #include "agent/queue/transfer_queue.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
