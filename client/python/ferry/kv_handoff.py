@@ -6,9 +6,11 @@ Each side holds one region per layer, in the FlashAttention layout
 for MLA caches). The producer publishes a small mailbox region's descriptor (in vLLM, in
 the request's kv_transfer_params); the consumer sends it, through the agents (message
 entries of a write queue to that mailbox: no RPC, in order): once per producer its
-layout and layer descriptors (HELLO), then per request the blocks it wants filled (PULL). The producer answers a PULL with one
-batch write — the request's blocks in every layer, K and V, as one transfer — whose
-notification carries the request id; the consumer counts it as received. The write goes
+layout and layer descriptors (HELLO), then per request the blocks it wants filled
+(PULL). The producer answers a PULL with one batch write — the request's blocks in every
+layer, K and V, as one transfer — whose notification carries the request id; the
+consumer counts it as received. Both sides read their notifications from their session's
+inbox (shared memory, polled: no stream, no thread). The write goes
 as a batch entry of a write queue to that consumer (no RPC: the parts and block ids go
 through shared memory), or as one ``write_batch`` RPC where a queue cannot take it (more
 than 64 layers, a full queue or block table).
