@@ -74,17 +74,18 @@ bool Inbox::Write(const v1::Notification& n) {
   constexpr size_t kRoom = inbox::kSlotBytes - sizeof(uint32_t);
   const v1::Notification* out = &n;
   v1::Notification shortened;
-  if (n.ByteSizeLong() > kRoom) {  // only a long error message can do this: shorten it
+  size_t size = n.ByteSizeLong();
+  if (size > kRoom) {  // only a long error message can do this: shorten it
     shortened = n;
-    const size_t over = n.ByteSizeLong() - kRoom;
-    shortened.mutable_message()->resize(shortened.message().size() > over + 16 ? shortened.message().size() - over - 16
-                                                                               : 0);
+    const size_t over = size - kRoom + 16;  // and room for a shorter length prefix
+    shortened.mutable_message()->resize(n.message().size() > over ? n.message().size() - over : 0);
     out = &shortened;
+    size = shortened.ByteSizeLong();
   }
-  const uint32_t size = static_cast<uint32_t>(out->ByteSizeLong());
   char* slot = map_.data() + inbox::kSlotsOffset + size_t{tail_ & (slots_ - 1)} * inbox::kSlotBytes;
-  memcpy(slot, &size, sizeof(size));
-  out->SerializeToArray(slot + sizeof(size), static_cast<int>(kRoom));
+  const uint32_t length = static_cast<uint32_t>(size);
+  memcpy(slot, &length, sizeof(length));
+  out->SerializeToArray(slot + sizeof(length), static_cast<int>(kRoom));
   ++tail_;
   header_->tail.value.store(tail_, std::memory_order_seq_cst);
   if (header_->client_waiting.value.load(std::memory_order_seq_cst) != 0) {

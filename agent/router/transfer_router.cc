@@ -245,7 +245,7 @@ absl::StatusOr<uint64_t> TransferRouter::Destination(const std::shared_ptr<const
   absl::StatusOr<Token> token = Token::FromBytes(dst.token(), "dst.token");
   if (!token.ok()) return token.status();
 
-  if (dst.agent_incarnation() == deps_.incarnation) {
+  if (IsLocal(dst)) {
     absl::StatusOr<std::shared_ptr<Region>> d = deps_.regions->Lookup(dst.region_id());
     if (!d.ok()) {
       return absl::NotFoundError(absl::StrCat("dst.region_id ", dst.region_id(),

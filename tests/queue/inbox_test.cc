@@ -23,14 +23,8 @@ namespace {
 
 using testing::AgentProcess;
 using testing::MakePod;
+using testing::StartAgent;
 using testing::TestPod;
-
-std::unique_ptr<AgentProcess> StartAgent() {
-  auto a = AgentProcess::Start({});
-  INFO(a.status().ToString());
-  REQUIRE(a.ok());
-  return std::move(*a);
-}
 
 // Polls until `n` notifications arrived (bounded).
 std::vector<v1::Notification> PollAll(Inbox& in, size_t n) {

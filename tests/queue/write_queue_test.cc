@@ -24,14 +24,8 @@ using testing::AgentProcess;
 using testing::FillRandom;
 using testing::MakePod;
 using testing::ShuffledIds;
+using testing::StartAgent;
 using testing::TestPod;
-
-std::unique_ptr<AgentProcess> StartAgent() {
-  auto a = AgentProcess::Start({});
-  INFO(a.status().ToString());
-  REQUIRE(a.ok());
-  return std::move(*a);
-}
 
 // Reaps until `n` completions arrived (bounded).
 std::vector<WriteQueue::Completion> ReapAll(WriteQueue& q, size_t n) {

@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "client/cpp/ferry_client.h"
 #include "client/cpp/write_queue.h"
+#include "tests/testing/agent_process.h"
 
 namespace ferry::testing {
 
@@ -26,6 +27,14 @@ struct TestPod {
   std::unique_ptr<HostBuffer> buf;
   v1::RegisterMemoryResponse reg;
 };
+
+// A ferryd with default flags; REQUIREs that it started.
+inline std::unique_ptr<AgentProcess> StartAgent() {
+  auto a = AgentProcess::Start({});
+  INFO(a.status().ToString());
+  REQUIRE(a.ok());
+  return std::move(*a);
+}
 
 // Connects, allocates `size` bytes filled with `fill`, registers them; REQUIREs success.
 inline TestPod MakePod(const std::string& socket, uint64_t size, uint8_t fill = 0) {

@@ -34,7 +34,8 @@ _LENGTH = struct.Struct("<I")
 
 
 class Inbox(SharedRing):
-    """See the module docstring. Made by ``Client.open_inbox``."""
+    """See the module docstring. Made by ``Client.open_inbox``. close() unmaps the ring;
+    the agent keeps the inbox (and the session's notifications) until the session ends."""
 
     def __init__(self, client, slots: int = 64):
         if not (isinstance(slots, int) and _MIN_SLOTS <= slots <= _MAX_SLOTS and slots & (slots - 1) == 0):
@@ -70,11 +71,6 @@ class Inbox(SharedRing):
         if out:
             self._words[_HEAD // 4] = self._head & 0xFFFFFFFF  # those slots are free again
         return out
-
-    def close(self) -> None:
-        """Unmaps the ring. The agent keeps the inbox (and its share of the session's
-        notifications) until the session ends."""
-        super().close()
 
     def _ready(self) -> int:
         return (self._words[_TAIL // 4] - self._head) & 0xFFFFFFFF
