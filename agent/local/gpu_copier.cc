@@ -95,11 +95,17 @@ class GpuCopier::Lane {
   static constexpr size_t kMaxInflight = 64;
   // The submitter takes up to this many queued transfers at once.
   static constexpr size_t kMaxTake = 32;
-  // GPU-to-GPU transfers of at most this many bytes that are queued together go in one
-  // launch of the copy kernel: a copy call costs ~4 us of the submitter's time on an
-  // H100 whatever its size (a 1 MiB copy takes less on the GPU), so one launch for a
-  // queue's burst of small writes keeps the GPU busy where a call each would not.
+  // GPU-to-GPU transfers queued together go in one launch of the copy kernel: a copy
+  // call costs ~4 us of the submitter's time on an H100 whatever its size (a 1 MiB copy
+  // takes less on the GPU), and a launch with its piece list 20-70 us, so one launch for
+  // a queue's burst of small writes, or for a batch's paged parts (a KV handoff's 64
+  // layer halves), keeps the GPU busy where a call each would not. Joined: transfers of
+  // at most kBatchBytes, and any the kernel moves; a launch takes at most
+  // kLaunchBytes of them (~0.2 ms of GPU time, so the GPU starts on a batch's first
+  // layers while the submitter builds the next launch) and kLaunchChunks chunks.
   static constexpr uint64_t kBatchBytes = 4 << 20;
+  static constexpr uint64_t kLaunchBytes = 256 << 20;
+  static constexpr size_t kLaunchChunks = 16384;
   // After putting work on the stream the submitter looks for more, and the completer
   // polls an event, this long before sleeping: waking a sleeping thread costs 10-30 us,
   // the GPU time of several 1 MiB copies, and a queue's writes come in bursts.
@@ -150,7 +156,21 @@ class GpuCopier::Lane {
 
   // Whether `t` may share a kernel launch with other queued transfers.
   bool Batchable(const Transfer& t) const {
-    return DeviceOf(*t.src) >= 0 && DeviceOf(*t.dst) >= 0 && t.plan.total_bytes <= kBatchBytes && Reaches(t, device_);
+    return DeviceOf(*t.src) >= 0 && DeviceOf(*t.dst) >= 0 && Reaches(t, device_) &&
+           (t.plan.total_bytes <= kBatchBytes || owner_->Choose(t) == Method::kKernel);
+  }
+
+  // The end of the run of batchable jobs from `first` that one launch takes: at least
+  // jobs[first], then more while the launch stays within kLaunchBytes and kLaunchChunks.
+  size_t LaunchEnd(const std::vector<Job>& jobs, size_t first) const {
+    uint64_t bytes = jobs[first].t->plan.total_bytes;
+    size_t chunks = jobs[first].t->plan.chunks.size(), last = first + 1;
+    for (; last < jobs.size() && jobs[last].status.ok() && Batchable(*jobs[last].t); ++last) {
+      bytes += jobs[last].t->plan.total_bytes;
+      chunks += jobs[last].t->plan.chunks.size();
+      if (bytes > kLaunchBytes || chunks > kLaunchChunks) break;
+    }
+    return last;
   }
 
   // Puts the transfers jobs[first, last) on the stream in one kernel launch.
@@ -261,10 +281,7 @@ class GpuCopier::Lane {
           ++first;
           continue;
         }
-        size_t last = first + 1;
-        if (Batchable(*jobs[first].t)) {
-          while (last < jobs.size() && jobs[last].status.ok() && Batchable(*jobs[last].t)) ++last;
-        }
+        const size_t last = Batchable(*jobs[first].t) ? LaunchEnd(jobs, first) : first + 1;
         const absl::Status put = last - first == 1 ? Enqueue(*jobs[first].t) : EnqueueBatch(jobs, first, last);
         for (size_t i = first; i < last; ++i) jobs[i].status = put;
         // Even after a failed enqueue, part of the work may be on the stream: the
@@ -307,6 +324,10 @@ class GpuCopier::Lane {
     // each into >= 50 us and cap small copies at one answer per 50 us.
     prctl(PR_SET_TIMERSLACK, 1000UL);
     const bool have_context = UseDevice(*cu_, device_).ok();
+    // A batch's jobs share one event, the owner last: once the first of them has seen it
+    // complete (or fail), the others are answered without asking the driver again.
+    CUevent seen = nullptr;
+    CUresult seen_result = CUDA_SUCCESS;
     for (;;) {
       Job j;
       {
@@ -320,7 +341,9 @@ class GpuCopier::Lane {
       CUevent reusable = nullptr;
       absl::Status s = j.status;
       if (j.event != nullptr && have_context) {
-        CUresult r = Wait(j, &answered);
+        const CUresult r = j.event == seen ? seen_result : Wait(j, &answered);
+        seen = j.owns_event ? nullptr : j.event;  // the owner reuses or destroys it
+        seen_result = r;
         if (r == CUDA_SUCCESS) {
           if (j.owns_event) reusable = j.event;
         } else {

@@ -11,8 +11,8 @@
 //    (agent/cuda/copy_kernel.h), which reads scattered source blocks and writes
 //    scattered destination blocks in a single pass, on the source GPU (or the
 //    destination GPU with `pull`, or whichever of the two can reach both regions);
-//  - small GPU-to-GPU transfers queued at the same time (a write queue's burst): one
-//    launch of that kernel for all of them.
+//  - GPU-to-GPU transfers queued at the same time (a write queue's burst of small
+//    writes, a batch's paged parts): one launch of that kernel for up to 256 MiB of them.
 // One lane per device (a stream, a thread that puts transfers on it as they arrive and
 // one that answers them in order). A transfer past its
 // deadline is answered DEADLINE_EXCEEDED at once, but its regions are held until the
