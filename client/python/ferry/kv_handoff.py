@@ -36,6 +36,7 @@ hears nothing before its timeout reports the request failed.
 """
 from __future__ import annotations
 
+import array
 import dataclasses
 import queue
 import struct
@@ -87,13 +88,28 @@ def _message(kind: int, body: bytes) -> bytes:
     return msg
 
 
-def _pack_ids(ids: Sequence[int]) -> bytes:
-    return struct.pack(f"<I{len(ids)}I", len(ids), *ids)
+def _block_ids(ids: Sequence[int], num_blocks: int) -> array.array:
+    """``ids`` as 32-bit words (what messages and a write queue's table hold: copied in
+    one piece, checked at C speed), each in 0..num_blocks - 1, else ValueError naming one."""
+    try:
+        words = ids if isinstance(ids, array.array) and ids.typecode == "I" else array.array("I", ids)
+        if not words or max(words) < num_blocks:
+            return words
+    except (OverflowError, TypeError):
+        pass
+    bad = next(i for i in ids if not (isinstance(i, int) and 0 <= i < num_blocks))
+    raise ValueError(f"block id {bad} is outside 0..{num_blocks - 1}")
+
+
+def _pack_ids(ids: array.array) -> bytes:
+    return struct.pack("<I", len(ids)) + ids.tobytes()  # x86-64: native order is little-endian
 
 
 def _unpack_ids(body: bytes, at: int):
     (n,) = struct.unpack_from("<I", body, at)
-    ids = list(struct.unpack_from(f"<{n}I", body, at + 4))
+    if at + 4 + 4 * n > len(body):
+        raise struct.error(f"{n} block ids do not fit in a {len(body)}-byte message")
+    ids = array.array("I", body[at + 4:at + 4 + 4 * n])
     return ids, at + 4 + 4 * n
 
 
@@ -156,10 +172,11 @@ class _Inbox:
 
 @dataclasses.dataclass
 class _Held:
-    src_ids: List[int]
+    src_ids: array.array
     expires: float
     future: Optional[object] = None  # the write in flight: a TransferFuture, or _QUEUED
-    dst_ids: Optional[List[Optional[int]]] = None  # a pull's ids, as they arrive
+    dst_ids: Optional[array.array] = None  # a long pull's ids, as its messages arrive
+    dst_pieces: Optional[Dict[int, int]] = None  # which of them arrived: first id -> count
     answer_to: Optional[tuple] = None  # (consumer's first descriptor, its id for the request), once pulled
 
 
@@ -171,16 +188,17 @@ class _ConsumerQueue:
     a request's range stays its own until its completion is reaped."""
     ENTRIES, TABLE_IDS = 64, 1 << 20  # 4 MiB of ids: a 64-part request of 16,384 blocks 30 times over
 
-    def __init__(self, client: Client, descriptors: list):
+    def __init__(self, client: Client, descriptors: list, parts: list):
         self.queue = client.create_queue(descriptors, entries=self.ENTRIES, table_ids=self.TABLE_IDS)
+        self._parts = self.queue.pack_parts(parts)  # every request writes the same layer halves
         self._next = 0
         self._ranges: Dict[int, tuple] = {}  # user_data -> (request id, first id, end)
         self._user_data = 0
 
-    def post(self, rid: str, parts: list, block_bytes: int, src_ids, dst_ids, reply: bytes) -> bool:
+    def post(self, rid: str, block_bytes: int, src_ids, dst_ids, reply: bytes) -> bool:
         """Posts the request's batch entry; False when the queue or its table is full (or
         refused the entry)."""
-        words = self.queue.batch_table_ids(len(parts), len(src_ids), len(reply))
+        words = self.queue.batch_table_ids(self._parts.count, len(src_ids), len(reply))
         if self.queue.inflight >= self.ENTRIES or words > self.TABLE_IDS:
             return False
         for start in (self._next, 0):  # after the last request's range, else from the start
@@ -191,7 +209,7 @@ class _ConsumerQueue:
             return False
         self._user_data += 1
         try:
-            self.queue.post_batch(parts, block_bytes, src_ids, dst_ids, table_index=start, user_data=self._user_data,
+            self.queue.post_batch(self._parts, block_bytes, src_ids, dst_ids, table_index=start, user_data=self._user_data,
                                   notify=True, tag=_DONE, payload=reply)
         except errors.FerryError:
             return False  # the caller's write_batch says what is wrong, if anything
@@ -274,10 +292,8 @@ class KVProducer:
     def hold(self, request_id: str, src_block_ids: Sequence[int], lease: float = 30.0) -> None:
         """Keeps ``src_block_ids`` (this request's blocks, in token order) for a consumer
         to pull within ``lease`` seconds."""
-        bad = [i for i in src_block_ids if not 0 <= i < self._spec.num_blocks]
-        if bad:
-            raise ValueError(f"block id {bad[0]} is outside 0..{self._spec.num_blocks - 1}")
-        self._held[request_id] = _Held(list(src_block_ids), time.monotonic() + lease)
+        ids = array.array("I", _block_ids(src_block_ids, self._spec.num_blocks))  # a copy: the caller's may change
+        self._held[request_id] = _Held(ids, time.monotonic() + lease)
 
     def poll(self) -> Progress:
         """Answers pulls, and returns the requests whose blocks may now be freed: written
@@ -363,9 +379,15 @@ class KVProducer:
                 first + len(chunk) <= total:
             # A long request's block ids come in several messages: gather them.
             if held.dst_ids is None or len(held.dst_ids) != total:
-                held.dst_ids = [None] * total
+                held.dst_ids, held.dst_pieces = array.array("I", bytes(4 * total)), {}
             held.dst_ids[first:first + len(chunk)] = chunk
-            if any(i is None for i in held.dst_ids):
+            held.dst_pieces[first] = len(chunk)
+            covered = 0
+            for at in sorted(held.dst_pieces):  # complete when the pieces tile 0..total
+                if at != covered:
+                    break
+                covered += held.dst_pieces[at]
+            if covered != total:
                 return
             dst_ids = held.dst_ids
         else:
@@ -380,9 +402,8 @@ class KVProducer:
                    f"but request {rid} has {len(held.src_ids)}")
         else:
             limit = self._consumer_specs[consumer].num_blocks
-            bad = [i for i in dst_ids if not 0 <= i < limit]
-            if bad:
-                why = f"destination block id {bad[0]} is outside the consumer's 0..{limit - 1}"
+            if dst_ids and max(dst_ids) >= limit:
+                why = f"destination block id {max(dst_ids)} is outside the consumer's 0..{limit - 1}"
         if why is not None:
             if held is not None and held.future is None:
                 del self._held[rid]
@@ -396,21 +417,23 @@ class KVProducer:
             self._client.send_message(descriptors[0], reply.encode(), tag=_DONE)
             return
         src_ids = held.src_ids[skip:]
-        half = self._spec.num_blocks * self._spec.block_bytes
-        dst_half = self._consumer_specs[consumer].num_blocks * self._spec.block_bytes
         held.answer_to = (descriptors[0], reply)
-        layers = [(layer, h * half, h * dst_half) for layer in range(len(self._layers)) for h in range(self._spec.halves)]
         q = self._queue_for(consumer, descriptors)
-        if q is not None and q.post(rid, [(self._layers[l], l, s, d) for l, s, d in layers], self._spec.block_bytes,
-                                    src_ids, dst_ids, reply.encode()):
+        if q is not None and q.post(rid, self._spec.block_bytes, src_ids, dst_ids, reply.encode()):
             held.future = _QUEUED  # poll() reaps its completion
             return
-        parts = [(self._layers[l], descriptors[l], s, d) for l, s, d in layers]
+        parts = [(self._layers[l], descriptors[l], s, d) for l, s, d in self._layer_halves(consumer)]
         held.future = self._client.write_batch(parts, self._spec.block_bytes, src_ids, dst_ids, notify=True,
                                                tag=_DONE, notify_payload=reply.encode())
         # A thread waits on the agent (one blocking Wait RPC at a time) so that poll()
         # never makes an RPC: an engine polls every step, on the agent's cores.
         threading.Thread(target=self._await_write, args=(rid, held.future), daemon=True).start()
+
+    def _layer_halves(self, consumer: str) -> List[tuple]:
+        """(layer, src_base, dst_base) of each layer half (K, V) a write to `consumer` moves."""
+        half = self._spec.num_blocks * self._spec.block_bytes
+        dst_half = self._consumer_specs[consumer].num_blocks * self._spec.block_bytes
+        return [(layer, h * half, h * dst_half) for layer in range(len(self._layers)) for h in range(self._spec.halves)]
 
     def _queue_for(self, consumer: str, descriptors: list) -> Optional[_ConsumerQueue]:
         """The write queue to `consumer`'s layers, made at its first write (None: it cannot
@@ -419,7 +442,8 @@ class KVProducer:
             q = None
             if len(descriptors) <= 64:  # a queue's destinations
                 try:
-                    q = _ConsumerQueue(self._client, descriptors)
+                    parts = [(self._layers[l], l, s, d) for l, s, d in self._layer_halves(consumer)]
+                    q = _ConsumerQueue(self._client, descriptors, parts)
                 except errors.FerryError:
                     q = None
             self._queues[consumer] = q
@@ -485,9 +509,7 @@ class KVConsumer:
         """Asks the producer behind ``producer_mailbox`` to write its request's blocks,
         after the first ``skip`` (already cached here), into ``dst_block_ids``. The
         producer knows the request as ``producer_request_id`` (default: the same id)."""
-        bad = [i for i in dst_block_ids if not 0 <= i < self._spec.num_blocks]
-        if bad:
-            raise ValueError(f"block id {bad[0]} is outside 0..{self._spec.num_blocks - 1}")
+        dst_block_ids = _block_ids(dst_block_ids, self._spec.num_blocks)
         mailbox = self._mailbox(producer_mailbox)
         self._introduce(producer_mailbox, mailbox)
         head = _pack_str(self.engine_id) + _pack_str(producer_request_id or request_id)

@@ -89,6 +89,19 @@ def _refuse(src, **values) -> None:
             raise errors.InvalidArgument(f"{name} out of range: {v}")
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchParts:
+    """A batch entry's parts as the block table holds them (``WriteQueue.pack_parts``)."""
+    count: int
+    packed: bytes
+
+
+def _words(ids) -> array.array:
+    """Block ids as the table's 32-bit words: an ``array.array("I")`` as it is (x86-64:
+    native order is the table's little-endian), anything else converted."""
+    return ids if isinstance(ids, array.array) and ids.typecode == "I" else array.array("I", ids)
+
+
 class _NoRegion:
     """What a batch or message entry names as its source: none of its own."""
     id = 0
@@ -165,14 +178,31 @@ class WriteQueue(SharedRing):
         block pairs and a ``payload_bytes`` payload takes from its ``table_index``."""
         return parts * _PART_IDS + 2 * blocks + (payload_bytes + 3) // 4
 
-    def post_batch(self, parts: Sequence, block_size: int, src_ids: Sequence[int], dst_ids: Sequence[int], *,
+    def pack_parts(self, parts: Sequence) -> "BatchParts":
+        """``post_batch``'s ``parts``, checked and packed once: a caller that posts the
+        same parts for many requests (a KV producer: every layer, for each request) passes
+        the result to ``post_batch`` instead of the list."""
+        if not 1 <= len(parts) <= _MAX_BATCH_PARTS:
+            raise errors.InvalidArgument(f"parts must hold 1..{_MAX_BATCH_PARTS} parts, got {len(parts)}")
+        packed = bytearray(len(parts) * _PART.size)
+        for i, part in enumerate(parts):
+            try:
+                src, dst_index, src_base, dst_base = part
+                _PART.pack_into(packed, i * _PART.size, src.id, src_base, dst_base, dst_index, 0)
+            except (TypeError, ValueError, AttributeError, struct.error) as e:
+                raise errors.InvalidArgument(
+                    f"parts[{i}] must be (Region, dst_index, src_base, dst_base) of unsigned integers: {e}") from None
+        return BatchParts(len(parts), bytes(packed))
+
+    def post_batch(self, parts, block_size: int, src_ids: Sequence[int], dst_ids: Sequence[int], *,
                    table_index: int = 0, user_data: int = 0, notify: bool = False, tag: int = 0,
                    payload: bytes = b"") -> None:
         """Queues one block mapping over several regions as one transfer (the queue's form
         of ``Client.write_batch``): ``parts`` are ``(src Region, dst_index, src_base,
         dst_base)``; part p's block i copies ``block_size`` bytes from src_base +
         src_ids[i] * block_size to dst_base + dst_ids[i] * block_size of destination
-        dst_index. Writes the parts and ids into ``self.table`` at ``table_index`` (they
+        dst_index (or ``parts`` from ``pack_parts``; ids as ``array.array("I")`` are
+        copied as they are). Writes the parts and ids into ``self.table`` at ``table_index`` (they
         must stay as they are until the entry is reaped), then posts one entry: one
         completion, and with ``notify`` one notification (``tag``, ``payload`` of at most
         4 KiB) to the owner of part 0's destination once every part has landed."""
@@ -181,29 +211,23 @@ class WriteQueue(SharedRing):
         n = len(src_ids)
         if len(dst_ids) != n:
             raise errors.InvalidArgument(f"{n} source ids but {len(dst_ids)} destination ids; they must pair up")
-        if not 1 <= len(parts) <= _MAX_BATCH_PARTS:
-            raise errors.InvalidArgument(f"parts must hold 1..{_MAX_BATCH_PARTS} parts, got {len(parts)}")
+        if not isinstance(parts, BatchParts):
+            parts = self.pack_parts(parts)
         payload = bytes(payload)
-        words = self.batch_table_ids(len(parts), n, len(payload))
+        words = self.batch_table_ids(parts.count, n, len(payload))
         self._check_table_room("batch", table_index, words)
         at = self._table_offset + 4 * table_index
-        for i, part in enumerate(parts):
-            try:
-                src, dst_index, src_base, dst_base = part
-                _PART.pack_into(self._map, at + i * _PART.size, src.id, src_base, dst_base, dst_index, 0)
-            except (TypeError, ValueError, AttributeError, struct.error) as e:
-                raise errors.InvalidArgument(
-                    f"parts[{i}] must be (Region, dst_index, src_base, dst_base) of unsigned integers: {e}") from None
-        first = table_index + len(parts) * _PART_IDS
+        self._map[at:at + len(parts.packed)] = parts.packed
+        first = table_index + parts.count * _PART_IDS
         try:
-            self.table[first:first + n] = array.array("I", src_ids)
-            self.table[first + n:first + 2 * n] = array.array("I", dst_ids)
+            self.table[first:first + n] = _words(src_ids)
+            self.table[first + n:first + 2 * n] = _words(dst_ids)
         except (TypeError, OverflowError) as e:
             raise errors.InvalidArgument(f"block ids must be integers in [0, 2**32): {e}") from None
         end = self._table_offset + 4 * (first + 2 * n)
         self._map[end:end + len(payload)] = payload
         flags = _FLAG_BATCH | (_FLAG_NOTIFY if notify else 0)
-        self._post(_NO_REGION, len(payload), 0, block_size, tag, len(parts), flags, table_index, n, user_data,
+        self._post(_NO_REGION, len(payload), 0, block_size, tag, parts.count, flags, table_index, n, user_data,
                    dict(block_size=block_size))
 
     def post_message(self, payload: bytes, *, dst_index: int = 0, tag: int = 0, table_index: int = 0,

@@ -135,6 +135,30 @@ def test_refusals_reach_both_sides_and_nothing_is_written(pair):
     assert [bytes(r.buffer) for r in clayers] == before
 
 
+def test_block_ids_out_of_range_are_named_on_both_sides(pair):
+    producer, consumer, _, clayers, pspec, cspec = pair
+    for bad in (pspec.num_blocks, -1, 2**40):
+        with pytest.raises(ValueError, match=f"block id {bad} is outside 0..{pspec.num_blocks - 1}"):
+            producer.hold("bad", [0, bad])
+    with pytest.raises(ValueError, match=f"block id {cspec.num_blocks} is outside 0..{cspec.num_blocks - 1}"):
+        consumer.pull("bad", producer.mailbox, [1, cspec.num_blocks])
+    # A pull that passed no consumer-side check (sent by hand after a HELLO) asks for a
+    # block past the consumer's cache: the producer refuses it, nothing is written.
+    before = [bytes(r.buffer) for r in clayers]
+    producer.hold("first", [1])
+    consumer.pull("first", producer.mailbox, [2])
+    assert until(producer, consumer)[1].done == {"first"}
+    kh = ferry.kv_handoff
+    producer.hold("forged", [3, 4])
+    body = kh._pack_str("decode-0") + kh._pack_str("forged") + kh.struct.pack("<III", 0, 2, 0) + \
+        kh._pack_ids(kh.array.array("I", [5, cspec.num_blocks])) + kh._pack_str("forged")
+    consumer._client.send_message(producer.mailbox, kh._message(kh._PULL, body))
+    (p,) = until(producer)
+    assert f"destination block id {cspec.num_blocks} is outside the consumer's" in p.failed["forged"]
+    for r, old in zip(clayers, before):  # block 5 of every layer half, where "forged" would have gone
+        assert all(block(r, cspec, h, 5) == old[(h * cspec.num_blocks + 5) * BLOCK:][:BLOCK] for h in (0, 1))
+
+
 def test_a_lease_expires_and_a_consumer_times_out(pair):
     producer, consumer, _, _, _, _ = pair
     producer.hold("nobody-pulls", [5], lease=0.2)

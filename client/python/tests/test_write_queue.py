@@ -140,11 +140,29 @@ def test_a_batch_entry_is_one_transfer_with_one_notification(agent):
         watcher = threading.Thread(target=lambda: got.extend(reader.notifications(timeout=5)))
         watcher.start()
         parts = [(r, 0, 0, i * block * per_layer) for i, r in enumerate(layers)]
+
+        def landed():
+            for i, r in enumerate(layers):
+                base = i * block * per_layer
+                for s, d in zip(src_ids, dst_ids):
+                    assert bytes(target.buffer[base + d * block:base + (d + 1) * block]) == \
+                        bytes(r.buffer[s * block:(s + 1) * block])
         with writer.create_queue([target.descriptor()], entries=8, table_ids=128) as q:
             q.post_batch(parts, block, src_ids, dst_ids, table_index=3, notify=True, tag=55, user_data=9,
                          payload=b"request-7")
             (done,) = reap_all(q, 1)
             assert done.error is None and done.user_data == 9 and done.bytes == 4 * moved * block
+            landed()
+            # The same parts packed once, and ids as 32-bit arrays (what a KV producer posts).
+            target.buffer[:] = bytes(target.size)
+            packed = q.pack_parts(parts)
+            q.post_batch(packed, block, array.array("I", src_ids), array.array("I", dst_ids), user_data=11)
+            (again,) = reap_all(q, 1)
+            assert again.error is None and again.bytes == 4 * moved * block
+            with pytest.raises(ferry.InvalidArgument, match=r"1\.\.1024 parts"):
+                q.pack_parts([])
+            with pytest.raises(ferry.InvalidArgument, match=r"parts\[1\]"):
+                q.pack_parts([parts[0], (layers[1], -1, 0, 0)])
             with pytest.raises(ferry.InvalidArgument, match="table ids"):
                 q.post_batch(parts, block, src_ids, dst_ids, table_index=100)  # 4 * 8 + 24 ids do not fit
             with pytest.raises(ferry.InvalidArgument, match="pair up"):
@@ -156,11 +174,7 @@ def test_a_batch_entry_is_one_transfer_with_one_notification(agent):
             assert isinstance(bad.error, ferry.InvalidArgument) and "parts[0]: dst_index 5" in bad.error.message
         watcher.join()
         assert [(n.tag, n.bytes, n.payload) for n in got] == [(55, 4 * moved * block, b"request-7")]  # one
-        for i, r in enumerate(layers):
-            base = i * block * per_layer
-            for s, d in zip(src_ids, dst_ids):
-                assert bytes(target.buffer[base + d * block:base + (d + 1) * block]) == \
-                    bytes(r.buffer[s * block:(s + 1) * block])
+        landed()
 
 
 def _messages_arrive_in_order(sender, reader, target, expect_path=""):
