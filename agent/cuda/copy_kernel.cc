@@ -2,7 +2,8 @@
 
 namespace ferry {
 
-// ferry_copy_pieces(const CopyPiece* pieces, uint32_t count)
+// ferry_copy_pieces(CopyKernelArgs): one piece per grid-stride step, read from the list
+// (pieces != 0) or computed from the blocks form.
 const char kCopyPiecesPtx[] = R"PTX(
 .version 7.0
 .target sm_70
@@ -10,17 +11,30 @@ const char kCopyPiecesPtx[] = R"PTX(
 
 .visible .entry ferry_copy_pieces(
   .param .u64 pieces,
-  .param .u32 count
+  .param .u32 count,
+  .param .u64 parts,
+  .param .u64 offsets,
+  .param .u32 blocks,
+  .param .u32 pieces_per_block,
+  .param .u64 block_size
 )
 {
-  .reg .pred %p<4>;
+  .reg .pred %p<5>;
   .reg .b16 %h<2>;
-  .reg .b32 %r<24>;
-  .reg .b64 %rd<20>;
+  .reg .b32 %r<32>;
+  .reg .b64 %rd<32>;
 
   ld.param.u64 %rd1, [pieces];
+  setp.eq.u64 %p4, %rd1, 0;         // the blocks form
   cvta.to.global.u64 %rd1, %rd1;
   ld.param.u32 %r1, [count];
+  ld.param.u64 %rd19, [parts];
+  cvta.to.global.u64 %rd19, %rd19;
+  ld.param.u64 %rd20, [offsets];
+  cvta.to.global.u64 %rd20, %rd20;
+  ld.param.u32 %r22, [blocks];
+  ld.param.u32 %r23, [pieces_per_block];
+  ld.param.u64 %rd21, [block_size];
   mov.u32 %r2, %ctaid.x;
   mov.u32 %r3, %nctaid.x;
   mov.u32 %r4, %tid.x;
@@ -35,11 +49,39 @@ const char kCopyPiecesPtx[] = R"PTX(
 PIECE:
   setp.ge.u32 %p1, %r2, %r1;
   @%p1 bra DONE;
+  @%p4 bra BLOCK;
   mul.wide.u32 %rd5, %r2, 24;
   add.s64 %rd5, %rd1, %rd5;
   ld.global.nc.u64 %rd6, [%rd5];    // src
   ld.global.nc.u64 %rd7, [%rd5+8];  // dst
   ld.global.nc.u64 %rd8, [%rd5+16]; // length
+  bra COPY;
+
+BLOCK:                              // item -> (part, block, piece), part-major
+  div.u32 %r24, %r2, %r23;          // block item = item / pieces_per_block
+  mul.lo.u32 %r25, %r24, %r23;
+  sub.u32 %r25, %r2, %r25;          // piece within the block
+  div.u32 %r26, %r24, %r22;         // part = block item / blocks
+  mul.lo.u32 %r27, %r26, %r22;
+  sub.u32 %r27, %r24, %r27;         // block
+  mul.wide.u32 %rd22, %r26, 16;
+  add.s64 %rd22, %rd19, %rd22;
+  mul.wide.u32 %rd23, %r27, 16;
+  add.s64 %rd23, %rd20, %rd23;
+  ld.global.nc.u64 %rd6, [%rd22];   // the part's source base
+  ld.global.nc.u64 %rd7, [%rd22+8]; // and destination base
+  ld.global.nc.u64 %rd24, [%rd23];  // the block's source offset
+  ld.global.nc.u64 %rd25, [%rd23+8];// and destination offset
+  cvt.u64.u32 %rd26, %r25;
+  shl.b64 %rd26, %rd26, 15;         // piece * kCopyPieceBytes
+  add.s64 %rd6, %rd6, %rd24;
+  add.s64 %rd6, %rd6, %rd26;
+  add.s64 %rd7, %rd7, %rd25;
+  add.s64 %rd7, %rd7, %rd26;
+  sub.s64 %rd8, %rd21, %rd26;
+  min.u64 %rd8, %rd8, 32768;        // the block's last piece may be shorter
+
+COPY:
   cvta.to.global.u64 %rd6, %rd6;
   cvta.to.global.u64 %rd7, %rd7;
   or.b64 %rd9, %rd6, %rd7;

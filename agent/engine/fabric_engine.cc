@@ -185,8 +185,9 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
   // Coalesce chunks that continue each other on both sides, then split to max_op. A
   // queue entry is one piece: no allocation for it.
   absl::InlinedVector<CopyChunk, 1> pieces;
-  pieces.reserve(t->plan.chunks.size());
-  for (const CopyChunk& c : t->plan.chunks) {
+  pieces.reserve(t->plan.size());
+  for (size_t i = 0; i < t->plan.size(); ++i) {
+    const CopyChunk c = t->plan.chunk(i);
     if (!pieces.empty()) {
       CopyChunk& last = pieces.back();
       if (last.src_offset + last.length == c.src_offset && last.dst_offset + last.length == c.dst_offset &&

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/check.h"
@@ -44,7 +45,7 @@ GpuCopier::Method GpuCopier::Choose(const Transfer& t) const {
   // The kernel where one launch reaches both regions; otherwise the copy engines, which
   // reach any peer context.
   if (DeviceOf(*t.src) < 0 || DeviceOf(*t.dst) < 0) return Method::kCopyEngine;
-  const size_t n = t.plan.chunks.size();
+  const size_t n = t.plan.size();
   if (Reaches(t, LaunchDevice(t)) && n >= 2 && t.plan.total_bytes / n < kCopyEngineAverage) return Method::kKernel;
   return Method::kCopyEngine;
 }
@@ -142,16 +143,16 @@ class GpuCopier::Lane {
     const CUdeviceptr dst = reinterpret_cast<CUdeviceptr>(t.dst->data());
     if (owner_->Choose(t) == Method::kCopyEngine) {
       copy_engine_.Increment();
-      for (const CopyChunk& c : t.plan.chunks) {
+      for (size_t i = 0; i < t.plan.size(); ++i) {
+        const CopyChunk c = t.plan.chunk(i);
         FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuMemcpyAsync(dst + c.dst_offset, src + c.src_offset, c.length, stream_),
                                  "cuMemcpyAsync");
       }
       return absl::OkStatus();
     }
     kernel_launch_.Increment();
-    pieces_.clear();
-    AppendPieces(t);
-    return LaunchPieces();
+    launch_.assign(1, &t);
+    return LaunchKernel();
   }
 
   // Whether `t` may share a kernel launch with other queued transfers.
@@ -161,13 +162,18 @@ class GpuCopier::Lane {
   }
 
   // The end of the run of batchable jobs from `first` that one launch takes: at least
-  // jobs[first], then more while the launch stays within kLaunchBytes and kLaunchChunks.
+  // jobs[first], then more while the launch stays within kLaunchBytes and kLaunchChunks
+  // and its jobs either all share one block mapping (a batch's parts: the blocks form)
+  // or none has one.
   size_t LaunchEnd(const std::vector<Job>& jobs, size_t first) const {
+    const PagedIds* mapping = jobs[first].t->plan.paged.get();
     uint64_t bytes = jobs[first].t->plan.total_bytes;
-    size_t chunks = jobs[first].t->plan.chunks.size(), last = first + 1;
-    for (; last < jobs.size() && jobs[last].status.ok() && Batchable(*jobs[last].t); ++last) {
+    size_t chunks = jobs[first].t->plan.size(), last = first + 1;
+    for (; last < jobs.size() && jobs[last].status.ok() && Batchable(*jobs[last].t) &&
+           jobs[last].t->plan.paged.get() == mapping;
+         ++last) {
       bytes += jobs[last].t->plan.total_bytes;
-      chunks += jobs[last].t->plan.chunks.size();
+      chunks += jobs[last].t->plan.size();
       if (bytes > kLaunchBytes || chunks > kLaunchChunks) break;
     }
     return last;
@@ -176,9 +182,45 @@ class GpuCopier::Lane {
   // Puts the transfers jobs[first, last) on the stream in one kernel launch.
   absl::Status EnqueueBatch(std::vector<Job>& jobs, size_t first, size_t last) {
     kernel_batched_.Increment(static_cast<double>(last - first));
+    launch_.clear();
+    for (size_t i = first; i < last; ++i) launch_.push_back(jobs[i].t.get());
+    return LaunchKernel();
+  }
+
+  // One launch of the copy kernel for the transfers in launch_: in the blocks form when
+  // they apply one block mapping (one paged write, or a batch's parts), else over a list
+  // of every piece.
+  absl::Status LaunchKernel() {
+    const std::shared_ptr<const PagedIds>& ids = launch_.front()->plan.paged;
+    bool blocks = ids != nullptr && CopyKernelArgs::BlocksFit(launch_.size(), ids->src.size(), ids->block_size);
+    for (const Transfer* t : launch_) blocks = blocks && t->plan.paged == ids;
+    if (blocks) return LaunchBlocks(*ids);
     pieces_.clear();
-    for (size_t i = first; i < last; ++i) AppendPieces(*jobs[i].t);
-    return LaunchPieces();
+    for (const Transfer* t : launch_) AppendPieces(*t);
+    const uint32_t count = static_cast<uint32_t>(pieces_.size());
+    return Launch(pieces_.data(), pieces_.size() * sizeof(CopyPiece),
+                  [count](CUdeviceptr list) { return CopyKernelArgs::Pieces(list, count); });
+  }
+
+  // The blocks form: each transfer's base addresses (CopyBlockPart), then each block's
+  // offsets (CopyBlockOffsets), in one upload; the kernel expands them.
+  absl::Status LaunchBlocks(const PagedIds& ids) {
+    const size_t parts = launch_.size(), n = ids.src.size();
+    const uint64_t bs = ids.block_size;
+    words_.resize(2 * (parts + n));
+    uint64_t* w = words_.data();
+    for (const Transfer* t : launch_) {
+      *w++ = reinterpret_cast<CUdeviceptr>(t->src->data()) + t->plan.src_base;
+      *w++ = reinterpret_cast<CUdeviceptr>(t->dst->data()) + t->plan.dst_base;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      *w++ = ids.src[i] * bs;
+      *w++ = ids.dst[i] * bs;
+    }
+    return Launch(words_.data(), words_.size() * sizeof(uint64_t), [&](CUdeviceptr list) {
+      return CopyKernelArgs::Blocks(list, static_cast<uint32_t>(parts), list + parts * sizeof(CopyBlockPart),
+                                    static_cast<uint32_t>(n), bs);
+    });
   }
 
   // Appends t's pieces to pieces_. Sized first and filled field by field: a push_back of
@@ -189,10 +231,11 @@ class GpuCopier::Lane {
     const CUdeviceptr dst = reinterpret_cast<CUdeviceptr>(t.dst->data());
     const size_t first = pieces_.size();
     size_t n = first;
-    for (const CopyChunk& c : t.plan.chunks) n += (c.length + kCopyPieceBytes - 1) / kCopyPieceBytes;
+    for (size_t i = 0; i < t.plan.size(); ++i) n += (t.plan.chunk(i).length + kCopyPieceBytes - 1) / kCopyPieceBytes;
     pieces_.resize(n);
     CopyPiece* out = pieces_.data() + first;
-    for (const CopyChunk& c : t.plan.chunks) {
+    for (size_t i = 0; i < t.plan.size(); ++i) {
+      const CopyChunk c = t.plan.chunk(i);
       for (uint64_t off = 0; off < c.length; off += kCopyPieceBytes, ++out) {
         out->src = src + c.src_offset + off;
         out->dst = dst + c.dst_offset + off;
@@ -201,20 +244,20 @@ class GpuCopier::Lane {
     }
   }
 
-  // One launch of the gather/scatter kernel over pieces_.
-  absl::Status LaunchPieces() {
-    uint32_t count = static_cast<uint32_t>(pieces_.size());
-    const size_t bytes = pieces_.size() * sizeof(CopyPiece);
-    // Stream-ordered: allocated, filled, read by the kernel and freed in stream order.
-    // The copy from pageable memory is staged before cuMemcpyHtoDAsync returns.
+  // Uploads `bytes` from `host` and launches the kernel with the arguments `args` makes
+  // for the upload's device address. Stream-ordered: allocated, filled, read by the
+  // kernel and freed in stream order; the copy from pageable memory is staged before
+  // cuMemcpyHtoDAsync returns.
+  absl::Status Launch(const void* host, size_t bytes, absl::FunctionRef<CopyKernelArgs(CUdeviceptr)> args) {
     CUdeviceptr list = 0;
     FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuMemAllocAsync(&list, bytes, stream_), "cuMemAllocAsync");
-    absl::Status s = cu_->Check(cu_->cuMemcpyHtoDAsync(list, pieces_.data(), bytes, stream_), "cuMemcpyHtoDAsync");
+    absl::Status s = cu_->Check(cu_->cuMemcpyHtoDAsync(list, host, bytes, stream_), "cuMemcpyHtoDAsync");
     if (s.ok()) {
-      const unsigned blocks = std::min<unsigned>(count, resident_ctas_);
-      void* args[] = {&list, &count};
-      s = cu_->Check(cu_->cuLaunchKernel(kernel_, blocks, 1, 1, kCopyPiecesThreads, 1, 1, 0, stream_, args, nullptr),
-                     "launching the copy kernel");
+      CopyKernelArgs a = args(list);
+      const unsigned ctas = std::min<unsigned>(a.count, resident_ctas_);
+      s = cu_->Check(
+          cu_->cuLaunchKernel(kernel_, ctas, 1, 1, kCopyPiecesThreads, 1, 1, 0, stream_, a.params().data(), nullptr),
+          "launching the copy kernel");
     }
     cu_->cuMemFreeAsync(list, stream_);
     return s;
@@ -379,7 +422,10 @@ class GpuCopier::Lane {
   CUmodule module_ = nullptr;
   CUfunction kernel_ = nullptr;
   unsigned resident_ctas_ = 1;
-  std::vector<CopyPiece> pieces_;  // the submitter's piece list, reused
+  // The submitter's, reused: the transfers of one launch, and what it uploads.
+  std::vector<const Transfer*> launch_;
+  std::vector<CopyPiece> pieces_;
+  std::vector<uint64_t> words_;
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

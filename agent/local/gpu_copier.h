@@ -10,9 +10,12 @@
 //  - many GPU-to-GPU chunks (paged KV blocks): one launch of the gather/scatter kernel
 //    (agent/cuda/copy_kernel.h), which reads scattered source blocks and writes
 //    scattered destination blocks in a single pass, on the source GPU (or the
-//    destination GPU with `pull`, or whichever of the two can reach both regions);
+//    destination GPU with `pull`, or whichever of the two can reach both regions). A
+//    paged write goes in the kernel's blocks form: the block offsets once, and the
+//    kernel expands them, so the agent builds no list of every block;
 //  - GPU-to-GPU transfers queued at the same time (a write queue's burst of small
-//    writes, a batch's paged parts): one launch of that kernel for up to 256 MiB of them.
+//    writes, a batch's paged parts): one launch of that kernel for up to 256 MiB of them
+//    (a batch's parts in the blocks form: their bases, and the mapping they share once).
 // One lane per device (a stream, a thread that puts transfers on it as they arrive and
 // one that answers them in order). A transfer past its
 // deadline is answered DEADLINE_EXCEEDED at once, but its regions are held until the

@@ -19,7 +19,7 @@ HostCopier::~HostCopier() {
 }
 
 void HostCopier::Submit(std::shared_ptr<Transfer> t, Done done) {
-  if (t->plan.total_bytes <= kInlineBytes && t->plan.chunks.size() <= kInlineChunks) {
+  if (t->plan.total_bytes <= kInlineBytes && t->plan.size() <= kInlineChunks) {
     done(Run(*t));  // a few microseconds: less than waking a copier thread
     return;
   }
@@ -39,7 +39,8 @@ absl::Status HostCopier::Copy(const Transfer& t) {
   // bounds the overrun.
   uint64_t since_check = 0;
   size_t chunks_since_check = 0;
-  for (const CopyChunk& c : t.plan.chunks) {
+  for (size_t i = 0; i < t.plan.size(); ++i) {
+    const CopyChunk c = t.plan.chunk(i);
     CopyRegionBytes(dst + c.dst_offset, src + c.src_offset, c.length);
     since_check += c.length;
     if (since_check >= (16u << 20) || ++chunks_since_check >= 1024) {

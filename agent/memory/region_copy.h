@@ -1,7 +1,9 @@
 // CopyRegionBytes: memcpy to or from the bytes of a host region.
 //
-//   for (const CopyChunk& c : plan.chunks)
+//   for (size_t i = 0; i < plan.size(); ++i) {
+//     const CopyChunk c = plan.chunk(i);
 //     CopyRegionBytes(dst.data() + c.dst_offset, src.data() + c.src_offset, c.length);
+//   }
 //
 // A region's bytes belong to its pod (shared memory the pod maps too) and are ordered by
 // the pods, not by the agent: two writes in flight to the same bytes race as two RDMA

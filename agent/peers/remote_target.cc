@@ -11,8 +11,8 @@ absl::Status ResolveRemoteTarget(PeerTable& peers, Transfer& t) {
   if (!peer.ok()) return peer.status();
   absl::StatusOr<std::shared_ptr<RemoteRegion>> region = (*peer)->OpenRegion(d, t.deadline, lookup);
   if (!region.ok()) return region.status();
-  for (size_t i = 0; i < t.plan.chunks.size(); ++i) {
-    const CopyChunk& c = t.plan.chunks[i];
+  for (size_t i = 0; i < t.plan.size(); ++i) {
+    const CopyChunk c = t.plan.chunk(i);
     if (c.dst_offset > (*region)->size || c.length > (*region)->size - c.dst_offset) {
       return absl::OutOfRangeError(absl::StrCat("destination range of chunk ", i, " [", c.dst_offset, ", +", c.length,
                                                 ") is outside region ", d.region_id(), " (", (*region)->size,

@@ -159,7 +159,11 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
     return s;
   }
   if (absl::Status s = TransferRouter::CheckNotifyPayload(whole.notify, whole.notify_payload); !s.ok()) return s;
-  const BlockMapping mapping{e.length, src_ids, dst_ids};
+  // The ids are checked once for every part; each part's plan then only checks that they
+  // fit its regions.
+  absl::StatusOr<std::shared_ptr<const PagedIds>> ids =
+      CheckPagedIds(BlockMapping{e.length, src_ids, dst_ids}, limits_);
+  if (!ids.ok()) return ids.status();
   std::vector<std::shared_ptr<Transfer>> prepared;
   prepared.reserve(n);
   uint64_t chunks = 0;
@@ -172,11 +176,11 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
     absl::StatusOr<std::shared_ptr<Transfer>> t = router_->Prepare(
         session, Spec(q, part.src_region, part.dst_index),
         [&](uint64_t src_size, uint64_t dst_size) {
-          return PagedPlan(mapping, part.src_base, part.dst_base, src_size, dst_size, limits_);
+          return PagedPlan(*ids, part.src_base, part.dst_base, src_size, dst_size);
         },
         /*cached_only=*/!may_block);
     if (!t.ok()) return IsWouldBlock(t.status()) ? t.status() : named(t.status());
-    chunks += (*t)->plan.chunks.size();
+    chunks += (*t)->plan.size();
     if (chunks > limits_.max_chunks) {
       return absl::ResourceExhaustedError(absl::StrCat("parts: more than ", limits_.max_chunks,
                                                        " chunks in all (--max_chunks_per_write); split the batch"));

@@ -164,6 +164,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::
   std::vector<std::shared_ptr<Transfer>> parts;
   parts.reserve(req.parts_size());
   uint64_t chunks = 0;
+  std::shared_ptr<const PagedIds> batch_ids;  // req.blocks, checked at the first part that uses them
   for (int i = 0; i < req.parts_size(); ++i) {
     const v1::WritePart& part = req.parts(i);
     WriteSpec spec;
@@ -181,12 +182,17 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::
           if (!req.has_blocks()) {
             return absl::InvalidArgumentError("layout: set chunks or paged, or the batch's blocks");
           }
-          return PagedPlan(req.blocks(), part.src_base(), part.dst_base(), src_size, dst_size, limits);
+          if (batch_ids == nullptr) {
+            absl::StatusOr<std::shared_ptr<const PagedIds>> ids = CheckPagedIds(MappingOf(req.blocks()), limits);
+            if (!ids.ok()) return ids.status();
+            batch_ids = *std::move(ids);
+          }
+          return PagedPlan(batch_ids, part.src_base(), part.dst_base(), src_size, dst_size);
       }
     };
     absl::StatusOr<std::shared_ptr<Transfer>> t = deps_.router->Prepare(session, spec, plan, /*cached_only=*/false);
     if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat("parts[", i, "]: ", t.status().message()));
-    chunks += (*t)->plan.chunks.size();
+    chunks += (*t)->plan.size();
     if (chunks > limits.max_chunks) {
       return absl::ResourceExhaustedError(absl::StrCat("parts: more than ", limits.max_chunks,
                                                        " chunks in all (--max_chunks_per_write); split the batch"));

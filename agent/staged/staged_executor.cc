@@ -129,8 +129,8 @@ absl::Status StagedExecutor::Run(const std::shared_ptr<Transfer>& t, LocalStagin
     stage_bytes = 0;
     return started.ok();
   };
-  for (size_t i = 0; i < t->plan.chunks.size() && started.ok(); ++i) {
-    const CopyChunk& c = t->plan.chunks[i];
+  for (size_t i = 0; i < t->plan.size() && started.ok(); ++i) {
+    const CopyChunk c = t->plan.chunk(i);
     for (uint64_t off = 0; off < c.length;) {
       const uint64_t n = std::min(c.length - off, limit - stage_bytes);
       stage.push_back({c.src_offset + off, c.dst_offset + off, n});

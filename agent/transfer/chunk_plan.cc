@@ -61,52 +61,19 @@ bool BlockWithin(uint64_t base, uint64_t id, uint64_t block_size, uint64_t size)
          !__builtin_add_overflow(base, bytes, &end) && end <= size;
 }
 
-// A paged layout's plan when every block is in range, checked once per side: a block's
-// offset grows with its id, so the largest id bounds them all. False (and `plan` left
-// empty) when some block is not; the caller then walks the blocks to name it. A
-// 16,384-block KV write spent most of its validation in per-block range checks.
-bool PagedPlanInRange(const BlockMapping& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size, uint64_t dst_size,
-                      ChunkPlan& plan) {
-  const uint64_t n = p.src.size(), bs = p.block_size;
-  // One pass: the offsets (unsigned arithmetic; thrown away below if any is out of range)
-  // and the largest ids. Sized first and filled field by field: a push_back of a braced
-  // temporary went through the stack and stalled on store forwarding, most of a
-  // 16,384-block plan's time.
-  plan.chunks.resize(n);
-  CopyChunk* out = plan.chunks.data();
-  uint64_t max_src = 0, max_dst = 0;
-  for (uint64_t i = 0; i < n; ++i) {
-    const uint64_t s = p.src[i], d = p.dst[i];
-    max_src = std::max(max_src, s);
-    max_dst = std::max(max_dst, d);
-    out[i].src_offset = src_base + s * bs;
-    out[i].dst_offset = dst_base + d * bs;
-    out[i].length = bs;
-  }
-  if (!BlockWithin(src_base, max_src, bs, src_size) || !BlockWithin(dst_base, max_dst, bs, dst_size)) {
-    plan.chunks.clear();
-    return false;
-  }
-  plan.total_bytes = n * bs;  // may wrap only if destinations repeat, which CheckDistinctBlocks rejects
-  return true;
-}
-
 // Paged destinations are equal blocks on one grid: they overlap exactly when an id
-// repeats. A bitmap over the ids in range finds that in O(n) (a KV-cache write of
-// 16,384 blocks is validated in microseconds rather than a sort's milliseconds); ids
-// spread too sparsely for a small bitmap fall back to sorting them.
-absl::Status CheckDistinctBlocks(const BlockMapping& p, uint64_t dst_base, uint64_t dst_size) {
-  const uint64_t n = p.dst.size();
-  // The highest block id that fits. Not + 1 here: a region of 2^64 - 1 bytes (a size a
-  // descriptor may claim) in 1-byte blocks would wrap it to 0 (found by the fuzzer).
-  const uint64_t max_id = (dst_size - std::min(dst_size, dst_base)) / p.block_size;
+// repeats. A bitmap over the ids finds that in O(n) (a KV-cache write of 16,384 blocks
+// is validated in microseconds rather than a sort's milliseconds); ids spread too
+// sparsely for a small bitmap fall back to sorting them.
+absl::Status CheckDistinctIds(const std::vector<uint64_t>& dst, uint64_t max_id) {
+  const uint64_t n = dst.size();
   auto duplicate = [&](uint64_t id) {
     return absl::InvalidArgumentError(
         absl::StrCat("paged.dst_blocks: block ", id, " appears twice; every destination block may be written once"));
   };
-  if (max_id < 64 * n + 4096) {
+  if (max_id < 64 * n + 4096) {  // so max_id / 64 + 1 does not wrap either
     std::vector<uint64_t> seen(max_id / 64 + 1, 0);
-    for (uint64_t id : p.dst) {  // in range: AddChunk checked every block
+    for (uint64_t id : dst) {
       uint64_t& word = seen[id / 64];
       const uint64_t bit = 1ull << (id % 64);
       if (word & bit) return duplicate(id);
@@ -114,7 +81,7 @@ absl::Status CheckDistinctBlocks(const BlockMapping& p, uint64_t dst_base, uint6
     }
     return absl::OkStatus();
   }
-  std::vector<uint64_t> ids(p.dst.begin(), p.dst.end());
+  std::vector<uint64_t> ids(dst);
   std::sort(ids.begin(), ids.end());
   auto dup = std::adjacent_find(ids.begin(), ids.end());
   if (dup != ids.end()) return duplicate(*dup);
@@ -176,7 +143,12 @@ absl::StatusOr<ChunkPlan> PagedPlan(const v1::PagedChunks& p, uint64_t src_base,
 
 absl::StatusOr<ChunkPlan> PagedPlan(const BlockMapping& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
                                     uint64_t dst_size, const ChunkLimits& limits) {
-  ChunkPlan plan;
+  absl::StatusOr<std::shared_ptr<const PagedIds>> ids = CheckPagedIds(p, limits);
+  if (!ids.ok()) return ids.status();
+  return PagedPlan(*std::move(ids), src_base, dst_base, src_size, dst_size);
+}
+
+absl::StatusOr<std::shared_ptr<const PagedIds>> CheckPagedIds(const BlockMapping& p, const ChunkLimits& limits) {
   if (p.block_size == 0) return absl::InvalidArgumentError("paged.block_size must be >= 1");
   if (p.src.size() != p.dst.size()) {
     return absl::InvalidArgumentError(absl::StrCat("paged: src_blocks has ", p.src.size(), " ids but dst_blocks has ",
@@ -188,21 +160,41 @@ absl::StatusOr<ChunkPlan> PagedPlan(const BlockMapping& p, uint64_t src_base, ui
                                                      limits.max_chunks,
                                                      " per write (--max_chunks_per_write); split the write"));
   }
-  if (!PagedPlanInRange(p, src_base, dst_base, src_size, dst_size, plan)) {
-    // Some block is out of range: walk them to name the first one that is.
-    for (size_t i = 0; i < p.src.size(); ++i) {
-      uint64_t src, dst;
-      if (!BlockOffset(src_base, p.src[i], p.block_size, &src) ||
-          !BlockOffset(dst_base, p.dst[i], p.block_size, &dst)) {
-        return absl::OutOfRangeError(absl::StrCat("paged block ", i, ": base + id * block_size overflows 64 bits"));
-      }
-      absl::Status s = AddChunk(plan, i, src, dst, p.block_size, src_size, dst_size);
-      if (!s.ok()) return s;
-    }
+  auto ids = std::make_shared<PagedIds>();
+  ids->block_size = p.block_size;
+  ids->src.assign(p.src.begin(), p.src.end());
+  ids->dst.assign(p.dst.begin(), p.dst.end());
+  for (size_t i = 0; i < ids->src.size(); ++i) {
+    ids->max_src = std::max(ids->max_src, ids->src[i]);
+    ids->max_dst = std::max(ids->max_dst, ids->dst[i]);
   }
-  absl::Status distinct = CheckDistinctBlocks(p, dst_base, dst_size);
-  if (!distinct.ok()) return distinct;
-  return plan;
+  if (absl::Status s = CheckDistinctIds(ids->dst, ids->max_dst); !s.ok()) return s;
+  return std::shared_ptr<const PagedIds>(std::move(ids));
+}
+
+absl::StatusOr<ChunkPlan> PagedPlan(std::shared_ptr<const PagedIds> ids, uint64_t src_base, uint64_t dst_base,
+                                    uint64_t src_size, uint64_t dst_size) {
+  const uint64_t bs = ids->block_size;
+  // A block's offset grows with its id, so the largest id on each side bounds them all.
+  if (BlockWithin(src_base, ids->max_src, bs, src_size) && BlockWithin(dst_base, ids->max_dst, bs, dst_size)) {
+    ChunkPlan plan;
+    plan.total_bytes = ids->src.size() * bs;  // <= dst_size: the blocks are distinct and in range
+    plan.paged = std::move(ids);
+    plan.src_base = src_base;
+    plan.dst_base = dst_base;
+    return plan;
+  }
+  // Some block is out of range: walk them to name the first one that is.
+  ChunkPlan scratch;
+  for (size_t i = 0; i < ids->src.size(); ++i) {
+    uint64_t src, dst;
+    if (!BlockOffset(src_base, ids->src[i], bs, &src) || !BlockOffset(dst_base, ids->dst[i], bs, &dst)) {
+      return absl::OutOfRangeError(absl::StrCat("paged block ", i, ": base + id * block_size overflows 64 bits"));
+    }
+    absl::Status s = AddChunk(scratch, i, src, dst, bs, src_size, dst_size);
+    if (!s.ok()) return s;
+  }
+  return absl::InternalError("a paged block is out of range but none was found");  // BlockWithin and AddChunk disagree
 }
 
 }  // namespace ferry

@@ -2,15 +2,18 @@
 //
 //   absl::StatusOr<ChunkPlan> plan = BuildChunkPlan(request, src_size, dst_size, limits);
 //   if (!plan.ok()) return plan.status();   // names the field and the allowed range
-//   for (const CopyChunk& c : plan->chunks) ...
+//   for (size_t i = 0; i < plan->size(); ++i) Copy(plan->chunk(i));
 //
 // Contract: on success every chunk has length >= 1, lies within both regions, no two
-// destination ranges overlap, and total_bytes is their sum (no overflow). Both layouts
-// (chunk list, paged) produce the same representation. Pure logic: no agent state.
+// destination ranges overlap, and total_bytes is their sum (no overflow). A chunk list
+// is kept as its chunks; a paged layout as its block ids (checked once, shared by the
+// parts of a batch that apply one mapping to many regions) and two bases: read either
+// through size() and chunk(i). Pure logic: no agent state.
 #ifndef FERRY_AGENT_TRANSFER_CHUNK_PLAN_H_
 #define FERRY_AGENT_TRANSFER_CHUNK_PLAN_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -25,9 +28,27 @@ struct CopyChunk {
   uint64_t length;
 };
 
+// A paged layout's block ids, owned and checked (CheckPagedIds): as many of each, at
+// most the chunk limit, no destination id twice. Block i copies block_size bytes from
+// src_base + src[i] * block_size to dst_base + dst[i] * block_size.
+struct PagedIds {
+  uint64_t block_size = 0;
+  std::vector<uint64_t> src, dst;
+  uint64_t max_src = 0, max_dst = 0;  // bound every block's offset on each side
+};
+
 struct ChunkPlan {
-  std::vector<CopyChunk> chunks;
+  std::vector<CopyChunk> chunks;          // a chunk list; empty when `paged` is set
+  std::shared_ptr<const PagedIds> paged;  // or a paged layout, at these bases
+  uint64_t src_base = 0, dst_base = 0;
   uint64_t total_bytes = 0;
+
+  size_t size() const { return paged != nullptr ? paged->src.size() : chunks.size(); }
+  CopyChunk chunk(size_t i) const {
+    if (paged == nullptr) return chunks[i];
+    const uint64_t bs = paged->block_size;
+    return {src_base + paged->src[i] * bs, dst_base + paged->dst[i] * bs, bs};
+  }
 };
 
 struct ChunkLimits {
@@ -50,10 +71,15 @@ struct BlockMapping {
 BlockMapping MappingOf(const v1::PagedChunks& p);
 
 // The plan of a paged layout with the bases given apart from the mapping (which
-// BuildChunkPlan passes as p.src_base() / p.dst_base()): how a batch applies one block
-// mapping to many regions, each at its own bases.
+// BuildChunkPlan passes as p.src_base() / p.dst_base()).
 absl::StatusOr<ChunkPlan> PagedPlan(const BlockMapping& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
                                     uint64_t dst_size, const ChunkLimits& limits);
+// How a batch applies one block mapping to many regions: the ids copied and checked
+// once (CheckPagedIds), then a plan per region at its own bases, which checks only that
+// the largest ids fit (or, when one does not, walks the blocks to name the first).
+absl::StatusOr<std::shared_ptr<const PagedIds>> CheckPagedIds(const BlockMapping& p, const ChunkLimits& limits);
+absl::StatusOr<ChunkPlan> PagedPlan(std::shared_ptr<const PagedIds> ids, uint64_t src_base, uint64_t dst_base,
+                                    uint64_t src_size, uint64_t dst_size);
 absl::StatusOr<ChunkPlan> PagedPlan(const v1::PagedChunks& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
                                     uint64_t dst_size, const ChunkLimits& limits);
 

@@ -26,7 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   uint64_t total = 0;
-  std::vector<ferry::CopyChunk> chunks = plan->chunks;
+  std::vector<ferry::CopyChunk> chunks;  // both forms, as every executor reads them
+  for (size_t i = 0; i < plan->size(); ++i) chunks.push_back(plan->chunk(i));
   for (const ferry::CopyChunk& c : chunks) {
     if (c.length == 0 || c.src_offset > src_size || c.length > src_size - c.src_offset || c.dst_offset > dst_size ||
         c.length > dst_size - c.dst_offset) {

@@ -366,6 +366,27 @@ TEST_CASE("paged and batch queue entries move a KV mapping for every layer on th
   CHECK(done[0].status.ok());
   CHECK(done[0].bytes == kLayers * kMoved * kBlock);
   REQUIRE(Diff(Download(cu, p.dst), expect) == "");
+
+  // Blocks of an odd size (two pieces each, the second short, none 16-byte aligned).
+  constexpr uint64_t kOdd = (32 << 10) + 4101;
+  constexpr uint32_t kOddMoved = 200;
+  src = testing::ShuffledIds(kLayer / kOdd, 5);
+  dst = testing::ShuffledIds(kLayer / kOdd, 6);
+  src.resize(kOddMoved);
+  dst.resize(kOddMoved);
+  REQUIRE((*q)->PostBatch(2 * kMoved, parts, src, dst, {kOdd, /*user_data=*/100}).ok());
+  for (uint64_t l = 0; l < kLayers; ++l) {
+    for (uint32_t i = 0; i < kOddMoved; ++i) {
+      memcpy(expect.data() + l * kLayer + dst[i] * kOdd, data.data() + l * kLayer + src[i] * kOdd, kOdd);
+    }
+  }
+  done.clear();
+  while (done.empty() && absl::Now() < deadline) (*q)->Reap(&done, 1, absl::Seconds(1));
+  REQUIRE(done.size() == 1);
+  INFO(done[0].status.ToString());
+  CHECK(done[0].status.ok());
+  CHECK(done[0].bytes == kLayers * kOddMoved * kOdd);
+  REQUIRE(Diff(Download(cu, p.dst), expect) == "");
   REQUIRE(agent->Stop() == 0);
 }
 

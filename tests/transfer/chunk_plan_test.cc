@@ -32,17 +32,17 @@ v1::WriteRequest Paged(uint64_t block, std::vector<uint64_t> src, std::vector<ui
 TEST_CASE("chunk lists become copies with their total") {
   auto plan = BuildChunkPlan(Chunks({{0, 100, 10}, {50, 0, 20}}), 100, 200, {});
   REQUIRE(plan.ok());
-  REQUIRE(plan->chunks.size() == 2);
-  CHECK(plan->chunks[1].src_offset == 50);
+  REQUIRE(plan->size() == 2);
+  CHECK(plan->chunk(1).src_offset == 50);
   CHECK(plan->total_bytes == 30);
 }
 
 TEST_CASE("paged form expands base + id * block_size") {
   auto plan = BuildChunkPlan(Paged(64, {3, 0}, {1, 2}, 8, 16), 1024, 1024, {});
   REQUIRE(plan.ok());
-  REQUIRE(plan->chunks.size() == 2);
-  CHECK(plan->chunks[0].src_offset == 8 + 3 * 64);
-  CHECK(plan->chunks[0].dst_offset == 16 + 64);
+  REQUIRE(plan->size() == 2);
+  CHECK(plan->chunk(0).src_offset == 8 + 3 * 64);
+  CHECK(plan->chunk(0).dst_offset == 16 + 64);
   CHECK(plan->total_bytes == 128);
 }
 
@@ -50,9 +50,9 @@ TEST_CASE("paged blocks are checked by the largest id, and a bad one is named") 
   // The last block ends exactly at each region's end: accepted, every block expanded.
   auto plan = BuildChunkPlan(Paged(64, {0, 5, 2}, {7, 1, 3}, 16, 32), 16 + 6 * 64, 32 + 8 * 64, {});
   REQUIRE(plan.ok());
-  REQUIRE(plan->chunks.size() == 3);
-  CHECK(plan->chunks[1].src_offset == 16 + 5 * 64);
-  CHECK(plan->chunks[0].dst_offset == 32 + 7 * 64);
+  REQUIRE(plan->size() == 3);
+  CHECK(plan->chunk(1).src_offset == 16 + 5 * 64);
+  CHECK(plan->chunk(0).dst_offset == 32 + 7 * 64);
   CHECK(plan->total_bytes == 3 * 64);
   // One byte less on either side: the block with the largest id is named, by its index.
   auto src = BuildChunkPlan(Paged(64, {0, 5, 2}, {7, 1, 3}, 16, 32), 16 + 6 * 64 - 1, 32 + 8 * 64, {}).status();
@@ -67,6 +67,35 @@ TEST_CASE("paged blocks are checked by the largest id, and a bad one is named") 
   auto wraps = BuildChunkPlan(Paged(1ull << 62, {0, 4}, {0, 1}), ~0ull, ~0ull, {}).status();  // 4 << 62 wraps
   CHECK(wraps.code() == absl::StatusCode::kOutOfRange);
   CHECK(std::string(wraps.message()).find("paged block 1") != std::string::npos);
+}
+
+TEST_CASE("a batch's ids are checked once and planned per region at its own bases") {
+  const std::vector<uint64_t> src = {4, 0, 2}, dst = {1, 3, 0};
+  auto ids = CheckPagedIds(BlockMapping{64, src, dst}, {});
+  REQUIRE(ids.ok());
+  CHECK((*ids)->max_src == 4);
+  CHECK((*ids)->max_dst == 3);
+  // Two regions, each at its own bases, sharing the ids (no copy per part).
+  auto a = PagedPlan(*ids, 0, 0, 5 * 64, 4 * 64);
+  auto b = PagedPlan(*ids, 1000, 64, 1000 + 5 * 64, 5 * 64);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(a->paged == b->paged);
+  CHECK(b->size() == 3);
+  CHECK(b->chunk(0).src_offset == 1000 + 4 * 64);
+  CHECK(b->chunk(0).dst_offset == 64 + 64);
+  CHECK(b->chunk(2).length == 64);
+  CHECK(b->total_bytes == 3 * 64);
+  // A region one byte short names the block that does not fit; other parts are unaffected.
+  auto short_dst = PagedPlan(*ids, 0, 64, 5 * 64, 5 * 64 - 1).status();
+  CHECK(short_dst.code() == absl::StatusCode::kOutOfRange);
+  CHECK(std::string(short_dst.message()).find("destination range of chunk 1") != std::string::npos);
+  auto wraps = PagedPlan(*ids, ~0ull - 100, 0, ~0ull, ~0ull).status();
+  CHECK(std::string(wraps.message()).find("overflows 64 bits") != std::string::npos);
+  // The ids' own faults are found once, before any region.
+  CHECK(CheckPagedIds(BlockMapping{64, src, {1, 1, 0}}, {}).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(CheckPagedIds(BlockMapping{64, src, dst}, {2}).status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(CheckPagedIds(BlockMapping{0, src, dst}, {}).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("ranges touching the end are accepted; one byte more is not") {

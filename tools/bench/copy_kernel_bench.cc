@@ -5,10 +5,11 @@
 //
 // For each row, N blocks are drawn at random from 1 GiB on each side (as gpu_bench's
 // paged rows, and a KV cache's block table) and cut into pieces as the agent's GPU
-// copier cuts them. The kernel is launched back to back with the piece list already on
-// the GPU, timed with CUDA events: what the GPU can do, apart from everything the agent
-// does per request on the host (gpu_bench's paged rows measure that end to end). Every
-// row's destination is checked byte for byte against the source once.
+// copier cuts them. The kernel is launched back to back with the piece list (or, in the
+// blocks form, the block offsets it expands itself) already on the GPU, timed with CUDA
+// events: what the GPU can do, apart from everything the agent does per request on the
+// host (gpu_bench's paged rows measure that end to end). Every row's destination is
+// checked byte for byte against the source once per form.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +19,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/cuda/copy_kernel.h"
@@ -64,22 +66,23 @@ std::vector<CopyPiece> Pieces(CUdeviceptr src, CUdeviceptr dst, const std::vecto
   return out;
 }
 
-absl::Status Launch(const CudaDriver* cu, const Kernel& k, CUdeviceptr list, uint32_t count, CUstream s) {
-  unsigned ctas = static_cast<unsigned>(std::min<uint64_t>(count, k.resident_ctas));
-  void* args[] = {&list, &count};
-  return cu->Check(cu->cuLaunchKernel(k.fn, ctas, 1, 1, kCopyPiecesThreads, 1, 1, 0, s, args, nullptr),
+absl::Status Launch(const CudaDriver* cu, const Kernel& k, CopyKernelArgs args, CUstream s) {
+  unsigned ctas = static_cast<unsigned>(std::min<uint64_t>(args.count, k.resident_ctas));
+  return cu->Check(cu->cuLaunchKernel(k.fn, ctas, 1, 1, kCopyPiecesThreads, 1, 1, 0, s, args.params().data(), nullptr),
                    "cuLaunchKernel");
 }
 
-// Seconds per launch of `k` over `pieces`, `reps` launches; checks the blocks landed.
-absl::StatusOr<double> TimeKernel(const CudaDriver* cu, const Kernel& k, const std::vector<CopyPiece>& pieces, int reps,
-                                  CUstream s, CUevent a, CUevent b) {
+// Seconds per launch of `k`, `reps` launches, with `bytes` of `upload` on the GPU and
+// the arguments `args` makes for its address.
+absl::StatusOr<double> TimeKernel(const CudaDriver* cu, const Kernel& k, const void* upload, size_t bytes,
+                                  absl::FunctionRef<CopyKernelArgs(CUdeviceptr)> args, int reps, CUstream s, CUevent a,
+                                  CUevent b) {
   CUdeviceptr list;
-  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemAlloc(&list, pieces.size() * sizeof(CopyPiece)), "cuMemAlloc");
-  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemcpyHtoD(list, pieces.data(), pieces.size() * sizeof(CopyPiece)), "pieces");
-  absl::Status st = Launch(cu, k, list, pieces.size(), s);  // warm-up
+  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemAlloc(&list, bytes), "cuMemAlloc");
+  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemcpyHtoD(list, upload, bytes), "the kernel's list");
+  absl::Status st = Launch(cu, k, args(list), s);  // warm-up
   cu->cuEventRecord(a, s);
-  for (int i = 0; i < reps && st.ok(); ++i) st = Launch(cu, k, list, pieces.size(), s);
+  for (int i = 0; i < reps && st.ok(); ++i) st = Launch(cu, k, args(list), s);
   cu->cuEventRecord(b, s);
   FERRY_RETURN_IF_CU_ERROR(cu, cu->cuEventSynchronize(b), "the kernel");
   cu->cuMemFree(list);
@@ -133,11 +136,14 @@ int Main() {
 
   printf(
       "# copy kernel alone, GPU %d (%d SMs): N blocks scattered at random over 1 GiB on both sides;\n"
-      "# raw = one cuMemcpyAsync of N*block contiguous bytes; kernel = one launch, piece list already on the GPU\n",
+      "# raw = one cuMemcpyAsync of N*block contiguous bytes; pieces = one launch over a piece list already on\n"
+      "# the GPU; blocks = one launch in the blocks form (the kernel expands the block offsets)\n",
       device, sms);
-  printf("%8s %10s %10s %12s %12s %8s\n", "blocks", "block(B)", "pieces", "raw(GB/s)", "kernel(GB/s)", "ratio");
+  printf("%8s %10s %10s %12s %12s %8s %12s %8s\n", "blocks", "block(B)", "pieces", "raw(GB/s)", "pieces(GB/s)", "ratio",
+         "blocks(GB/s)", "ratio");
   const std::pair<uint64_t, uint64_t> rows[] = {{16384, 4 << 10},  {16384, 16 << 10}, {16384, 32 << 10},
-                                                {4096, 128 << 10}, {1024, 512 << 10}, {512, 1 << 20}};
+                                                {4096, 128 << 10}, {1024, 512 << 10}, {512, 1 << 20},
+                                                {2048, 36869}};  // odd: pieces of two lengths, unaligned
   for (auto [n, block] : rows) {
     std::mt19937_64 rng(n * block);
     std::vector<uint64_t> sb(kSpan / block), db(kSpan / block);
@@ -161,12 +167,31 @@ int Main() {
     const double raw = bytes / (ms / 1e3 / reps) / 1e9;
 
     std::vector<CopyPiece> pieces = Pieces(src, dst, sb, db, block);
+    const uint32_t count = static_cast<uint32_t>(pieces.size());
     cu->cuMemsetD8(dst, 0, kSpan);
-    absl::StatusOr<double> t = TimeKernel(cu, *kernel, pieces, reps, s, a, b);
+    absl::StatusOr<double> t = TimeKernel(
+        cu, *kernel, pieces.data(), pieces.size() * sizeof(CopyPiece),
+        [&](CUdeviceptr list) { return CopyKernelArgs::Pieces(list, count); }, reps, s, a, b);
     if (!t.ok()) return Fail(t.status());
     if (absl::Status c = CheckBlocks(cu, dst, host_src, sb, db, block); !c.ok()) return Fail(c);
-    const double bw = bytes / *t / 1e9;
-    printf("%8lu %10lu %10zu %12.1f %12.1f %8.2f\n", n, block, pieces.size(), raw, bw, bw / raw);
+    // The blocks form: one part (the buffers' bases), then each block's offsets.
+    std::vector<uint64_t> words = {src, dst};
+    for (size_t i = 0; i < n; ++i) {
+      words.push_back(sb[i] * block);
+      words.push_back(db[i] * block);
+    }
+    cu->cuMemsetD8(dst, 0, kSpan);
+    absl::StatusOr<double> tb = TimeKernel(
+        cu, *kernel, words.data(), words.size() * sizeof(uint64_t),
+        [&](CUdeviceptr list) {
+          return CopyKernelArgs::Blocks(list, 1, list + sizeof(CopyBlockPart), static_cast<uint32_t>(n), block);
+        },
+        reps, s, a, b);
+    if (!tb.ok()) return Fail(tb.status());
+    if (absl::Status c = CheckBlocks(cu, dst, host_src, sb, db, block); !c.ok()) return Fail(c);
+    const double bw = bytes / *t / 1e9, bwb = bytes / *tb / 1e9;
+    printf("%8lu %10lu %10zu %12.1f %12.1f %8.2f %12.1f %8.2f\n", n, block, pieces.size(), raw, bw, bw / raw, bwb,
+           bwb / raw);
   }
   return 0;
 }
