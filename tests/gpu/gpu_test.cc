@@ -17,6 +17,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -347,46 +348,31 @@ TEST_CASE("paged and batch queue entries move a KV mapping for every layer on th
   }
   REQUIRE(Diff(Download(cu, p.dst), expect) == "");
 
-  // The same layers as one batch entry (one completion for every part), another mapping.
-  std::vector<uint32_t> src = testing::ShuffledIds(kLayerBlocks, 3), dst = testing::ShuffledIds(kLayerBlocks, 4);
-  src.resize(kMoved);
-  dst.resize(kMoved);
+  // The same layers as one batch entry (one completion for every part), another mapping;
+  // then blocks of an odd size (two pieces each, the second short, none 16-byte aligned).
   std::vector<queue::TablePart> parts;
   for (uint32_t l = 0; l < kLayers; ++l) parts.push_back({p.s.region_id(), l * kLayer, l * kLayer, 0, 0});
-  REQUIRE((*q)->PostBatch(2 * kMoved, parts, src, dst, {kBlock, /*user_data=*/99}).ok());
-  for (uint64_t l = 0; l < kLayers; ++l) {
-    for (uint32_t i = 0; i < kMoved; ++i) {
-      memcpy(expect.data() + l * kLayer + dst[i] * kBlock, data.data() + l * kLayer + src[i] * kBlock, kBlock);
+  for (const auto& [block, moved, seed] : {std::tuple<uint64_t, uint32_t, uint32_t>{kBlock, kMoved, 3},
+                                           std::tuple<uint64_t, uint32_t, uint32_t>{(32 << 10) + 4101, 200, 5}}) {
+    INFO("batch of " << moved << " blocks of " << block << " bytes per layer");
+    std::vector<uint32_t> src = testing::ShuffledIds(kLayer / block, seed);
+    std::vector<uint32_t> dst = testing::ShuffledIds(kLayer / block, seed + 1);
+    src.resize(moved);
+    dst.resize(moved);
+    REQUIRE((*q)->PostBatch(2 * kMoved, parts, src, dst, {block, /*user_data=*/99}).ok());
+    for (uint64_t l = 0; l < kLayers; ++l) {
+      for (uint32_t i = 0; i < moved; ++i) {
+        memcpy(expect.data() + l * kLayer + dst[i] * block, data.data() + l * kLayer + src[i] * block, block);
+      }
     }
+    done.clear();
+    while (done.empty() && absl::Now() < deadline) (*q)->Reap(&done, 1, absl::Seconds(1));
+    REQUIRE(done.size() == 1);
+    INFO(done[0].status.ToString());
+    CHECK(done[0].status.ok());
+    CHECK(done[0].bytes == kLayers * moved * block);
+    REQUIRE(Diff(Download(cu, p.dst), expect) == "");
   }
-  done.clear();
-  while (done.empty() && absl::Now() < deadline) (*q)->Reap(&done, 1, absl::Seconds(1));
-  REQUIRE(done.size() == 1);
-  INFO(done[0].status.ToString());
-  CHECK(done[0].status.ok());
-  CHECK(done[0].bytes == kLayers * kMoved * kBlock);
-  REQUIRE(Diff(Download(cu, p.dst), expect) == "");
-
-  // Blocks of an odd size (two pieces each, the second short, none 16-byte aligned).
-  constexpr uint64_t kOdd = (32 << 10) + 4101;
-  constexpr uint32_t kOddMoved = 200;
-  src = testing::ShuffledIds(kLayer / kOdd, 5);
-  dst = testing::ShuffledIds(kLayer / kOdd, 6);
-  src.resize(kOddMoved);
-  dst.resize(kOddMoved);
-  REQUIRE((*q)->PostBatch(2 * kMoved, parts, src, dst, {kOdd, /*user_data=*/100}).ok());
-  for (uint64_t l = 0; l < kLayers; ++l) {
-    for (uint32_t i = 0; i < kOddMoved; ++i) {
-      memcpy(expect.data() + l * kLayer + dst[i] * kOdd, data.data() + l * kLayer + src[i] * kOdd, kOdd);
-    }
-  }
-  done.clear();
-  while (done.empty() && absl::Now() < deadline) (*q)->Reap(&done, 1, absl::Seconds(1));
-  REQUIRE(done.size() == 1);
-  INFO(done[0].status.ToString());
-  CHECK(done[0].status.ok());
-  CHECK(done[0].bytes == kLayers * kOddMoved * kOdd);
-  REQUIRE(Diff(Download(cu, p.dst), expect) == "");
   REQUIRE(agent->Stop() == 0);
 }
 

@@ -183,8 +183,8 @@ int Main() {
     cu->cuMemsetD8(dst, 0, kSpan);
     absl::StatusOr<double> tb = TimeKernel(
         cu, *kernel, words.data(), words.size() * sizeof(uint64_t),
-        [&](CUdeviceptr list) {
-          return CopyKernelArgs::Blocks(list, 1, list + sizeof(CopyBlockPart), static_cast<uint32_t>(n), block);
+        [blocks = static_cast<uint32_t>(n), block_size = block](CUdeviceptr list) {
+          return CopyKernelArgs::Blocks(list, 1, list + sizeof(CopyBlockPart), blocks, block_size);
         },
         reps, s, a, b);
     if (!tb.ok()) return Fail(tb.status());
