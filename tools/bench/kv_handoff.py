@@ -5,8 +5,9 @@ producer holds a request's blocks (what its scheduler's request_finished plans),
 consumer pulls them into blocks of its own (what its update_state_after_alloc plans),
 and both are polled as vLLM's model runner does each step (every --step_ms, default 1).
 Timed: from the producer's hold to the consumer reporting the request in
-finished_recving. Submit: the longest producer step (the one that answered the pull
-with one batch entry, or write_batch, over all layers).
+finished_recving. Submit: the producer's time answering the pull (checking it and
+posting one batch entry, or a write_batch, over all layers), on whichever thread
+answered it (the producer's responder, or its poll).
 
     python kv_handoff.py --producer=A.sock --consumer=B.sock --tokens=1024,4096 --rounds=3
 
@@ -93,17 +94,31 @@ class Timeline:
 PHASES = ("pull_sent", "pull_at_producer", "posted", "written", "notified_consumer")
 
 
-def handoff(producer, consumer, rid, src, dst, step, timeline=None, seconds=120.0):
+class PullTimer:
+    """Times the producer's answers to pulls (its _on_pull, wrapped from outside)."""
+
+    def __init__(self, producer):
+        self.seconds = 0.0
+        kvp = producer.producer
+        on_pull = kvp._on_pull
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            on_pull(*a, **k)
+            self.seconds += time.perf_counter() - t
+        kvp._on_pull = timed
+
+
+def handoff(producer, consumer, rid, src, dst, step, pulls, timeline=None, seconds=120.0):
+    pulls.seconds = 0.0
     t0 = timeline.start() if timeline else time.perf_counter()
     producer.apply(StepPlan(hold={rid: src}))
     consumer.apply(StepPlan(pull={rid: Pull(rid, [producer.mailbox], dst, 0)}))
     if timeline:
         timeline.marks["pull_sent"] = time.perf_counter()
-    submit, received, sent = 0.0, None, False
+    received, sent = None, False
     while received is None or not sent:
-        s0 = time.perf_counter()
         r = producer.results()
-        submit = max(submit, time.perf_counter() - s0)
         sent |= rid in r.finished_sending
         if sent and timeline:
             timeline.marks.setdefault("written", time.perf_counter())
@@ -116,7 +131,7 @@ def handoff(producer, consumer, rid, src, dst, step, timeline=None, seconds=120.
             raise TimeoutError(f"{rid} did not land in {seconds} s")
         time.sleep(step)  # a step of a busy engine is longer; polling faster takes the agent's core
     phases = [(timeline.marks.get(p, float("nan")) - t0) * 1e3 for p in PHASES] if timeline else []
-    return received - t0, submit, phases
+    return received - t0, pulls.seconds, phases
 
 
 def main():
@@ -139,6 +154,7 @@ def main():
     producer.register_kv_caches(pcache)
     consumer.register_kv_caches(ccache)
     timeline = Timeline(producer, consumer) if args.phases else None
+    pulls = PullTimer(producer)
     rng = random.Random(3)
     block_bytes = 2 * BLOCK_TOKENS * KV_HEADS * HEAD * 2 * LAYERS  # K and V, every layer
     for tokens in sizes:
@@ -146,7 +162,7 @@ def main():
         for r in range(args.rounds + 1):
             src, dst = rng.sample(range(num_blocks), n), rng.sample(range(num_blocks), n)
             seconds, submit, phases = handoff(producer, consumer, f"{tokens}-{r}", src, dst, args.step_ms / 1e3,
-                                              timeline)
+                                              pulls, timeline)
             layer = next(iter(pcache))
             assert torch.equal(ccache[layer][:, dst[-1]].view(torch.int16), pcache[layer][:, src[-1]].view(torch.int16)), \
                 "a block differs"

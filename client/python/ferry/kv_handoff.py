@@ -141,17 +141,25 @@ class _SessionInbox:
         self._inbox = client.open_inbox(slots=256)
         self.readers: List[set] = []  # each reader's region ids
         self._kept: list = []  # notifications another reader has not taken yet
+        self._lock = threading.Lock()  # a producer's responder thread takes too
 
     def take(self, mine: set) -> list:
-        pending = self._kept + self._inbox.poll(max_count=1 << 20)
-        others = set().union(*(r for r in self.readers if r is not mine))
-        self._kept = [n for n in pending if n.region_id in others and n.region_id not in mine]
-        return [n for n in pending if n.region_id in mine]
+        with self._lock:
+            pending = self._kept + self._inbox.poll(max_count=1 << 20)
+            others = set().union(*(r for r in self.readers if r is not mine))
+            self._kept = [n for n in pending if n.region_id in others and n.region_id not in mine]
+            return [n for n in pending if n.region_id in mine]
+
+    def wait(self, timeout: float) -> None:
+        """Returns once the ring holds something (for any reader) or after ``timeout``;
+        takes nothing. Only the producer's responder waits; the others only poll."""
+        self._inbox.poll(max_count=0, timeout=timeout)
 
     def leave(self, mine: set) -> None:
-        self.readers = [r for r in self.readers if r is not mine]
-        if not self.readers:
-            self._inbox.close()
+        with self._lock:
+            self.readers = [r for r in self.readers if r is not mine]
+            if not self.readers:
+                self._inbox.close()
 
 
 class _Inbox:
@@ -165,6 +173,9 @@ class _Inbox:
     def drain(self) -> list:
         """What arrived for these regions since the last call, in order."""
         return self._shared.take(self._mine)
+
+    def wait(self, timeout: float) -> None:
+        self._shared.wait(timeout)
 
     def close(self) -> None:
         self._shared.leave(self._mine)
@@ -272,9 +283,18 @@ class _Mailbox:
 
 
 class KVProducer:
-    """The prefill side: holds requests' blocks until their consumer pulls them."""
+    """The prefill side: holds requests' blocks until their consumer pulls them.
 
-    def __init__(self, client: Client, spec: KVCacheSpec, layers: Sequence[Region], engine_id: str):
+    With ``background`` (the default) a thread answers each pull for a held request as it
+    arrives, so that the write starts at once rather than at the engine's next poll(): a
+    prefill engine polls once per step, and its steps (forward passes of other requests)
+    last tens of milliseconds. A pull for a request not held yet (its consumer can be
+    faster than this engine's next step, which holds it) waits for poll(), as does
+    everything after it. poll() reports what was done and answers what is left; every
+    method may be called from the engine's thread while the responder runs."""
+
+    def __init__(self, client: Client, spec: KVCacheSpec, layers: Sequence[Region], engine_id: str,
+                 background: bool = True):
         for i, r in enumerate(layers):
             if r.size < spec.region_bytes:
                 raise ValueError(f"layer {i}'s region has {r.size} bytes; the spec needs {spec.region_bytes}")
@@ -288,20 +308,62 @@ class KVProducer:
         self._held: Dict[str, _Held] = {}
         self._written: "queue.Queue" = queue.Queue()  # (request id, None or why it failed)
         self._inbox = _Inbox(client, [self._mailbox_region])
+        # Everything above that changes is the responder's and the engine's: one at a time.
+        self._lock = threading.Lock()
+        self._answered = Progress()  # what the responder's answers decided, for the next poll()
+        self._deferred: List[bytes] = []  # messages the responder left for poll(), in order
+        self._stopping = threading.Event()
+        self._responder = None
+        if background:
+            self._responder = threading.Thread(target=self._respond, name=f"ferry-kv-{engine_id}", daemon=True)
+            self._responder.start()
 
     def hold(self, request_id: str, src_block_ids: Sequence[int], lease: float = 30.0) -> None:
         """Keeps ``src_block_ids`` (this request's blocks, in token order) for a consumer
         to pull within ``lease`` seconds."""
         ids = array.array("I", _block_ids(src_block_ids, self._spec.num_blocks))  # a copy: the caller's may change
-        self._held[request_id] = _Held(ids, time.monotonic() + lease)
+        with self._lock:
+            self._held[request_id] = _Held(ids, time.monotonic() + lease)
+
+    def _respond(self) -> None:
+        """The responder thread: waits on the inbox's doorbell, answers what arrived."""
+        while not self._stopping.is_set():
+            self._inbox.wait(0.05)  # bounded: close() stops it within 50 ms
+            with self._lock:
+                self._answer(self._answered, early=True)
+
+    def _answer(self, progress: Progress, early: bool = False) -> None:
+        """Handles the messages that arrived, in order; ``early`` (the responder) stops at
+        the first that names a request not held yet and leaves the rest for poll()."""
+        pending = self._deferred + [n.payload for n in self._inbox.drain() if n.kind == "message"]
+        self._deferred = []
+        for i, payload in enumerate(pending):
+            if early and not self._knows_request(payload):
+                self._deferred = pending[i:]
+                return
+            self._on_message(payload, progress)
+
+    def _knows_request(self, payload: bytes) -> bool:
+        """False for a pull or cancel of a request this producer does not hold (yet)."""
+        try:
+            if payload[:4] != _MAGIC or payload[4] not in (_PULL, _CANCEL):
+                return True
+            _, at = _unpack_str(payload, 5)  # the consumer
+            rid, _ = _unpack_str(payload, at)
+            return rid in self._held
+        except (struct.error, UnicodeDecodeError, IndexError):
+            return True  # malformed: _on_message says so
 
     def poll(self) -> Progress:
         """Answers pulls, and returns the requests whose blocks may now be freed: written
         (done), or failed (bad pull, failed write, lease expired)."""
-        progress = Progress()
-        for n in self._inbox.drain():
-            if n.kind == "message":
-                self._on_message(n.payload, progress)
+        with self._lock:
+            progress, self._answered = self._answered, Progress()
+            self._answer(progress)
+            self._reap(progress)
+            return progress
+
+    def _reap(self, progress: Progress) -> None:
         live = [q for q in self._queues.values() if q is not None]
         written = [w for q in live + self._retired for w in q.reap()]
         for q in [q for q in self._retired if not q.busy()]:
@@ -323,7 +385,6 @@ class KVProducer:
             if h.future is None and now > h.expires:
                 del self._held[rid]
                 progress.failed[rid] = "no consumer pulled the blocks before the lease expired"
-        return progress
 
     def _on_message(self, payload: bytes, progress: Progress) -> None:
         try:
@@ -472,9 +533,13 @@ class KVProducer:
 
     def in_flight(self) -> List[tuple]:
         """Whom to tell if the writes in flight are lost (the agent restarted): see refuse()."""
-        return [h.answer_to for h in self._held.values() if h.answer_to is not None]
+        with self._lock:
+            return [h.answer_to for h in self._held.values() if h.answer_to is not None]
 
     def close(self) -> None:
+        self._stopping.set()
+        if self._responder is not None:
+            self._responder.join()
         self._inbox.close()
         for q in [q for q in self._queues.values() if q is not None] + self._retired:
             q.queue.close()  # writes in flight complete in the agent; nobody reaps them

@@ -160,15 +160,43 @@ def test_block_ids_out_of_range_are_named_on_both_sides(pair):
 
 
 def test_a_lease_expires_and_a_consumer_times_out(pair):
-    producer, consumer, _, _, _, _ = pair
+    producer, consumer, players, _, pspec, _ = pair
     producer.hold("nobody-pulls", [5], lease=0.2)
     (p,) = until(producer)
     assert "lease expired" in p.failed["nobody-pulls"]
     consumer._timeout = 0.3
-    producer.hold("never-answered", [6])
-    consumer.pull("never-answered", producer.mailbox, [7])  # the producer is never polled
+    silent = KVProducer(producer._client, pspec, players, "prefill-silent", background=False)  # answers in poll()
+    silent.hold("never-answered", [6])
+    consumer.pull("never-answered", silent.mailbox, [7])  # and it is never polled
     (c,) = until(consumer)
     assert "nothing heard" in c.failed["never-answered"]
+    silent.close()
+
+
+def test_the_producer_answers_a_pull_before_its_next_poll(pair):
+    producer, consumer, players, clayers, pspec, cspec = pair
+    producer.hold("eager", [9, 4])
+    consumer.pull("eager", producer.mailbox, [1, 2])
+    (c,) = until(consumer)  # only the consumer is polled: the producer's responder wrote
+    assert c.done == {"eager"} and not c.failed
+    for layer, target in zip(players, clayers):
+        for half in (0, 1):
+            assert block(target, cspec, half, 1) == block(layer, pspec, half, 9)
+            assert block(target, cspec, half, 2) == block(layer, pspec, half, 4)
+    (p,) = until(producer)  # its next poll reports the write, and the blocks are free
+    assert p.done == {"eager"} and producer.in_flight() == []
+
+
+def test_a_pull_that_comes_before_the_hold_waits_for_it(pair):
+    # A consumer can be faster than the producer engine's next step (which holds the
+    # request): the producer's responder must not refuse the pull meanwhile.
+    producer, consumer, players, clayers, pspec, cspec = pair
+    consumer.pull("early", producer.mailbox, [3])
+    time.sleep(0.2)  # the responder has seen the pull
+    producer.hold("early", [8])
+    p, c = until(producer, consumer)
+    assert (p.done, c.done, p.failed, c.failed) == ({"early"}, {"early"}, {}, {})
+    assert block(clayers[0], cspec, 1, 3) == block(players[0], pspec, 1, 8)
 
 
 def test_cancel_before_and_after_the_write_and_ids_that_differ_per_side(pair):
