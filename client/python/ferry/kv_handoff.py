@@ -10,7 +10,8 @@ layout and layer descriptors (HELLO), then per request the blocks it wants fille
 (PULL). The producer answers a PULL with one batch write — the request's blocks in every
 layer, K and V, as one transfer — whose notification carries the request id; the
 consumer counts it as received. Both sides read their notifications from their session's
-inbox (shared memory, polled: no stream, no thread). The write goes
+inbox (shared memory, no stream): the consumer when polled, the producer as they arrive,
+on a responder thread that sleeps on the inbox's doorbell. The write goes
 as a batch entry of a write queue to that consumer (no RPC: the parts and block ids go
 through shared memory), or as one ``write_batch`` RPC where a queue cannot take it (more
 than 64 layers, a full queue or block table).
