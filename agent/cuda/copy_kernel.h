@@ -75,15 +75,16 @@ struct CopyKernelArgs {
     a.offsets = offsets;
     a.blocks = blocks;
     a.block_size = block_size;
-    a.pieces_per_block = static_cast<uint32_t>((block_size + kCopyPieceBytes - 1) / kCopyPieceBytes);
+    a.pieces_per_block = static_cast<uint32_t>(PiecesPerBlock(block_size));
     a.count = part_count * blocks * a.pieces_per_block;
     return a;
   }
   static bool BlocksFit(uint64_t part_count, uint64_t blocks, uint64_t block_size) {
-    const uint64_t per_block = (block_size + kCopyPieceBytes - 1) / kCopyPieceBytes;
+    const uint64_t per_block = PiecesPerBlock(block_size);
     return per_block < (1ull << 31) && blocks < (1ull << 31) && part_count < (1ull << 31) &&
            part_count * blocks < (1ull << 31) && part_count * blocks * per_block < (1ull << 31);
   }
+  static uint64_t PiecesPerBlock(uint64_t block_size) { return (block_size + kCopyPieceBytes - 1) / kCopyPieceBytes; }
   std::array<void*, 7> params() { return {&pieces, &count, &parts, &offsets, &blocks, &pieces_per_block, &block_size}; }
 };
 

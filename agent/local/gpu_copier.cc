@@ -188,13 +188,13 @@ class GpuCopier::Lane {
   }
 
   // One launch of the copy kernel for the transfers in launch_: in the blocks form when
-  // they apply one block mapping (one paged write, or a batch's parts), else over a list
-  // of every piece.
+  // they apply one block mapping (one paged write, or a batch's parts: LaunchEnd keeps a
+  // launch's transfers to one mapping or none), else over a list of every piece.
   absl::Status LaunchKernel() {
     const std::shared_ptr<const PagedIds>& ids = launch_.front()->plan.paged;
-    bool blocks = ids != nullptr && CopyKernelArgs::BlocksFit(launch_.size(), ids->src.size(), ids->block_size);
-    for (const Transfer* t : launch_) blocks = blocks && t->plan.paged == ids;
-    if (blocks) return LaunchBlocks(*ids);
+    if (ids != nullptr && CopyKernelArgs::BlocksFit(launch_.size(), ids->src.size(), ids->block_size)) {
+      return LaunchBlocks(*ids);
+    }
     pieces_.clear();
     for (const Transfer* t : launch_) AppendPieces(*t);
     const uint32_t count = static_cast<uint32_t>(pieces_.size());

@@ -48,6 +48,7 @@ from typing import Dict, List, Optional, Sequence
 
 from . import errors
 from .client import Client, Region, RegionDescriptor, TransferFuture
+from .write_queue import _words
 
 _MAGIC = b"FYKV"
 _HELLO, _PULL, _CANCEL = 1, 2, 3
@@ -93,7 +94,7 @@ def _block_ids(ids: Sequence[int], num_blocks: int) -> array.array:
     """``ids`` as 32-bit words (what messages and a write queue's table hold: copied in
     one piece, checked at C speed), each in 0..num_blocks - 1, else ValueError naming one."""
     try:
-        words = ids if isinstance(ids, array.array) and ids.typecode == "I" else array.array("I", ids)
+        words = _words(ids)
         if not words or max(words) < num_blocks:
             return words
     except (OverflowError, TypeError):
@@ -322,7 +323,9 @@ class KVProducer:
     def hold(self, request_id: str, src_block_ids: Sequence[int], lease: float = 30.0) -> None:
         """Keeps ``src_block_ids`` (this request's blocks, in token order) for a consumer
         to pull within ``lease`` seconds."""
-        ids = array.array("I", _block_ids(src_block_ids, self._spec.num_blocks))  # a copy: the caller's may change
+        ids = _block_ids(src_block_ids, self._spec.num_blocks)
+        if ids is src_block_ids:  # the caller's own array, which it may change: keep a copy
+            ids = array.array("I", ids)
         with self._lock:
             self._held[request_id] = _Held(ids, time.monotonic() + lease)
 

@@ -92,8 +92,11 @@ def _refuse(src, **values) -> None:
 @dataclasses.dataclass(frozen=True)
 class BatchParts:
     """A batch entry's parts as the block table holds them (``WriteQueue.pack_parts``)."""
-    count: int
     packed: bytes
+
+    @property
+    def count(self) -> int:
+        return len(self.packed) // _PART.size
 
 
 def _words(ids) -> array.array:
@@ -192,7 +195,7 @@ class WriteQueue(SharedRing):
             except (TypeError, ValueError, AttributeError, struct.error) as e:
                 raise errors.InvalidArgument(
                     f"parts[{i}] must be (Region, dst_index, src_base, dst_base) of unsigned integers: {e}") from None
-        return BatchParts(len(parts), bytes(packed))
+        return BatchParts(bytes(packed))
 
     def post_batch(self, parts, block_size: int, src_ids: Sequence[int], dst_ids: Sequence[int], *,
                    table_index: int = 0, user_data: int = 0, notify: bool = False, tag: int = 0,
