@@ -7,11 +7,22 @@
 //
 // Producers are agent threads that must never block on a slow client, so a full queue
 // drops the event and counts it (dropped()); consumers see the count in GetStatus.
+//
+// A consumer that can take an event without blocking (a ring in the client's shared
+// memory) attaches a sink instead of popping: the producer's own thread hands it each
+// event while none waits before it, so the event reaches the client without waking a
+// consumer thread. What the sink refuses (its ring is full) waits here, in order, until
+// the consumer's thread moves it with DrainToSink.
+//
+//   q.SetSink([&](const Notification& n) { return ring.TryWrite(n); });
+//   while (running) if (q.DrainToSink(absl::Milliseconds(200)) > 0) Backoff();
+//   q.SetSink(nullptr);                           // never called again once this returns
 #ifndef FERRY_AGENT_COMMON_EVENT_QUEUE_H_
 #define FERRY_AGENT_COMMON_EVENT_QUEUE_H_
 
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <optional>
 
 #include "absl/synchronization/mutex.h"
@@ -22,12 +33,22 @@ namespace ferry {
 template <typename T>
 class EventQueue {
  public:
+  // Takes one event, or returns false when it cannot now. Runs under the queue's lock,
+  // on whichever thread pushes: it must not block.
+  using Sink = std::function<bool(const T&)>;
+
   explicit EventQueue(size_t capacity) : capacity_(capacity) {}
 
   // Returns false when the event was dropped (queue full or closed).
   bool Push(T event) {
     absl::MutexLock lock(&mu_);
-    if (closed_ || events_.size() >= capacity_) {
+    if (closed_) {
+      ++dropped_;
+      return false;
+    }
+    // Straight to the sink only when nothing waits before it: events keep their order.
+    if (sink_ && events_.empty() && sink_(event)) return true;
+    if (events_.size() >= capacity_) {
       ++dropped_;
       return false;
     }
@@ -44,6 +65,23 @@ class EventQueue {
     T event = std::move(events_.front());
     events_.pop_front();
     return event;
+  }
+
+  // Attaches `sink` (or detaches, with null). Once this returns, a sink it replaced is
+  // never called again.
+  void SetSink(Sink sink) {
+    absl::MutexLock lock(&mu_);
+    sink_ = std::move(sink);
+  }
+
+  // Waits up to `timeout` for a waiting event (or Close), then hands the sink the waiting
+  // events in order until it refuses one. Returns how many still wait.
+  size_t DrainToSink(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !events_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+    while (sink_ && !events_.empty() && sink_(events_.front())) events_.pop_front();
+    return events_.size();
   }
 
   void Close() {
@@ -65,6 +103,7 @@ class EventQueue {
   const size_t capacity_;
   mutable absl::Mutex mu_;
   std::deque<T> events_ ABSL_GUARDED_BY(mu_);
+  Sink sink_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   size_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };

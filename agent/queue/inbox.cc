@@ -39,9 +39,12 @@ Inbox::Inbox(std::shared_ptr<Session> session, SharedMapping map, UniqueFd doorb
       slots_(slots),
       header_(reinterpret_cast<inbox::InboxHeader*>(map_.data())),
       tail_(header_->tail.value.load()),
-      pump_([this] { Pump(); }) {}
+      pump_([this] { Pump(); }) {
+  session_->notifications().SetSink([this](const v1::Notification& n) { return Write(n); });
+}
 
 Inbox::~Inbox() {
+  session_->notifications().SetSink(nullptr);
   Stop();
   pump_.join();
 }
@@ -49,24 +52,25 @@ Inbox::~Inbox() {
 void Inbox::Pump() {
   prctl(PR_SET_NAME, "ferry-inbox");
   EventQueue<v1::Notification>& events = session_->notifications();
+  absl::Duration wait = absl::Microseconds(50);
   while (!stopping_.load()) {
     // Bounded waits: notice the session's end and Stop within 200 ms.
-    std::optional<v1::Notification> n = events.Pop(absl::Milliseconds(200));
-    if (!n.has_value()) {
-      if (events.closed()) break;
+    const size_t left = events.DrainToSink(absl::Milliseconds(200));
+    if (events.closed()) break;
+    if (left == 0) {
+      wait = absl::Microseconds(50);
       continue;
     }
     // The ring is full: the client is not reading. Wait for it, more patiently the
     // longer it takes.
-    for (absl::Duration wait = absl::Microseconds(50); !Write(*n); wait = std::min(2 * wait, absl::Milliseconds(10))) {
-      if (stopping_.load() || events.closed()) break;
-      absl::SleepFor(wait);
-    }
+    absl::SleepFor(wait);
+    wait = std::min(2 * wait, absl::Milliseconds(10));
   }
   done_.store(true);
 }
 
 bool Inbox::Write(const v1::Notification& n) {
+  absl::MutexLock lock(&write_mu_);
   // The client's head is untrusted: one ahead of our tail (or more than a ring behind)
   // reads as "full", which stalls only this inbox.
   const uint32_t head = header_->head.value.load(std::memory_order_acquire);

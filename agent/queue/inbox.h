@@ -1,6 +1,9 @@
 // Inbox: the agent's side of a session's notification inbox (proto/ferry/wire/
-// inbox_layout.h): a pump thread moves the session's notifications from its queue into
-// a ring in the client's shared memory, so the client reads them by polling memory.
+// inbox_layout.h): a ring in the client's shared memory, so the client reads its
+// notifications by polling memory. The thread that produces a notification (the one
+// that saw a write complete, or took a message) writes it into the ring itself, so no
+// agent thread wakes on the way; a pump thread moves those that had to wait in the
+// session's queue while the ring was full.
 //
 //   absl::StatusOr<std::unique_ptr<Inbox>> in =
 //       Inbox::Open(session, std::move(ring_fd), std::move(doorbell_fd), /*slots=*/64);
@@ -34,7 +37,7 @@ class Inbox {
   // keeps `doorbell` (an eventfd) and starts the pump. INVALID_ARGUMENT names the field.
   static absl::StatusOr<std::unique_ptr<Inbox>> Open(std::shared_ptr<Session> session, UniqueFd ring, UniqueFd doorbell,
                                                      uint32_t slots);
-  // Stops the pump and joins it.
+  // Detaches from the session's queue, stops the pump and joins it.
   ~Inbox();
   Inbox(const Inbox&) = delete;
   Inbox& operator=(const Inbox&) = delete;
@@ -47,15 +50,17 @@ class Inbox {
  private:
   Inbox(std::shared_ptr<Session> session, SharedMapping map, UniqueFd doorbell, uint32_t slots);
   void Pump();
-  // Writes `n` into the next slot; false while the ring is full.
-  bool Write(const v1::Notification& n);
+  // Writes `n` into the next slot; false while the ring is full. The session queue's
+  // sink: called under its lock, by any thread.
+  bool Write(const v1::Notification& n) ABSL_LOCKS_EXCLUDED(write_mu_);
 
   const std::shared_ptr<Session> session_;
   const SharedMapping map_;
   const UniqueFd doorbell_;
   const uint32_t slots_;
   inbox::InboxHeader* const header_;
-  uint32_t tail_;  // the pump's own count of notifications written
+  absl::Mutex write_mu_;
+  uint32_t tail_ ABSL_GUARDED_BY(write_mu_);  // our own count of notifications written
   std::atomic<bool> stopping_{false};
   std::atomic<bool> done_{false};
   std::thread pump_;  // last: starts after every member above is initialised
