@@ -180,6 +180,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
         },
         /*cached_only=*/!may_block);
     if (!t.ok()) return IsWouldBlock(t.status()) ? t.status() : named(t.status());
+    if (i == 0 && n > 1) (*t)->executor->Expect(**t);
     chunks += (*t)->plan.size();
     if (chunks > limits_.max_chunks) {
       return absl::ResourceExhaustedError(absl::StrCat("parts: more than ", limits_.max_chunks,

@@ -24,6 +24,10 @@ class TransferExecutor {
   // before Submit returns (HostCopier copies small transfers inline): callers hold no
   // lock `done` may take. Must respect t->deadline (DEADLINE_EXCEEDED, never a hang).
   virtual void Submit(std::shared_ptr<Transfer> t, Done done) = 0;
+  // A hint that `t` will be submitted shortly (a batch's first part is planned while
+  // the others are still being planned): an executor whose worker sleeps may wake it
+  // now, so that the wake-up overlaps the planning. Needs no Submit to follow.
+  virtual void Expect(const Transfer& t) { (void)t; }
 };
 
 }  // namespace ferry
