@@ -4,7 +4,8 @@ tensors in vLLM's layout, one per layer
 ([2, num_blocks, block_size, num_kv_heads, head_dim], bf16, from PyTorch's caching
 allocator: registered through legacy IPC handles), handed from a producer process to a
 consumer process — through one agent (node-local GPU copies), then through two agents
-(libfabric tcp;ofi_rxm on loopback: the staged path) — and checked block for block.
+(libfabric tcp;ofi_rxm on loopback: the staged path) — and checked block for block; then
+an MLA model's latent cache ([num_blocks, block_size, 576] per layer) through one agent.
 
     python3 tests/gpu/kv_handoff_gpu.py --bin=.gpu-bundle/bin     # prints one line per case, "PASS"/"FAIL"
 
@@ -20,13 +21,23 @@ import tempfile
 import time
 
 LAYERS, BLOCKS, BLOCK_TOKENS, HEADS, DIM = 8, 256, 16, 8, 128
+LATENT = 576  # MLA (DeepSeek): kv_lora_rank 512 + rope 64
 
 
-def cache(torch, device, seed):
+def shape(mla):
+    return (BLOCKS, BLOCK_TOKENS, LATENT) if mla else (2, BLOCKS, BLOCK_TOKENS, HEADS, DIM)
+
+
+def block(t, b, mla):
+    """Block `b` of one layer's tensor: its latent (MLA), or its K and V."""
+    return t[b] if mla else t[:, b]
+
+
+def cache(torch, device, seed, mla):
     """One tensor per layer, filled from `seed` (the consumer rebuilds the producer's to check)."""
     g = torch.Generator(device=f"cuda:{device}").manual_seed(seed)
-    return [torch.randn((2, BLOCKS, BLOCK_TOKENS, HEADS, DIM), generator=g, device=f"cuda:{device}",
-                        dtype=torch.float32).to(torch.bfloat16) for _ in range(LAYERS)]
+    return [torch.randn(shape(mla), generator=g, device=f"cuda:{device}", dtype=torch.float32).to(torch.bfloat16)
+            for _ in range(LAYERS)]
 
 
 def requests(seed):
@@ -75,7 +86,7 @@ def producer(args):
     from ferry.vllm.worker import FerryWorker
 
     Pull, StepPlan = plans()
-    layers = cache(torch, 0, args.seed)
+    layers = cache(torch, 0, args.seed, args.mla)
     w = FerryWorker(args.socket, "prefill", 0, producer=True, consumer=False, lease=60)
     w.register_kv_caches({f"model.layers.{i}.self_attn.attn": t for i, t in enumerate(layers)})
     reqs = requests(args.seed)
@@ -95,8 +106,7 @@ def consumer(args):
     from ferry.vllm.worker import FerryWorker
 
     Pull, StepPlan = plans()
-    layers = [torch.zeros((2, BLOCKS, BLOCK_TOKENS, HEADS, DIM), device="cuda:0", dtype=torch.bfloat16)
-              for _ in range(LAYERS)]
+    layers = [torch.zeros(shape(args.mla), device="cuda:0", dtype=torch.bfloat16) for _ in range(LAYERS)]
     w = FerryWorker(args.socket, "decode", 0, producer=False, consumer=True, timeout=60)
     w.register_kv_caches({f"model.layers.{i}.self_attn.attn": t for i, t in enumerate(layers)})
     wait_for(f"{args.dir}/mailbox")
@@ -107,14 +117,15 @@ def consumer(args):
     done, failed = run_worker(w, reqs, "finished_recving")
     elapsed = time.monotonic() - t0
     torch.cuda.synchronize()
-    expect = cache(torch, 0, args.seed)  # the producer's tensors, rebuilt
+    expect = cache(torch, 0, args.seed, args.mla)  # the producer's tensors, rebuilt
     bad = 0
     for rid, src, dst, skip in reqs:
         for layer in range(LAYERS):
             for s, d in zip(src[skip:], dst):
-                if not torch.equal(layers[layer][:, d].view(torch.int16), expect[layer][:, s].view(torch.int16)):
+                if not torch.equal(block(layers[layer], d, args.mla).view(torch.int16),
+                                   block(expect[layer], s, args.mla).view(torch.int16)):
                     bad += 1
-    blocks = sum(len(d) for _, _, d, _ in reqs) * LAYERS * 2
+    blocks = sum(len(d) for _, _, d, _ in reqs) * LAYERS * (1 if args.mla else 2)
     ok = done == {r[0] for r in reqs} and not failed and bad == 0
     print(f"consumer: {len(done)} of {len(reqs)} requests received, {len(failed)} failed, {blocks} blocks checked "
           f"({bad} wrong) in {elapsed * 1e3:.1f} ms", flush=True)
@@ -126,7 +137,9 @@ def consumer(args):
 def orchestrate(args):
     bin_dir = os.path.abspath(args.bin)
     results = []
-    for case, two_agents in (("one agent (node-local GPU copies)", False), ("two agents (staged, tcp;ofi_rxm)", True)):
+    for case, two_agents, mla in (("one agent (node-local GPU copies)", False, False),
+                                  ("two agents (staged, tcp;ofi_rxm)", True, False),
+                                  ("MLA latent cache, one agent", False, True)):
         work = tempfile.mkdtemp(prefix="fy.kvg.", dir="/tmp")
         agents = []
         try:
@@ -139,12 +152,10 @@ def orchestrate(args):
                     env=dict(os.environ, LD_LIBRARY_PATH=os.path.join(os.path.dirname(bin_dir), "lib"))))
             for name, _ in nodes:
                 wait_for(f"{work}/{name}.ready")
-            seed = 11 if two_agents else 7
-            me = os.path.abspath(__file__)
-            prod = subprocess.Popen([sys.executable, me, "producer", f"--socket={work}/a.sock", f"--dir={work}",
-                                     f"--seed={seed}"])
-            cons = subprocess.Popen([sys.executable, me, "consumer", f"--socket={work}/{nodes[-1][0]}.sock",
-                                     f"--dir={work}", f"--seed={seed}"])
+            seed = 11 if two_agents else 13 if mla else 7
+            me, flags = os.path.abspath(__file__), [f"--dir={work}", f"--seed={seed}"] + (["--mla"] if mla else [])
+            prod = subprocess.Popen([sys.executable, me, "producer", f"--socket={work}/a.sock", *flags])
+            cons = subprocess.Popen([sys.executable, me, "consumer", f"--socket={work}/{nodes[-1][0]}.sock", *flags])
             rc = [cons.wait(120), prod.wait(120)]
             results.append((case, rc == [0, 0]))
         finally:
@@ -163,6 +174,7 @@ def main():
     p.add_argument("--socket")
     p.add_argument("--dir")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--mla", action="store_true", help="an MLA model's latent cache instead of K and V")
     args = p.parse_args()
     return {"orchestrate": orchestrate, "producer": producer, "consumer": consumer}[args.role](args)
 

@@ -20,7 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  #
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
@@ -38,7 +38,7 @@ class Engine:
     outputs combined by vLLM's own KVOutputAggregator when there are several)."""
 
     def __init__(self, role: str, agent_socket: str, engine_id: str, num_blocks: int = 64, policy: str = "fail",
-                 tp: int = 1, **extra):
+                 tp: int = 1, latent: int = 0, **extra):
         self.engine_id = engine_id
         cache = CacheConfig(block_size=BLOCK_TOKENS, enable_prefix_caching=True)
         cache.num_gpu_blocks = num_blocks
@@ -51,9 +51,16 @@ class Engine:
                                                 kv_role=role, engine_id=engine_id, kv_load_failure_policy=policy,
                                                 kv_connector_extra_config={"socket": agent_socket, **extra}))
         names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
-        self.kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-            KVCacheGroupSpec(names, FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=KV_HEADS,
-                                                      head_size=HEAD, dtype=torch.bfloat16))])
+        if latent:  # an MLA model's cache: one latent vector per token and layer, no K / V halves
+            spec = MLAAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=1, head_size=latent, dtype=torch.bfloat16)
+            shape = (num_blocks, BLOCK_TOKENS, latent)
+        else:  # FlashAttention's
+            spec = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=KV_HEADS, head_size=HEAD,
+                                     dtype=torch.bfloat16)
+            shape = (2, num_blocks, BLOCK_TOKENS, KV_HEADS, HEAD)
+        self.halves = 1 if latent else 2
+        self.kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                                             kv_cache_groups=[KVCacheGroupSpec(names, spec)])
         self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=self.kv_cache_config,
                                    structured_output_manager=_structured(self.config), block_size=BLOCK_TOKENS,
                                    log_stats=False)
@@ -62,7 +69,7 @@ class Engine:
         # and hand every worker's handshake metadata to the scheduler's connector.
         self.rank_caches, self.workers, handshake = [], [], {}
         for rank in range(tp):
-            caches = {n: ferry.host.empty((2, num_blocks, BLOCK_TOKENS, KV_HEADS, HEAD), torch.bfloat16) for n in names}
+            caches = {n: ferry.host.empty(shape, torch.bfloat16) for n in names}
             worker = _worker_of_rank(rank, self.config, self.kv_cache_config)
             worker.register_kv_caches(caches)
             meta = worker.get_handshake_metadata()
@@ -121,9 +128,9 @@ class Engine:
         return list(self.scheduler.kv_cache_manager.get_block_ids(rid)[0])
 
     def block_bytes(self, block_id: int, rank: int = 0):
-        """Every layer's K and V of one block, in one rank's cache."""
-        return [t[h, block_id].contiguous().view(torch.uint8).numpy().tobytes()
-                for t in self.rank_caches[rank].values() for h in (0, 1)]
+        """Every layer's K and V (or MLA's latent) of one block, in one rank's cache."""
+        return [(t[h, block_id] if self.halves == 2 else t[block_id]).contiguous().view(torch.uint8).numpy().tobytes()
+                for t in self.rank_caches[rank].values() for h in range(self.halves)]
 
     def free_blocks(self) -> int:
         return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()

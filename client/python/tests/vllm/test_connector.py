@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ferry
-from harness import RECORDER, Engine
+from harness import BLOCK_TOKENS, RECORDER, Engine
 
 PROMPT = 40  # tokens: 3 blocks of 16, the last partial
 FREE = 63  # an idle engine's free blocks: 64 less vLLM's null block
@@ -267,6 +267,33 @@ def test_tensor_parallel_two_ranks_each_fill_their_own_shard(pd):
     assert p.block_bytes(params["remote_block_ids"][0], 0) != p.block_bytes(params["remote_block_ids"][0], 1)
     assert d.outputs["d-1"].finish_reason.name == "LENGTH"
     run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
+
+
+def test_an_mla_models_latent_cache_moves_byte_for_byte(pd, caplog):
+    # DeepSeek-style MLA: one [num_blocks, block_size, latent] tensor per layer (kv_lora_rank
+    # 512 + rope 64), so a block is one piece per layer rather than K and V.
+    p, d = pd(p_extra={"latent": 576}, d_extra={"latent": 576})
+    prompt = [random.Random(5).randrange(1000) for _ in range(PROMPT)]
+    params = prefill(p, "p-1", prompt)
+    assert params["ferry_layout"] == "bfloat16 L4 H1x576 B16"
+    dst = handoff(p, d, "d-1", prompt, params)
+    assert len(p.block_bytes(0)) == 4 and len(p.block_bytes(0)[0]) == BLOCK_TOKENS * 576 * 2
+    for s, t in zip(params["remote_block_ids"], dst):
+        assert d.block_bytes(t) == p.block_bytes(s)
+    assert d.outputs["d-1"].finish_reason.name == "LENGTH"
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
+
+
+def test_an_mla_producer_and_a_flashattention_consumer_are_refused_naming_both(pd, caplog):
+    p, d = pd(p_extra={"latent": 576})
+    prompt = list(range(PROMPT))
+    params = prefill(p, "p-1", prompt)
+    before = [d.block_bytes(b) for b in range(64)]
+    d.add("d-1", prompt, 2, params)
+    run(p, d, until=lambda: "d-1" in d.outputs and d.outputs["d-1"].finished)
+    assert "'bfloat16 L4 H1x576 B16', this consumer's is 'bfloat16 L4 H2x64 B16'" in caplog.text
+    assert d.outputs["d-1"].finish_reason.name == "ERROR"
+    assert [d.block_bytes(b) for b in range(64)] == before
 
 
 @pytest.mark.parametrize("params, why", [
