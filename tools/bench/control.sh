@@ -8,7 +8,9 @@
 #   fabric message, and by the peer Notify RPC from an agent R run with
 #   --fabric_messages=false);
 #   the write queue cross-agent — from C++ (ferry_bench control) and from Python
-#   (tools/bench/py_control.py); and raw fi_write (fi_write_bench) as the transport's own.
+#   (tools/bench/py_control.py); a notified queue write from Python timed until the
+#   receiving session's inbox has its notification (node-local and cross-agent); and raw
+#   fi_write (fi_write_bench) as the transport's own.
 # Two agents on loopback over tcp;ofi_rxm as in `tools/bench.sh cross-node`: agent A,
 # the callers and the echo server on --cpus_a; agent B (spinning) and its receiver pod
 # on --cpus_b. Then the issue's goals as ratios: Write+Wait node-local against two echo
@@ -56,8 +58,7 @@ taskset -c $cpu_a $bin/tools/bench/ferry_bench control --socket="$work/a.sock" -
 taskset -c $cpu_a $bin/tools/bench/ferry_bench control --socket="$work/r.sock" --dir="$work" --iters="$iters" |
   awk '$1 == "remote_notify" {print "remote_notify_rpc", $2, $3}' >> "$work/rows.txt"
 taskset -c $cpu_a .venv/bin/python tools/bench/py_control.py --socket="$work/a.sock" --descriptor="$work/descriptor" \
-  --echo_socket="$work/echo.sock" \
-  --iters="$iters" >> "$work/rows.txt"
+  --echo_socket="$work/echo.sock" --peer_socket="$work/b.sock" --iters="$iters" >> "$work/rows.txt"
 sleep 0.3  # agent B back to sleep before the raw target spins on its core
 mkdir -p "$work/raw"
 start_bg taskset -c $cpu_b $bin/tools/bench/fi_write_bench target --iface=127.0.0.2 --dir="$work/raw" --size=$((1 << 20))
@@ -82,6 +83,8 @@ names = [
     ("py_remote", "Python write().result() cross-agent 8 B"),
     ("py_remote_notify", "Python write().result() cross-agent 8 B, notify"),
     ("py_queue_remote", "Python write queue cross-agent 8 B"),
+    ("py_notify_inbox_local", "Python queue, notified: post -> receiver's inbox"),
+    ("py_notify_inbox_remote", "  the same cross-agent"),
     ("raw", "raw fi_write 8 B"),
 ]
 print(f"\n{'round trip':<48} {'p50_us':>8} {'p99_us':>8}")

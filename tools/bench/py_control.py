@@ -2,7 +2,10 @@
 the local API, one line each, "<name> <p50_us> <p99_us>": Write + result() into a
 region of this agent, into the receiver's (another agent), the same with a
 notification, and the write queue to the receiver; with --echo_socket, first a bare
-unary call to tools/bench/grpc_echo from grpcio (Python's own floor).
+unary call to tools/bench/grpc_echo from grpcio (Python's own floor). Last, a notified
+8-byte write through the write queue timed from the post until the receiving session's
+inbox (a second session, waiting in inbox.poll) has its notification: into a region of
+this agent, and with --peer_socket into one of that agent's.
 
     .venv/bin/python tools/bench/py_control.py --socket=A.sock --descriptor=DIR/descriptor --iters=2000
 """
@@ -26,12 +29,34 @@ def measure(name, iters, op):
     print(f"{name} {us[len(us) // 2]:.1f} {us[len(us) * 99 // 100]:.1f}", flush=True)
 
 
+def measure_notified(name, iters, sender, src, receiver_socket):
+    """Post -> the receiver's inbox has the notification (the sender's completion is
+    reaped after the clock stops)."""
+    with ferry.Client(receiver_socket) as r:
+        dst = r.register_host(4096)
+        inbox = r.open_inbox()
+        with sender.create_queue([dst.descriptor()], entries=8) as q:
+            def op():
+                t0 = time.perf_counter()
+                q.post(src, 8, notify=True)
+                while not any(n.kind == "write" for n in inbox.poll(timeout=10.0)):
+                    pass
+                seconds = time.perf_counter() - t0
+                for c in q.reap(timeout=10.0, min_count=1):
+                    if c.error is not None:
+                        raise c.error
+                return seconds
+            us = sorted([op() * 1e6 for _ in range(iters + 10)][10:])  # the first 10 warm up
+    print(f"{name} {us[len(us) // 2]:.1f} {us[len(us) * 99 // 100]:.1f}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--socket", required=True)
     p.add_argument("--descriptor", required=True, help="the receiver's descriptor (another agent's region)")
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--echo_socket", help="a grpc_echo server's socket")
+    p.add_argument("--peer_socket", help="another agent's socket, for a cross-agent notified row")
     args = p.parse_args()
     if args.echo_socket:
         with grpc.insecure_channel(f"unix:{args.echo_socket}") as channel:
@@ -53,6 +78,9 @@ def main():
                     if r.error is not None:
                         raise r.error
             measure("py_queue_remote", args.iters, queue_round_trip)
+        measure_notified("py_notify_inbox_local", args.iters, c, src, args.socket)
+        if args.peer_socket:
+            measure_notified("py_notify_inbox_remote", args.iters, c, src, args.peer_socket)
 
 
 if __name__ == "__main__":
