@@ -92,11 +92,7 @@ bool Inbox::Write(const v1::Notification& n) {
   out->SerializeToArray(slot + sizeof(length), static_cast<int>(kRoom));
   ++tail_;
   header_->tail.value.store(tail_, std::memory_order_seq_cst);
-  if (header_->client_waiting.value.load(std::memory_order_seq_cst) != 0) {
-    uint64_t one = 1;
-    ssize_t ignored = write(doorbell_.get(), &one, sizeof(one));  // non-blocking
-    (void)ignored;
-  }
+  if (header_->client_waiting.value.load(std::memory_order_seq_cst) != 0) RingDoorbell(doorbell_.get());
   return true;
 }
 

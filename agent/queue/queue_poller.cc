@@ -57,8 +57,10 @@ absl::Status QueuePoller::Add(std::shared_ptr<TransferQueue> queue, size_t max_q
       return absl::ResourceExhaustedError(absl::StrCat("the agent already serves ", queues_.size(),
                                                        " queues (--max_queues); close some sessions' queues"));
     }
+    // Edge-triggered: each ring of the doorbell wakes us once, and we never read it (a
+    // read could block: CheckEventFd says why).
     epoll_event ev{};
-    ev.events = EPOLLIN;
+    ev.events = EPOLLIN | EPOLLET;
     ev.data.ptr = queue.get();
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, queue->submit_doorbell(), &ev);
     queues_.push_back(std::move(queue));
@@ -127,12 +129,14 @@ bool QueuePoller::PrepareToSleep() {
 
 void QueuePoller::Woke() {
   uint64_t v;
-  ssize_t ignored = read(wake_fd_, &v, sizeof(v));
+  ssize_t ignored = read(wake_fd_, &v, sizeof(v));  // our own eventfd
   (void)ignored;
-  for (const auto& q : polled_) {
-    q->SetSleeping(false);
-    q->DrainDoorbell();
+  // Takes the doorbells' edges that woke us (or came since), so that wait_fd() reads
+  // ready again only for new rings.
+  epoll_event events[16];
+  while (epoll_wait(epoll_fd_, events, 16, 0) == 16) {
   }
+  for (const auto& q : polled_) q->SetSleeping(false);
 }
 
 void QueuePoller::OwnLoop() {

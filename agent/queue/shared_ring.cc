@@ -1,6 +1,7 @@
 #include "agent/queue/shared_ring.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -61,6 +62,17 @@ absl::Status CheckEventFd(int fd, absl::string_view field) {
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   return absl::OkStatus();
+}
+
+void RingDoorbell(int fd) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0) return;
+  if ((flags & O_NONBLOCK) == 0) fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  pollfd p{fd, POLLOUT, 0};
+  if (poll(&p, 1, 0) != 1 || (p.revents & POLLOUT) == 0) return;  // a full count: already ringing
+  uint64_t one = 1;
+  ssize_t ignored = write(fd, &one, sizeof(one));
+  (void)ignored;
 }
 
 }  // namespace ferry

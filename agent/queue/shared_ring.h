@@ -40,9 +40,20 @@ class SharedMapping {
   size_t bytes_ = 0;
 };
 
-// INVALID_ARGUMENT naming `field` unless `fd` is an eventfd; makes it non-blocking (the
-// flag lives in the shared open file), so nothing the client does to it blocks the agent.
+// INVALID_ARGUMENT naming `field` unless `fd` is an eventfd; makes it non-blocking.
+//
+// A doorbell is one open file shared with the client, which can clear O_NONBLOCK on it
+// again and empty or fill its count at will; then read(2) or write(2) would block the
+// agent thread that serves every pod. So the agent never reads a client's doorbell (the
+// queue poller waits on them edge-triggered) and writes one only through RingDoorbell.
 absl::Status CheckEventFd(int fd, absl::string_view field);
+
+// Adds 1 to a client's doorbell, without blocking: sets O_NONBLOCK again if the client
+// cleared it, and skips the write when the count has no room (the client has a wake-up
+// waiting then). Left open: a client that refills the count and clears the flag again
+// between those checks and the write (a window of a few hundred nanoseconds) can still
+// make the write block; see SECURITY.md.
+void RingDoorbell(int fd);
 
 }  // namespace ferry
 

@@ -119,12 +119,6 @@ bool TransferQueue::HasSubmissions() const {
   return !broken_ && header_->sq_tail.value.load(std::memory_order_seq_cst) != sq_head_;
 }
 
-void TransferQueue::DrainDoorbell() {
-  uint64_t v;
-  ssize_t ignored = read(submit_doorbell_.get(), &v, sizeof(v));  // O_NONBLOCK: never waits
-  (void)ignored;
-}
-
 void TransferQueue::Complete(const queue::CompletionEntry& c) {
   uint32_t written;
   {
@@ -139,9 +133,7 @@ void TransferQueue::Complete(const queue::CompletionEntry& c) {
   // Client-written values: a wrong one costs that client a wake-up, nothing else.
   const uint32_t want = header_->client_waiting.value.load(std::memory_order_seq_cst);
   if (want != 0 && written - header_->cq_head.value.load(std::memory_order_seq_cst) >= want) {
-    uint64_t one = 1;
-    ssize_t ignored = write(complete_doorbell_.get(), &one, sizeof(one));
-    (void)ignored;
+    RingDoorbell(complete_doorbell_.get());
   }
 }
 

@@ -59,7 +59,6 @@ class TransferQueue {
   // submit doorbell after submitting; HasSubmissions() closes the race.
   void SetSleeping(bool sleeping);
   bool HasSubmissions() const;
-  void DrainDoorbell();
   bool broken() const { return broken_; }
 
   // Any thread. Copies a paged entry's block ids out of the block table: `blocks`

@@ -276,3 +276,49 @@ def test_message_entries_to_another_agent(fabric_agents):
     a, b = fabric_agents
     with ferry.Client(a.socket) as sender, ferry.Client(b.socket) as reader:
         _messages_arrive_in_order(sender, reader, reader.register_host(4096))
+
+
+def test_a_pod_that_makes_its_doorbells_blocking_stalls_only_itself(agent):
+    # The doorbells are eventfds the pod shares with the agent (one open file), so the pod
+    # can clear O_NONBLOCK on them: an empty submit doorbell then blocks a read, a full
+    # completion or inbox doorbell a write. The agent's threads serve every pod; none of
+    # them may wait on this one's doorbells.
+    from ferry.inbox import _CLIENT_WAITING as INBOX_WAITING
+    from ferry.write_queue import _CLIENT_WAITING as QUEUE_WAITING
+
+    full = 0xfffffffffffffffe  # an eventfd's largest count: one more blocks the writer
+    with ferry.Client(agent.socket) as bad, ferry.Client(agent.socket) as good:
+        bad_src, bad_dst = bad.register_host(4096), bad.register_host(4096)
+        inbox = bad.open_inbox()
+        os.eventfd_write(inbox._doorbell, full)
+        os.set_blocking(inbox._doorbell, True)
+        inbox._words[INBOX_WAITING // 4] = 1
+        qa = bad.create_queue([bad_dst.descriptor()], entries=8)
+        os.eventfd_write(qa._complete_fd, full)
+        os.set_blocking(qa._complete_fd, True)
+        os.set_blocking(qa._submit_fd, True)  # empty: the agent's next read of it would block
+        qa._words[QUEUE_WAITING // 4] = 1
+        src, dst = good.register_host(4096), good.register_host(4096)
+        src.buffer[:8] = b"goodgood"
+        with good.create_queue([dst.descriptor()], entries=8) as qb:
+            def good_write(i):
+                qb.post(src, 8, dst_offset=8 * i, user_data=i)
+                [c] = reap_all(qb, 1, timeout=5.0)
+                assert c.error is None and bytes(dst.buffer[8 * i:8 * i + 8]) == b"goodgood"
+
+            good_write(0)  # wakes the agent, which looks at every queue's doorbell
+            # A notified write into the bad pod's own region: a completion for its full
+            # completion doorbell and a notification for its full inbox doorbell.
+            qa._words[QUEUE_WAITING // 4] = 1
+            qa.post(bad_src, 8, notify=True, user_data=9)
+            time.sleep(0.2)
+            for i in range(1, 4):
+                good_write(i)
+        qa._words[QUEUE_WAITING // 4] = 0
+        os.set_blocking(qa._complete_fd, False)
+        os.eventfd_read(qa._complete_fd)
+        assert [c.user_data for c in reap_all(qa, 1, timeout=5.0)] == [9]  # its own write still completed
+        qa.close()
+        inbox._words[INBOX_WAITING // 4] = 0
+        assert [n.kind for n in inbox.poll(timeout=5.0)] == ["write"]
+        inbox.close()
