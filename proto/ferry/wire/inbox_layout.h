@@ -2,7 +2,7 @@
 // WatchNotifications stream, for a client that polls (a serving engine's step loop)
 // and should not pay a gRPC read and a thread wake-up per notification.
 //
-//   Client                                    Agent (the inbox's pump thread)
+//   Client                                    Agent (the thread with the notification)
 //   OpenInbox(ring memfd, doorbell)  ──────►  takes each notification of the session, and
 //                                             writes it at slots[tail % n]: a uint32
 //                                             length, then a ferry.v1.Notification
