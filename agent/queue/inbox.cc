@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<Inbox>> Inbox::Open(std::shared_ptr<Session> sess
     return absl::InvalidArgumentError(
         absl::StrCat("slots must be a power of two in [", inbox::kMinSlots, ", ", inbox::kMaxSlots, "], got ", slots));
   }
-  if (absl::Status s = CheckEventFd(doorbell.get(), "doorbell_fd"); !s.ok()) return s;
+  if (absl::Status s = CheckDoorbellSocket(doorbell.get(), "doorbell_fd"); !s.ok()) return s;
   absl::StatusOr<SharedMapping> map = SharedMapping::Map(std::move(ring), inbox::InboxBytes(slots), "ring_fd",
                                                          absl::StrCat("an inbox of ", slots, " slots"));
   if (!map.ok()) return map.status();

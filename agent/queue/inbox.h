@@ -34,7 +34,7 @@ namespace ferry {
 class Inbox {
  public:
   // Maps `ring` (InboxBytes(slots) bytes, sealed; its header initialised and empty),
-  // keeps `doorbell` (an eventfd) and starts the pump. INVALID_ARGUMENT names the field.
+  // keeps `doorbell` (a unix stream socket) and starts the pump. INVALID_ARGUMENT names the field.
   static absl::StatusOr<std::unique_ptr<Inbox>> Open(std::shared_ptr<Session> session, UniqueFd ring, UniqueFd doorbell,
                                                      uint32_t slots);
   // Detaches from the session's queue, stops the pump and joins it.

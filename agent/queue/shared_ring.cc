@@ -1,8 +1,8 @@
 #include "agent/queue/shared_ring.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -64,14 +64,22 @@ absl::Status CheckEventFd(int fd, absl::string_view field) {
   return absl::OkStatus();
 }
 
+absl::Status CheckDoorbellSocket(int fd, absl::string_view field) {
+  int domain = 0, type = 0;
+  socklen_t len = sizeof(domain);
+  const bool is_socket = getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0;
+  len = sizeof(type);
+  if (!is_socket || getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || domain != AF_UNIX || type != SOCK_STREAM) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be one end of a unix stream socketpair (socketpair(AF_UNIX, SOCK_STREAM)), got ",
+                     is_socket ? "another kind of socket" : "no socket"));
+  }
+  return absl::OkStatus();
+}
+
 void RingDoorbell(int fd) {
-  const int flags = fcntl(fd, F_GETFL);
-  if (flags < 0) return;
-  if ((flags & O_NONBLOCK) == 0) fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-  pollfd p{fd, POLLOUT, 0};
-  if (poll(&p, 1, 0) != 1 || (p.revents & POLLOUT) == 0) return;  // a full count: already ringing
-  uint64_t one = 1;
-  ssize_t ignored = write(fd, &one, sizeof(one));
+  const char one = 1;
+  ssize_t ignored = send(fd, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
   (void)ignored;
 }
 

@@ -2,7 +2,9 @@
 // inboxes), checked before the agent trusts them with anything.
 //
 //   absl::StatusOr<SharedMapping> m = SharedMapping::Map(std::move(ring_fd), bytes, "ring_fd", "a queue of 64");
-//   if (absl::Status s = CheckEventFd(doorbell.get(), "doorbell_fd"); !s.ok()) return s;
+//   if (absl::Status s = CheckEventFd(submit.get(), "submit_doorbell_fd"); !s.ok()) return s;  // the client rings
+//   if (absl::Status s = CheckDoorbellSocket(done.get(), "complete_doorbell_fd"); !s.ok()) return s;  // we ring
+//   RingDoorbell(done.get());
 //
 // The mapping is of a memfd the agent has sealed against shrinking (sealed_file.h), so
 // no later ftruncate by the client can make an access fault; its contents stay the
@@ -40,19 +42,26 @@ class SharedMapping {
   size_t bytes_ = 0;
 };
 
-// INVALID_ARGUMENT naming `field` unless `fd` is an eventfd; makes it non-blocking.
-//
 // A doorbell is one open file shared with the client, which can clear O_NONBLOCK on it
-// again and empty or fill its count at will; then read(2) or write(2) would block the
-// agent thread that serves every pod. So the agent never reads a client's doorbell (the
-// queue poller waits on them edge-triggered) and writes one only through RingDoorbell.
+// at will and fill or empty whatever it holds; a read(2) or write(2) of it could then
+// block the agent thread that serves every pod. So the agent never reads or writes a
+// client's doorbell through the file's own flags:
+//  - the client rings the agent (a queue's submissions) on an eventfd, which the agent
+//    only waits on, edge-triggered (agent/queue/queue_poller.cc), never reads;
+//  - the agent rings the client (completions, notifications) on a unix stream socket,
+//    one end of the client's socketpair, with send(MSG_DONTWAIT): non-blocking per call,
+//    whatever the flags of the shared file say, and no SIGPIPE once the client is gone.
+
+// INVALID_ARGUMENT naming `field` unless `fd` is an eventfd; makes it non-blocking.
 absl::Status CheckEventFd(int fd, absl::string_view field);
 
-// Adds 1 to a client's doorbell, without blocking: sets O_NONBLOCK again if the client
-// cleared it, and skips the write when the count has no room (the client has a wake-up
-// waiting then). Left open: a client that refills the count and clears the flag again
-// between those checks and the write (a window of a few hundred nanoseconds) can still
-// make the write block; see SECURITY.md.
+// INVALID_ARGUMENT naming `field` unless `fd` is a unix stream socket (the end of a
+// socketpair that the agent rings).
+absl::Status CheckDoorbellSocket(int fd, absl::string_view field);
+
+// Rings a doorbell that CheckDoorbellSocket accepted: one byte, never blocking. A full
+// socket buffer means the client has wake-ups waiting already; a closed peer, that
+// nobody waits: either way nothing more to do.
 void RingDoorbell(int fd);
 
 }  // namespace ferry

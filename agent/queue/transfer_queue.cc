@@ -22,7 +22,7 @@ absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(
         absl::StrCat("table_ids must be at most ", queue::kMaxTableIds, ", got ", table_ids));
   }
   if (absl::Status s = CheckEventFd(submit_doorbell.get(), "submit_doorbell_fd"); !s.ok()) return s;
-  if (absl::Status s = CheckEventFd(complete_doorbell.get(), "complete_doorbell_fd"); !s.ok()) return s;
+  if (absl::Status s = CheckDoorbellSocket(complete_doorbell.get(), "complete_doorbell_fd"); !s.ok()) return s;
   absl::StatusOr<SharedMapping> map =
       SharedMapping::Map(std::move(ring), queue::RingBytes(entries, table_ids), "ring_fd",
                          absl::StrCat("a queue of ", entries, " entries and ", table_ids, " table ids"));

@@ -31,8 +31,8 @@ class TransferQueue {
  public:
   // Seals `ring` against shrinking (agent/common/sealed_file.h: a memfd made with
   // MFD_ALLOW_SEALING), maps it (at least queue::RingBytes(entries, table_ids) bytes,
-  // whose header the client initialised) and keeps the two eventfds. INVALID_ARGUMENT
-  // names what is wrong.
+  // whose header the client initialised) and keeps the two doorbells (submit: an eventfd;
+  // complete: a unix stream socket, shared_ring.h). INVALID_ARGUMENT names what is wrong.
   static absl::StatusOr<std::shared_ptr<TransferQueue>> Open(
       uint64_t id, uint64_t session_id, UniqueFd ring, UniqueFd submit_doorbell, UniqueFd complete_doorbell,
       uint32_t entries, uint32_t table_ids, std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations);

@@ -1,6 +1,5 @@
 #include "client/cpp/inbox.h"
 
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -24,9 +23,8 @@ absl::StatusOr<std::unique_ptr<Inbox>> Inbox::Open(Client& client, uint32_t slot
   in->map_bytes_ = inbox::InboxBytes(slots);
   // MFD_ALLOW_SEALING: the agent seals what it maps against shrinking.
   in->ring_fd_ = memfd_create("ferry-inbox", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  in->doorbell_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (in->ring_fd_ < 0 || in->doorbell_fd_ < 0 || ftruncate(in->ring_fd_, static_cast<off_t>(in->map_bytes_)) != 0) {
-    return absl::InternalError(absl::StrCat("creating the inbox's memfd and eventfd: ", strerror(errno)));
+  if (in->ring_fd_ < 0 || ftruncate(in->ring_fd_, static_cast<off_t>(in->map_bytes_)) != 0) {
+    return absl::InternalError(absl::StrCat("creating the inbox's memfd: ", strerror(errno)));
   }
   in->map_ = mmap(nullptr, in->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, in->ring_fd_, 0);
   if (in->map_ == MAP_FAILED) {
@@ -38,9 +36,11 @@ absl::StatusOr<std::unique_ptr<Inbox>> Inbox::Open(Client& client, uint32_t slot
   in->header_->slots = slots;
 
   v1::OpenInboxRequest req;
+  int agents_doorbell_fd = -1;
+  if (absl::Status s = MakeDoorbell(&in->doorbell_fd_, &agents_doorbell_fd); !s.ok()) return s;
   absl::StatusOr<uint64_t> ring = client.SendFd(in->ring_fd_);
-  if (!ring.ok()) return ring.status();
-  absl::StatusOr<uint64_t> doorbell = client.SendFd(in->doorbell_fd_);
+  absl::StatusOr<uint64_t> doorbell = ring.ok() ? client.SendFd(agents_doorbell_fd) : ring;
+  close(agents_doorbell_fd);  // the agent has its own copy
   if (!doorbell.ok()) return doorbell.status();
   req.set_ring_fd(*ring);
   req.set_doorbell_fd(*doorbell);

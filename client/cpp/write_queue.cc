@@ -33,10 +33,8 @@ absl::StatusOr<std::unique_ptr<WriteQueue>> WriteQueue::Create(Client& client,
   // MFD_ALLOW_SEALING: the agent seals what it maps against shrinking.
   q->ring_fd_ = memfd_create("ferry-write-queue", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   q->submit_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  q->complete_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (q->ring_fd_ < 0 || q->submit_fd_ < 0 || q->complete_fd_ < 0 ||
-      ftruncate(q->ring_fd_, static_cast<off_t>(q->map_bytes_)) != 0) {
-    return absl::InternalError(absl::StrCat("creating the queue's memfd and eventfds: ", strerror(errno)));
+  if (q->ring_fd_ < 0 || q->submit_fd_ < 0 || ftruncate(q->ring_fd_, static_cast<off_t>(q->map_bytes_)) != 0) {
+    return absl::InternalError(absl::StrCat("creating the queue's memfd and eventfd: ", strerror(errno)));
   }
   q->map_ = mmap(nullptr, q->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, q->ring_fd_, 0);
   if (q->map_ == MAP_FAILED) {
@@ -52,13 +50,16 @@ absl::StatusOr<std::unique_ptr<WriteQueue>> WriteQueue::Create(Client& client,
   q->table_ = table_ids > 0 ? reinterpret_cast<uint32_t*>(base + queue::TableOffset(entries)) : nullptr;
 
   v1::CreateQueueRequest req;
-  for (int fd : {q->ring_fd_, q->submit_fd_, q->complete_fd_}) {
-    absl::StatusOr<uint64_t> handle = client.SendFd(fd);
-    if (!handle.ok()) return handle.status();
-    if (fd == q->ring_fd_) req.set_ring_fd(*handle);
-    if (fd == q->submit_fd_) req.set_submit_doorbell_fd(*handle);
-    if (fd == q->complete_fd_) req.set_complete_doorbell_fd(*handle);
-  }
+  int agents_complete_fd = -1;
+  if (absl::Status s = MakeDoorbell(&q->complete_fd_, &agents_complete_fd); !s.ok()) return s;
+  absl::StatusOr<uint64_t> ring = client.SendFd(q->ring_fd_);
+  absl::StatusOr<uint64_t> submit = ring.ok() ? client.SendFd(q->submit_fd_) : ring;
+  absl::StatusOr<uint64_t> complete = submit.ok() ? client.SendFd(agents_complete_fd) : submit;
+  close(agents_complete_fd);  // the agent has its own copy
+  if (!complete.ok()) return complete.status();
+  req.set_ring_fd(*ring);
+  req.set_submit_doorbell_fd(*submit);
+  req.set_complete_doorbell_fd(*complete);
   req.set_entries(entries);
   req.set_table_ids(table_ids);
   req.set_traffic_class(traffic_class);

@@ -7,6 +7,7 @@
 // paged entry's block ids are copied only from inside the table.
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -34,9 +35,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint32_t header[2] = {ferry::queue::kRingMagic, entries};
     if (pwrite(ring, header, sizeof(header), 0) != sizeof(header)) abort();
   }
+  int doorbell[2];  // the completion doorbell: the agent's end, and the client's
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, doorbell) != 0) abort();
+  const ferry::UniqueFd client_end(doorbell[1]);
   absl::StatusOr<std::shared_ptr<ferry::TransferQueue>> q =
       ferry::TransferQueue::Open(1, 1, ferry::UniqueFd(ring), ferry::UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
-                                 ferry::UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)), entries, kTableIds, {});
+                                 ferry::UniqueFd(doorbell[0]), entries, kTableIds, {});
   if (!q.ok()) {
     if (q.status().message().empty()) abort();
     return 0;

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -115,7 +116,7 @@ TEST_CASE("a session reads notifications through streams or one inbox, never bot
 
 // An inbox assembled by hand, for what the client library would never send.
 struct RawInbox {
-  int ring = -1, doorbell = -1;
+  int ring = -1, doorbell = -1, ours = -1;
   explicit RawInbox(uint32_t slots, size_t bytes = 0, bool sealable = true, uint32_t magic = inbox::kInboxMagic) {
     bytes = bytes != 0 ? bytes : inbox::InboxBytes(slots);
     ring = memfd_create("raw-inbox", MFD_CLOEXEC | (sealable ? MFD_ALLOW_SEALING : 0));
@@ -126,11 +127,13 @@ struct RawInbox {
     header->magic = magic;
     header->slots = slots;
     munmap(map, bytes);
-    doorbell = eventfd(0, EFD_CLOEXEC);
+    int pair[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == 0);
+    doorbell = pair[0];
+    ours = pair[1];
   }
   ~RawInbox() {
-    close(ring);
-    close(doorbell);
+    for (int fd : {ring, doorbell, ours}) close(fd);
   }
 };
 
@@ -177,7 +180,21 @@ TEST_CASE("OpenInbox refuses what is not an inbox, naming the field, and the ses
   {
     RawInbox r(8);
     cases.push_back({"a pipe for a doorbell", open(r.ring, pipe_fds[0], 8), absl::StatusCode::kInvalidArgument,
-                     "doorbell_fd must be an eventfd"});
+                     "doorbell_fd must be one end of a unix stream socketpair"});
+  }
+  {  // an eventfd's write blocks once the pod fills its count and clears O_NONBLOCK
+    RawInbox r(8);
+    const int efd = eventfd(0, EFD_CLOEXEC);
+    cases.push_back({"an eventfd for a doorbell", open(r.ring, efd, 8), absl::StatusCode::kInvalidArgument,
+                     "doorbell_fd must be one end of a unix stream socketpair"});
+    close(efd);
+  }
+  {
+    RawInbox r(8);
+    const int udp = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    cases.push_back({"a datagram socket for a doorbell", open(r.ring, udp, 8), absl::StatusCode::kInvalidArgument,
+                     "got another kind of socket"});
+    close(udp);
   }
   {
     RawInbox r(8, /*bytes=*/4096);

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -178,7 +179,7 @@ TEST_CASE("queue entries are validated like Writes: refusals come back as comple
 
 // A queue assembled by hand, for what the client library would never send.
 struct RawQueue {
-  int ring = -1, submit = -1, complete = -1;
+  int ring = -1, submit = -1, complete = -1, complete_ours = -1;
   void* map = nullptr;
   size_t bytes = 0;
   queue::RingHeader* header = nullptr;
@@ -193,11 +194,14 @@ struct RawQueue {
     header->magic = queue::kRingMagic;
     header->entries = entries;
     submit = eventfd(0, EFD_CLOEXEC);
-    complete = eventfd(0, EFD_CLOEXEC);
+    int pair[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == 0);
+    complete = pair[0];
+    complete_ours = pair[1];
   }
   ~RawQueue() {
     munmap(map, bytes);
-    for (int fd : {ring, submit, complete}) close(fd);
+    for (int fd : {ring, submit, complete, complete_ours}) close(fd);
   }
   queue::SubmitEntry* sq() {
     return reinterpret_cast<queue::SubmitEntry*>(static_cast<char*>(map) + queue::kSubmitOffset);
@@ -572,6 +576,13 @@ TEST_CASE("CreateQueue refuses what is not a queue, naming the field") {
     auto s = Create(*pod.client, rq.ring, pipe_fds[0], rq.complete, 16, {dst});
     CHECK(s.code() == absl::StatusCode::kInvalidArgument);
     CHECK(std::string(s.message()).find("submit_doorbell_fd must be an eventfd") != std::string::npos);
+  }
+  {  // the agent rings the completion doorbell: an eventfd's write could be made to block
+    RawQueue rq(16);
+    auto s = Create(*pod.client, rq.ring, rq.submit, rq.submit, 16, {dst});
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(s.message()).find("complete_doorbell_fd must be one end of a unix stream socketpair") !=
+          std::string::npos);
   }
   {
     RawQueue rq(16, /*ring_bytes=*/1024);

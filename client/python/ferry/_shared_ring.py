@@ -1,11 +1,17 @@
 """What the write queue and the inbox share: a memfd this process and the agent both map,
-its eventfds, and the doorbell protocol (announce a wait, look again, sleep)."""
+its doorbells, and the doorbell protocol (announce a wait, look again, sleep).
+
+Doorbells the agent rings (completions, notifications) are unix stream socketpairs: we
+keep one end and hand the agent the other, which it rings with a non-blocking send
+whatever that shared file's flags say (an eventfd's write could be made to block the
+agent). Doorbells we ring (a queue's submissions) are eventfds the agent only waits on."""
 from __future__ import annotations
 
 import mmap
 import os
 import platform
 import select
+import socket
 import threading
 import time
 from typing import Callable, List, Optional
@@ -26,10 +32,12 @@ def store_load_fence() -> None:
 
 
 class SharedRing:
-    """A sealed-ready memfd of ``size`` bytes mapped here (``_map``, ``_words`` as uint32)
-    and ``eventfds`` non-blocking eventfds; closed by close() or the context manager."""
+    """A sealed-ready memfd of ``size`` bytes mapped here (``_map``, ``_words`` as uint32),
+    ``eventfds`` non-blocking eventfds we ring, and ``doorbells`` socketpairs the agent
+    rings (``_doorbells``: our ends; ``_send_doorbell`` hands over the other); closed by
+    close() or the context manager."""
 
-    def __init__(self, what: str, name: str, size: int, eventfds: int):
+    def __init__(self, what: str, name: str, size: int, eventfds: int, doorbells: int):
         if platform.machine() not in ("x86_64", "AMD64"):
             raise errors.FailedPrecondition(f"{what} needs x86-64 (this is {platform.machine()})")
         if not hasattr(os, "eventfd"):
@@ -43,12 +51,30 @@ class SharedRing:
             self._fds.append(self._ring_fd)
             self._eventfds = [os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK) for _ in range(eventfds)]
             self._fds += self._eventfds
+            self._doorbells: List[int] = []
+            self._agents_ends: List[int] = []
+            for _ in range(doorbells):
+                ours, agents = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                ours.setblocking(False)
+                self._doorbells.append(ours.detach())
+                self._agents_ends.append(agents.detach())
+                self._fds += [self._doorbells[-1], self._agents_ends[-1]]
             os.ftruncate(self._ring_fd, size)
             self._map = mmap.mmap(self._ring_fd, size)
             self._words = memoryview(self._map).cast("I")  # 4-byte aligned stores and loads
         except BaseException:
             self.close()
             raise
+
+    def _send_doorbell(self, session, i: int) -> int:
+        """Hands the agent its end of doorbell ``i`` on the session socket (and closes
+        ours of that end); returns the fd handle."""
+        fd = self._agents_ends[i]
+        try:
+            return session.send_fd(fd)
+        finally:
+            self._fds.remove(fd)
+            os.close(fd)
 
     def _sleep_on(self, doorbell: int, waiting_at: int, want: int, ready: Callable[[], int], deadline: float) -> None:
         """One wait for ``want`` things ready: announce it at byte ``waiting_at`` (the agent
@@ -59,7 +85,7 @@ class SharedRing:
         if ready() < want:
             select.select([doorbell], [], [], max(0.0, min(deadline - time.monotonic(), 1.0)))
             try:
-                os.eventfd_read(doorbell)
+                os.read(doorbell, 256)  # each ring is a byte
             except BlockingIOError:
                 pass
         self._words[waiting_at // 4] = 0

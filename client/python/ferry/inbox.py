@@ -7,7 +7,7 @@
 
 The Python face of proto/ferry/wire/inbox_layout.h (the C++ client is client/cpp/
 inbox.h): a memfd ring the agent fills with the session's notifications, in order, and
-an eventfd it rings only while we wait. For a serving engine's step loop, which polls
+a doorbell (socketpair) it rings only while we wait. For a serving engine's step loop, which polls
 anyway: a notification costs a memory read and a protobuf parse instead of a gRPC read
 on a thread of its own. One inbox per session, for the session's life; the agent
 refuses it while a notifications() stream is open, and a stream once there is one.
@@ -41,12 +41,12 @@ class Inbox(SharedRing):
         if not (isinstance(slots, int) and _MIN_SLOTS <= slots <= _MAX_SLOTS and slots & (slots - 1) == 0):
             raise errors.InvalidArgument(f"slots must be a power of two in [{_MIN_SLOTS}, {_MAX_SLOTS}], got {slots!r}")
         self._slots, self._head = slots, 0
-        super().__init__("ferry.Inbox", "ferry-inbox", _SLOTS_OFFSET + slots * _SLOT_BYTES, eventfds=1)
-        (self._doorbell,) = self._eventfds
+        super().__init__("ferry.Inbox", "ferry-inbox", _SLOTS_OFFSET + slots * _SLOT_BYTES, eventfds=0, doorbells=1)
+        (self._doorbell,) = self._doorbells
         try:
             struct.pack_into("<II", self._map, 0, _MAGIC, slots)
             client._call("OpenInbox", ferry_pb2.OpenInboxRequest(
-                ring_fd=client._session.send_fd(self._ring_fd), doorbell_fd=client._session.send_fd(self._doorbell),
+                ring_fd=client._session.send_fd(self._ring_fd), doorbell_fd=self._send_doorbell(client._session, 0),
                 slots=slots))
         except BaseException:
             self.close()

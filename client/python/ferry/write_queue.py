@@ -22,8 +22,8 @@ written (``Client.send_message`` with no RPC): ``q.post_message(b"pull 12", tag=
 
 The Python face of the agent's shared-memory ring (proto/ferry/wire/ring_layout.h; the C++
 client is client/cpp/write_queue.h): a memfd both sides map, a submission ring the
-agent's NIC worker polls, a completion ring it fills, and two eventfd doorbells rung
-only when the other side sleeps. Each entry is checked by the agent exactly like a
+agent's NIC worker polls, a completion ring it fills, and two doorbells (an eventfd we
+ring, a socketpair the agent rings) rung only when the other side sleeps. Each entry is checked by the agent exactly like a
 ``Client.write``; a refused one comes back as a completion with ``error`` set.
 
 Not thread-safe: one thread posts and reaps. At most ``entries`` writes are in flight;
@@ -129,8 +129,9 @@ class WriteQueue(SharedRing):
         self._cq_offset = _SUBMIT_OFFSET + entries * _SUBMIT.size
         table_offset = self._cq_offset + entries * _COMPLETION.size
         self.table: Optional[memoryview] = None
-        super().__init__("ferry.WriteQueue", "ferry-write-queue", table_offset + 4 * table_ids, eventfds=2)
-        self._submit_fd, self._complete_fd = self._eventfds
+        super().__init__("ferry.WriteQueue", "ferry-write-queue", table_offset + 4 * table_ids, eventfds=1,
+                         doorbells=1)
+        (self._submit_fd,), (self._complete_fd,) = self._eventfds, self._doorbells
         try:
             #: The block table: ``table_ids`` uint32 ids shared with the agent (see post_paged).
             self.table = self._words[table_offset // 4:]
@@ -139,7 +140,7 @@ class WriteQueue(SharedRing):
             req = ferry_pb2.CreateQueueRequest(
                 ring_fd=client._session.send_fd(self._ring_fd),
                 submit_doorbell_fd=client._session.send_fd(self._submit_fd),
-                complete_doorbell_fd=client._session.send_fd(self._complete_fd), entries=entries,
+                complete_doorbell_fd=self._send_doorbell(client._session, 0), entries=entries,
                 timeout_ms=0 if timeout is None else max(1, int(timeout * 1000)),
                 traffic_class=client._traffic_class(traffic_class), table_ids=table_ids)
             for d in destinations:

@@ -278,25 +278,41 @@ def test_message_entries_to_another_agent(fabric_agents):
         _messages_arrive_in_order(sender, reader, reader.register_host(4096))
 
 
-def test_a_pod_that_makes_its_doorbells_blocking_stalls_only_itself(agent):
-    # The doorbells are eventfds the pod shares with the agent (one open file), so the pod
-    # can clear O_NONBLOCK on them: an empty submit doorbell then blocks a read, a full
-    # completion or inbox doorbell a write. The agent's threads serve every pod; none of
-    # them may wait on this one's doorbells.
+def test_a_pod_that_makes_its_doorbells_blocking_stalls_only_itself(agent, monkeypatch):
+    # A doorbell is one open file the pod shares with the agent, so the pod can clear
+    # O_NONBLOCK on it and fill or empty it: an empty submit eventfd would then block a
+    # read, a full completion or inbox doorbell a write. This pod keeps a copy of the
+    # agent's ends of its doorbells (socketpairs) to do that to them. The agent's threads
+    # serve every pod; none of them may wait on this one's doorbells.
+    from ferry._shared_ring import SharedRing
     from ferry.inbox import _CLIENT_WAITING as INBOX_WAITING
     from ferry.write_queue import _CLIENT_WAITING as QUEUE_WAITING
 
-    full = 0xfffffffffffffffe  # an eventfd's largest count: one more blocks the writer
+    kept = []
+    hand_over = SharedRing._send_doorbell
+
+    def keep_a_copy(self, session, i):
+        kept.append(os.dup(self._agents_ends[i]))
+        return hand_over(self, session, i)
+
+    def fill_and_block(fd):
+        os.set_blocking(fd, False)
+        with pytest.raises(BlockingIOError):
+            for _ in range(1 << 20):
+                os.write(fd, b"x" * 4096)
+        os.set_blocking(fd, True)
+
+    monkeypatch.setattr(SharedRing, "_send_doorbell", keep_a_copy)
     with ferry.Client(agent.socket) as bad, ferry.Client(agent.socket) as good:
         bad_src, bad_dst = bad.register_host(4096), bad.register_host(4096)
         inbox = bad.open_inbox()
-        os.eventfd_write(inbox._doorbell, full)
-        os.set_blocking(inbox._doorbell, True)
-        inbox._words[INBOX_WAITING // 4] = 1
         qa = bad.create_queue([bad_dst.descriptor()], entries=8)
-        os.eventfd_write(qa._complete_fd, full)
-        os.set_blocking(qa._complete_fd, True)
+        monkeypatch.undo()
+        inbox_agents_end, complete_agents_end = kept
+        fill_and_block(inbox_agents_end)
+        fill_and_block(complete_agents_end)
         os.set_blocking(qa._submit_fd, True)  # empty: the agent's next read of it would block
+        inbox._words[INBOX_WAITING // 4] = 1
         qa._words[QUEUE_WAITING // 4] = 1
         src, dst = good.register_host(4096), good.register_host(4096)
         src.buffer[:8] = b"goodgood"
@@ -315,10 +331,10 @@ def test_a_pod_that_makes_its_doorbells_blocking_stalls_only_itself(agent):
             for i in range(1, 4):
                 good_write(i)
         qa._words[QUEUE_WAITING // 4] = 0
-        os.set_blocking(qa._complete_fd, False)
-        os.eventfd_read(qa._complete_fd)
         assert [c.user_data for c in reap_all(qa, 1, timeout=5.0)] == [9]  # its own write still completed
         qa.close()
         inbox._words[INBOX_WAITING // 4] = 0
         assert [n.kind for n in inbox.poll(timeout=5.0)] == ["write"]
         inbox.close()
+        for fd in kept:
+            os.close(fd)

@@ -7,7 +7,7 @@
 //                                             writes it at slots[tail % n]: a uint32
 //                                             length, then a ferry.v1.Notification
 //   reads slots[head % n]            ◄──────  tail.store(tail + 1)
-//   head.store(head + 1)                      (eventfd only if client_waiting)
+//   head.store(head + 1)                      (doorbell only if client_waiting)
 //
 // The memory is the client's (a sealed memfd), so the agent trusts none of it: it keeps
 // its own tail, reads the client's head only to know how many slots are free, and waits

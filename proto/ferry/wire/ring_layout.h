@@ -5,10 +5,10 @@
 //   Client                                    Agent (QueuePoller: a NIC worker)
 //   write SubmitEntry at sq[tail % n]
 //   sq_tail.store(tail + 1)          ──────►  copies entries out, validates each exactly
-//   (eventfd only if agent_sleeping)          like a Write RPC, starts the transfers
+//   (submit eventfd if agent_sleeping)        like a Write RPC, starts the transfers
 //                                             ...
 //   reads cq[head % n]               ◄──────  CompletionEntry at cq[cq_tail % n]
-//   cq_head.store(head + 1)                   (eventfd only if client_waiting and at
+//   cq_head.store(head + 1)                   (doorbell socket if client_waiting and at
 //                                              least that many are unreaped)
 //
 // The memory is the client's (a memfd passed on the session socket), so the agent
