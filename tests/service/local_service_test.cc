@@ -460,6 +460,16 @@ TEST_CASE("after the agent restarts, calls are UNAVAILABLE until Reconnect(); th
   CHECK(b.buf->data()[15] == 0x3C);
 }
 
+TEST_CASE("a sizing flag out of its range is refused at start, naming the flag") {
+  for (const std::string flag :
+       {"--staging_buffer_bytes=1024", "--staging_buffer_bytes=4294967297", "--stage_bytes=0"}) {
+    INFO(flag);
+    auto agent = AgentProcess::Start({flag});
+    REQUIRE_FALSE(agent.ok());
+    CHECK(std::string(agent.status().message()).find(flag.substr(0, flag.find('='))) != std::string::npos);
+  }
+}
+
 TEST_CASE("SIGTERM stops cleanly; a stale socket does not block a restart; a live one does") {
   auto agent = StartAgent();
   const std::string dir = agent->dir();
