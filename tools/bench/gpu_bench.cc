@@ -34,6 +34,9 @@ ABSL_FLAG(bool, paged_only, false, "only the paged table");
 ABSL_FLAG(bool, contiguous_only, false, "only the contiguous table");
 ABSL_FLAG(int, queue_window, 16, "write-queue entries in flight in the contiguous table");
 ABSL_FLAG(int, paged_queue_window, 4, "paged write-queue entries in flight in the paged table");
+ABSL_FLAG(int, rounds, 3,
+          "contiguous table: the queue and raw copies alternate this many times; q_ratio is the median of the "
+          "rounds' ratios");
 ABSL_FLAG(int, reap_spin_us, 0,
           "the queue rows' client polls its completions this long before sleeping (as a CUDA stream sync spins)");
 ABSL_FLAG(std::string, transport, "staged over tcp;ofi_rxm (127.0.0.1 -> 127.0.0.2)",
@@ -67,6 +70,11 @@ absl::StatusOr<double> RawCopy(const CudaDriver* cu, CUdeviceptr dst, CUdevicept
   cu->cuEventDestroy(b);
   cu->cuStreamDestroy(s);
   return ms / 1e3 / count;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 // Fills `bytes` at `p` (device memory) with random data.
@@ -296,15 +304,17 @@ int Main() {
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   (*cu)->cuMemSetAccess(dst->ptr(), dst->size(), &access, 1);
 
+  const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
   printf("# ferry GPU benchmark: node-local GPU%d -> GPU%d, %d peers reachable from GPU%d\n", sd, dd, *peers, sd);
   if (!absl::GetFlag(FLAGS_paged_only)) {
     printf(
         "# contiguous: ferry Write+Wait with 8 in flight, and the write queue with %d in flight (queue; the client\n"
         "# polls %d us before sleeping), vs raw cuMemcpyAsync back to back (CUDA events); time and algbw are the\n"
-        "# Write rows'\n",
-        absl::GetFlag(FLAGS_queue_window), absl::GetFlag(FLAGS_reap_spin_us));
-    printf("%12s %6s %12s %12s %12s %8s %12s %8s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "raw(GB/s)",
-           "ratio", "queue(GB/s)", "q_ratio");
+        "# Write rows'; the queue and raw copies alternate %d times: their medians, and q_ratio = the median of\n"
+        "# the rounds' queue / raw (q_range: the lowest and highest)\n",
+        absl::GetFlag(FLAGS_queue_window), absl::GetFlag(FLAGS_reap_spin_us), rounds);
+    printf("%12s %6s %12s %12s %12s %8s %12s %8s %12s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "raw(GB/s)",
+           "ratio", "queue(GB/s)", "q_ratio", "q_range");
   }
   for (uint64_t size = 1 << 20; size <= kMax && !absl::GetFlag(FLAGS_paged_only); size *= 4) {
     // Enough copies for tens of milliseconds of GPU time at every size.
@@ -316,14 +326,24 @@ int Main() {
     ch->set_length(size);
     absl::StatusOr<double> f = FerryWrites(**c, req, count, 8);
     if (!f.ok()) return Fail(f.status());
-    absl::StatusOr<double> fq =
-        FerryQueueWrites(**c, s->region_id(), d->region(), size, count, absl::GetFlag(FLAGS_queue_window));
-    if (!fq.ok()) return Fail(fq.status());
-    absl::StatusOr<double> raw = RawCopy(*cu, dst->ptr(), src->ptr(), size, count);
-    if (!raw.ok()) return Fail(raw.status());
-    double bw = size / *f / 1e9, qbw = size / *fq / 1e9, rbw = size / *raw / 1e9;
-    printf("%12lu %6d %12.1f %12.1f %12.1f %8.2f %12.1f %8.2f\n", size, count, *f * 1e6, bw, rbw, bw / rbw, qbw,
-           qbw / rbw);
+    // One round is tens of milliseconds, where this host's copy rate at 1-4 MiB swings by
+    // tens of percent from one moment to the next: the queue and raw copies alternate,
+    // and each round's ratio compares two runs made back to back.
+    std::vector<double> qbw, rbw, ratio;
+    for (int r = 0; r < rounds; ++r) {
+      absl::StatusOr<double> fq =
+          FerryQueueWrites(**c, s->region_id(), d->region(), size, count, absl::GetFlag(FLAGS_queue_window));
+      if (!fq.ok()) return Fail(fq.status());
+      absl::StatusOr<double> raw = RawCopy(*cu, dst->ptr(), src->ptr(), size, count);
+      if (!raw.ok()) return Fail(raw.status());
+      qbw.push_back(size / *fq / 1e9);
+      rbw.push_back(size / *raw / 1e9);
+      ratio.push_back(qbw.back() / rbw.back());
+    }
+    const double bw = size / *f / 1e9, raw_median = Median(rbw);
+    const auto [lo, hi] = std::minmax_element(ratio.begin(), ratio.end());
+    printf("%12lu %6d %12.1f %12.1f %12.1f %8.2f %12.1f %8.2f %6.2f-%.2f\n", size, count, *f * 1e6, bw, raw_median,
+           bw / raw_median, Median(qbw), Median(ratio), *lo, *hi);
   }
 
   if (absl::GetFlag(FLAGS_contiguous_only)) return 0;
