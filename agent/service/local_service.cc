@@ -206,9 +206,16 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::
   return deps_.router->Join(std::move(parts), whole);
 }
 
-void LocalService::Answer(Session& session, uint64_t id, v1::WriteResponse* resp) {
+absl::Duration LocalService::WaitBudget(const grpc::ServerContext& ctx, uint32_t wait_ms) const {
+  absl::Duration timeout = absl::Milliseconds(std::min(wait_ms, deps_.config->max_wait_ms));
+  const absl::Duration until_deadline = absl::FromChrono(ctx.deadline()) - absl::Now();
+  return std::max(std::min(timeout, until_deadline), absl::ZeroDuration());
+}
+
+void LocalService::Answer(const grpc::ServerContext& ctx, Session& session, uint64_t id, uint32_t wait_ms,
+                          v1::WriteResponse* resp) {
   resp->set_transfer_id(id);
-  absl::StatusOr<v1::WaitResponse> now = session.Wait(id, absl::ZeroDuration());
+  absl::StatusOr<v1::WaitResponse> now = session.Wait(id, WaitBudget(ctx, wait_ms));
   if (now.ok() && now->done()) *resp->mutable_result() = std::move(*now->mutable_result());
 }
 
@@ -229,7 +236,7 @@ grpc::Status LocalService::Write(grpc::ServerContext* ctx, const v1::WriteReques
   if (!t.ok()) return Reply("Write", t.status());
   absl::StatusOr<uint64_t> id = Start(**session, std::move(*t));
   if (!id.ok()) return Reply("Write", id.status());
-  Answer(**session, *id, resp);
+  Answer(*ctx, **session, *id, req->wait_ms(), resp);
   return grpc::Status::OK;
 }
 
@@ -242,7 +249,7 @@ grpc::Status LocalService::WriteBatch(grpc::ServerContext* ctx, const v1::WriteB
   if (!t.ok()) return Reply("WriteBatch", t.status());
   absl::StatusOr<uint64_t> id = Start(**session, std::move(*t));
   if (!id.ok()) return Reply("WriteBatch", id.status());
-  Answer(**session, *id, resp);
+  Answer(*ctx, **session, *id, req->wait_ms(), resp);
   return grpc::Status::OK;
 }
 
@@ -264,10 +271,7 @@ grpc::Status LocalService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest*
   absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
   if (!session.ok()) return Reply("Wait", session.status());
   if (req->transfer_id() == 0) return Reply("Wait", absl::InvalidArgumentError("transfer_id must be >= 1, got 0"));
-  absl::Duration timeout = absl::Milliseconds(std::min(req->timeout_ms(), deps_.config->max_wait_ms));
-  absl::Duration until_deadline = absl::FromChrono(ctx->deadline()) - absl::Now();
-  if (until_deadline < timeout) timeout = std::max(until_deadline, absl::ZeroDuration());
-  absl::StatusOr<v1::WaitResponse> r = (*session)->Wait(req->transfer_id(), timeout);
+  absl::StatusOr<v1::WaitResponse> r = (*session)->Wait(req->transfer_id(), WaitBudget(*ctx, req->timeout_ms()));
   if (!r.ok()) return Reply("Wait", r.status());
   *resp = std::move(*r);
   return grpc::Status::OK;

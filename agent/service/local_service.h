@@ -95,8 +95,12 @@ class LocalService final : public v1::Agent::Service {
                                                          const v1::WriteBatchRequest& req);
   // Gives a prepared transfer its id and starts it; the id, or why it cannot start.
   absl::StatusOr<uint64_t> Start(Session& session, std::shared_ptr<Transfer> t);
-  // Write's answer: the id, and the result if the transfer has already finished.
-  void Answer(Session& session, uint64_t id, v1::WriteResponse* resp);
+  // Answers a Write or WriteBatch that started transfer `id`: with its result if it
+  // finishes within `wait_ms` (bounded as a Wait is).
+  void Answer(const grpc::ServerContext& ctx, Session& session, uint64_t id, uint32_t wait_ms, v1::WriteResponse* resp);
+  // How long a call may wait for a transfer: `wait_ms`, at most --max_wait_ms and what
+  // is left of the call's deadline.
+  absl::Duration WaitBudget(const grpc::ServerContext& ctx, uint32_t wait_ms) const;
   absl::StatusOr<uint64_t> DoCreateQueue(const std::shared_ptr<Session>& session, const v1::CreateQueueRequest& req);
   absl::Status DoOpenInbox(const std::shared_ptr<Session>& session, const v1::OpenInboxRequest& req);
   // Counts errors by API and code, converts to grpc::Status.

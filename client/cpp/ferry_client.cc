@@ -223,7 +223,7 @@ absl::StatusOr<uint64_t> Client::Write(const v1::WriteRequest& request) {
 
 absl::StatusOr<v1::WriteResponse> Client::WriteCall(const v1::WriteRequest& request) {
   v1::WriteResponse resp;
-  auto ctx = NewContext();
+  auto ctx = NewContext(absl::Seconds(30) + absl::Milliseconds(request.wait_ms()));
   absl::Status s = Checked(stub_->Write(ctx.get(), request, &resp));
   if (!s.ok()) return s;
   return resp;
@@ -288,12 +288,16 @@ absl::StatusOr<v1::TransferResult> Client::Wait(uint64_t transfer_id, absl::Dura
 }
 
 absl::StatusOr<v1::TransferResult> Client::WriteAndWait(const v1::WriteRequest& request, absl::Duration timeout) {
-  absl::StatusOr<v1::WriteResponse> resp = WriteCall(request);
+  // One round trip: the call waits for the transfer (WriteRequest.wait_ms) and answers
+  // with its result; a Wait only for what is left of `timeout` past the agent's
+  // --max_wait_ms.
+  const absl::Time deadline = absl::Now() + timeout;
+  v1::WriteRequest waiting = request;
+  waiting.set_wait_ms(static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Milliseconds(timeout), 0, UINT32_MAX)));
+  absl::StatusOr<v1::WriteResponse> resp = WriteCall(waiting);
   if (!resp.ok()) return resp.status();
-  // A transfer that finished inside the call (a small node-local copy) came back with
-  // its result: no Wait.
-  absl::StatusOr<v1::TransferResult> r =
-      resp->has_result() ? absl::StatusOr<v1::TransferResult>(resp->result()) : Wait(resp->transfer_id(), timeout);
+  absl::StatusOr<v1::TransferResult> r = resp->has_result() ? absl::StatusOr<v1::TransferResult>(resp->result())
+                                                            : Wait(resp->transfer_id(), deadline - absl::Now());
   if (!r.ok()) return r.status();
   absl::Status s = ResultStatus(*r);
   if (!s.ok()) return s;

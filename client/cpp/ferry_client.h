@@ -99,8 +99,9 @@ class Client {
   // Waits for a transfer; returns its result (whose code may be an error), or
   // DEADLINE_EXCEEDED if it is still running after `timeout`.
   absl::StatusOr<v1::TransferResult> Wait(uint64_t transfer_id, absl::Duration timeout);
-  // Write + Wait (no Wait when the Write's answer already carries the result); the
-  // transfer's own error becomes the returned status.
+  // Write + Wait in one round trip: the Write call waits for the transfer
+  // (WriteRequest.wait_ms) and answers with its result; the transfer's own error
+  // becomes the returned status.
   absl::StatusOr<v1::TransferResult> WriteAndWait(const v1::WriteRequest& request, absl::Duration timeout);
 
   // Sends `payload` (at most 4 KiB) with `tag` to the owner of `dst`'s region, which

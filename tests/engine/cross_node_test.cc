@@ -92,6 +92,44 @@ TEST_CASE("two agents: chunk list and paged writes land byte for byte, notified 
   CHECK(extra == 0);
 }
 
+TEST_CASE("a Write with wait_ms answers with the result of a cross-agent transfer: one round trip, no Wait") {
+  TestNetwork net = TestNetwork::Create(2, 1);
+  auto a = StartFabricAgent(net.host(0));
+  auto b = StartFabricAgent(net.host(1));
+  Pod sender = MakePod(a->socket(), 1 << 20, 0);
+  Pod receiver = MakePod(b->socket(), 1 << 20, 0xEE);
+  FillRandom(sender.buf->data(), 1 << 20, 12);
+  v1::WriteRequest req = ChunkWrite(sender, receiver.reg.region(), 0, 4096, 512 << 10);
+  req.set_wait_ms(30000);
+  v1::WriteResponse resp;
+  auto ctx = sender.client->NewContext(absl::Seconds(60));
+  REQUIRE(sender.client->stub()->Write(ctx.get(), req, &resp).ok());
+  INFO(a->Log());
+  REQUIRE(resp.has_result());  // the call waited for the fabric write
+  CHECK(resp.result().transfer_id() == resp.transfer_id());
+  CHECK(resp.result().code() == 0);
+  CHECK(resp.result().bytes() == 512 << 10);
+  CHECK(resp.result().path() == v1::TRANSFER_PATH_FABRIC);
+  CHECK(memcmp(receiver.buf->data() + 4096, sender.buf->data(), 512 << 10) == 0);
+  auto waited = sender.client->Wait(resp.transfer_id(), absl::Seconds(1));  // Wait still finds it
+  REQUIRE(waited.ok());
+  CHECK(waited->bytes() == resp.result().bytes());
+
+  // A failure comes back the same way: the destination region deregistered.
+  const v1::RegionDescriptor gone = receiver.reg.region();
+  REQUIRE(receiver.client->Deregister(receiver.reg.region_id()).ok());
+  v1::WriteRequest late = ChunkWrite(sender, gone, 0, 0, 4096);
+  late.set_wait_ms(30000);
+  auto ctx2 = sender.client->NewContext(absl::Seconds(60));
+  grpc::Status call = sender.client->stub()->Write(ctx2.get(), late, &resp);
+  INFO(call.error_message());
+  if (call.ok()) {  // refused by the target agent, not by the call: the result says so
+    REQUIRE(resp.has_result());
+    CHECK(resp.result().code() != 0);
+    CHECK(!resp.result().message().empty());
+  }
+}
+
 TEST_CASE("a write queue to another agent: bytes land, the receiver is notified, completions come back") {
   // Submissions taken on the NIC worker's thread (the default) and on a thread of their own.
   const std::string mode = GENERATE(as<std::string>(), "--queues_on_nic_worker=true", "--queues_on_nic_worker=false");

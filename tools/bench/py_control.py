@@ -1,5 +1,6 @@
 """The Python client's side of ``tools/bench.sh control``: 8-byte round trips through
-the local API, one line each, "<name> <p50_us> <p99_us>": Write + result() into a
+the local API, one line each, "<name> <p50_us> <p99_us>": write(wait=) + result() (one
+call, as the C++ client's WriteAndWait) into a
 region of this agent, into the receiver's (another agent), the same with a
 notification, and the write queue to the receiver; with --echo_socket, first a bare
 unary call to tools/bench/grpc_echo from grpcio (Python's own floor). Last, a notified
@@ -68,9 +69,10 @@ def main():
     with ferry.Client(args.socket) as c:
         src = c.register_host(4096)
         here = c.register_host(4096)
-        measure("py_local", args.iters, lambda: c.write(src, here.descriptor(), [(0, 0, 8)]).result(10))
-        measure("py_remote", args.iters, lambda: c.write(src, remote, [(0, 0, 8)]).result(10))
-        measure("py_remote_notify", args.iters, lambda: c.write(src, remote, [(0, 0, 8)], notify=True).result(10))
+        measure("py_local", args.iters, lambda: c.write(src, here.descriptor(), [(0, 0, 8)], wait=10).result(10))
+        measure("py_remote", args.iters, lambda: c.write(src, remote, [(0, 0, 8)], wait=10).result(10))
+        measure("py_remote_notify", args.iters,
+                lambda: c.write(src, remote, [(0, 0, 8)], notify=True, wait=10).result(10))
         with c.create_queue([remote], entries=8) as q:
             def queue_round_trip():
                 q.post(src, 8)

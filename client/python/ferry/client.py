@@ -194,8 +194,8 @@ class TransferFuture:
     def __init__(self, client: "Client", answer: ferry_pb2.WriteResponse):
         self._client = client
         self.transfer_id = answer.transfer_id
-        # A transfer that finished inside the Write call (a small node-local copy) came
-        # back with its result: result() needs no Wait.
+        # A transfer that finished inside the Write call (a small node-local copy, or any
+        # within the call's ``wait``) came back with its result: result() needs no Wait.
         self._result: Optional[ferry_pb2.TransferResult] = answer.result if answer.HasField("result") else None
 
     def done(self) -> bool:
@@ -398,46 +398,52 @@ class Client:
 
     def write(self, src: Region, dst: Union[RegionDescriptor, bytes], chunks: Sequence[Chunk], *, tag: int = 0,
               notify: bool = False, notify_payload: bytes = b"", timeout: Optional[float] = None,
-              traffic_class: Optional[str] = None) -> TransferFuture:
+              traffic_class: Optional[str] = None, wait: Optional[float] = None) -> TransferFuture:
         """Writes ``chunks`` = [(src_offset, dst_offset, length), ...] of ``src`` into ``dst``.
         With ``notify``, dst's owner gets a Notification with ``tag`` and ``notify_payload``
-        (at most 4 KiB) once every byte landed. ``traffic_class``: as the Client's."""
-        req = self._write_request(src, dst, tag, notify, notify_payload, timeout, traffic_class)
+        (at most 4 KiB) once every byte landed. ``traffic_class``: as the Client's.
+        ``wait``: seconds the call may wait for the transfer to finish (at most the agent's
+        --max_wait_ms); a write that finished by then returns a done future whose result()
+        makes no Wait call: a write and its wait in one round trip."""
+        req = self._write_request(src, dst, tag, notify, notify_payload, timeout, traffic_class, wait)
         for s, d, n in chunks:
             req.chunks.chunks.add(src_offset=s, dst_offset=d, length=n)
-        return TransferFuture(self, self._call("Write", req))
+        return TransferFuture(self, self._call("Write", req, timeout=self._call_timeout(wait)))
 
     def write_blocks(self, src: Region, dst: Union[RegionDescriptor, bytes], block_size: int,
                      src_ids: Iterable[int], dst_ids: Iterable[int], *, tag: int = 0, notify: bool = False,
                      notify_payload: bytes = b"", timeout: Optional[float] = None,
-                     traffic_class: Optional[str] = None) -> TransferFuture:
+                     traffic_class: Optional[str] = None, wait: Optional[float] = None) -> TransferFuture:
         """Paged form: block src_ids[i] of ``src`` to block dst_ids[i] of ``dst``, all
-        ``block_size`` bytes, in one request (10,000s of blocks are fine)."""
-        req = self._write_request(src, dst, tag, notify, notify_payload, timeout, traffic_class)
+        ``block_size`` bytes, in one request (10,000s of blocks are fine). ``wait``: as
+        write's."""
+        req = self._write_request(src, dst, tag, notify, notify_payload, timeout, traffic_class, wait)
         req.paged.block_size = block_size
         req.paged.src_blocks.extend(int(i) for i in src_ids)
         req.paged.dst_blocks.extend(int(i) for i in dst_ids)
-        return TransferFuture(self, self._call("Write", req))
+        return TransferFuture(self, self._call("Write", req, timeout=self._call_timeout(wait)))
 
     def write_batch(self, parts: Sequence[Tuple[Region, Union[RegionDescriptor, bytes], int, int]], block_size: int,
                     src_ids: Iterable[int], dst_ids: Iterable[int], *, tag: int = 0, notify: bool = False,
                     notify_payload: bytes = b"", timeout: Optional[float] = None,
-                    traffic_class: Optional[str] = None) -> TransferFuture:
+                    traffic_class: Optional[str] = None, wait: Optional[float] = None) -> TransferFuture:
         """One transfer of many parts sharing one block mapping: for each part
         ``(src, dst, src_base, dst_base)``, block src_ids[i] of ``src`` at ``src_base`` to
         block dst_ids[i] of ``dst`` at ``dst_base``, all ``block_size`` bytes (a request's
         KV blocks in every layer's tensor, K and V halves as two parts). One request,
-        one result, and with ``notify`` one notification once every part landed."""
+        one result, and with ``notify`` one notification once every part landed.
+        ``wait``: as write's."""
         req = ferry_pb2.WriteBatchRequest(tag=tag, notify=notify, notify_payload=bytes(notify_payload),
                                           timeout_ms=self._timeout_ms(timeout),
-                                          traffic_class=self._traffic_class(traffic_class))
+                                          traffic_class=self._traffic_class(traffic_class),
+                                          wait_ms=self._wait_ms(wait))
         req.blocks.block_size = block_size
         req.blocks.src_blocks.extend(src_ids.tolist() if hasattr(src_ids, "tolist") else src_ids)  # numpy: one call
         req.blocks.dst_blocks.extend(dst_ids.tolist() if hasattr(dst_ids, "tolist") else dst_ids)
         for src, dst, src_base, dst_base in parts:
             req.parts.add(src_region_id=src.id, dst=self._descriptor(dst)._proto, src_base=src_base,
                           dst_base=dst_base)
-        return TransferFuture(self, self._call("WriteBatch", req))
+        return TransferFuture(self, self._call("WriteBatch", req, timeout=self._call_timeout(wait)))
 
     def create_queue(self, destinations: Sequence[Union[RegionDescriptor, bytes]], entries: int = 256,
                      timeout: Optional[float] = None, traffic_class: Optional[str] = None,
@@ -466,10 +472,22 @@ class Client:
         self._call("SendMessage", req)
 
     def _write_request(self, src: Region, dst, tag: int, notify: bool, notify_payload: bytes,
-                       timeout: Optional[float], traffic_class: Optional[str]):
+                       timeout: Optional[float], traffic_class: Optional[str], wait: Optional[float]):
         return ferry_pb2.WriteRequest(src_region_id=src.id, dst=self._descriptor(dst)._proto, tag=tag, notify=notify,
                                       notify_payload=bytes(notify_payload), timeout_ms=self._timeout_ms(timeout),
-                                      traffic_class=self._traffic_class(traffic_class))
+                                      traffic_class=self._traffic_class(traffic_class), wait_ms=self._wait_ms(wait))
+
+    @staticmethod
+    def _wait_ms(wait: Optional[float]) -> int:
+        if wait is None:
+            return 0
+        if not isinstance(wait, (int, float)) or not 0 <= wait < 4e6:
+            raise errors.InvalidArgument(f"wait must be a number of seconds in [0, 4e6), got {wait!r}")
+        return int(wait * 1000)
+
+    def _call_timeout(self, wait: Optional[float]) -> float:
+        """A write call's deadline: the client's, plus what it may wait for the transfer."""
+        return self.timeout + (wait or 0.0)
 
     def _traffic_class(self, name: Optional[str]) -> int:
         """The proto value of ``name``, else of the session's class (None: unspecified)."""

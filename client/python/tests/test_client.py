@@ -126,6 +126,28 @@ def test_cross_agent_write_through_the_fabric(fabric_agents):
         assert [n.tag for n in cb.notifications(timeout=2)] == [3]
 
 
+def test_a_write_with_wait_comes_back_done_in_one_call(fabric_agents):
+    a, b = fabric_agents
+    with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb:
+        src, dst = ca.register_host(1 << 20), cb.register_host(1 << 20)
+        src.buffer[:] = os.urandom(1 << 20)
+        calls = []
+        real_call = ca._call
+        ca._call = lambda method, *args, **kw: calls.append(method) or real_call(method, *args, **kw)
+        fut = ca.write(src, dst.descriptor(), [(0, 0, 1 << 20)], wait=30)
+        r = fut.result(1)
+        assert calls == ["Write"]  # the result came with the answer: no Wait call
+        assert (r.bytes, r.path) == (1 << 20, "fabric")
+        assert dst.buffer == src.buffer
+        fut = ca.write_batch([(src, dst.descriptor(), 0, 0)], 4096, [1, 2], [3, 4], wait=30)
+        fut.result(1)
+        assert calls == ["Write", "WriteBatch"]
+        assert dst.buffer[3 * 4096:5 * 4096] == src.buffer[4096:3 * 4096]
+        for bad in (-1, "soon", 1e7):
+            with pytest.raises(ferry.InvalidArgument, match="wait must be a number of seconds"):
+                ca.write(src, dst.descriptor(), [(0, 0, 8)], wait=bad)
+
+
 def _counter(agent, series: str) -> float:
     """One series of the agent's /metrics, e.g. 'ferry_peer_notifications_total{via="rpc"}'."""
     import urllib.request
