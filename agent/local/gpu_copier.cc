@@ -112,6 +112,13 @@ class GpuCopier::Lane {
   // layers while the submitter builds the next launch) and kLaunchChunks chunks.
   static constexpr uint64_t kBatchBytes = 4 << 20;
   static constexpr uint64_t kLaunchBytes = 256 << 20;
+  // Independent writes to another GPU (a queue's burst over NVLink, ~400 GB/s) go at most
+  // kPeerBurstBytes to a launch (~10 us of copying), each launch with its event: the
+  // burst's first writes are answered, and the pod posts more, while the GPU copies the
+  // rest. In one launch the link idled from the burst's end until the refill arrived
+  // (2 x H100: 1 MiB writes 0.65 of raw, 4 MiB 0.75). On one GPU a burst is copied at
+  // HBM speed and a cap measured no different (tools/bench/RESULTS.md).
+  static constexpr uint64_t kPeerBurstBytes = 4 << 20;
   static constexpr size_t kLaunchChunks = 16384;
   // After putting work on the stream the submitter looks for more, and the completer
   // polls an event, this long before sleeping: waking a sleeping thread costs 10-30 us,
@@ -164,6 +171,8 @@ class GpuCopier::Lane {
     return LaunchKernel();
   }
 
+  static bool CrossesDevices(const Transfer& t) { return DeviceOf(*t.src) != DeviceOf(*t.dst); }
+
   // Whether `t` may share a kernel launch with other queued transfers.
   bool Batchable(const Transfer& t) const {
     return DeviceOf(*t.src) >= 0 && DeviceOf(*t.dst) >= 0 && Reaches(t, device_) &&
@@ -176,14 +185,15 @@ class GpuCopier::Lane {
   // or none has one.
   size_t LaunchEnd(const std::vector<Job>& jobs, size_t first) const {
     const PagedIds* mapping = jobs[first].t->plan.paged.get();
+    const uint64_t max_bytes = mapping == nullptr && CrossesDevices(*jobs[first].t) ? kPeerBurstBytes : kLaunchBytes;
     uint64_t bytes = jobs[first].t->plan.total_bytes;
     size_t chunks = jobs[first].t->plan.size(), last = first + 1;
     for (; last < jobs.size() && jobs[last].status.ok() && Batchable(*jobs[last].t) &&
-           jobs[last].t->plan.paged.get() == mapping;
+           jobs[last].t->plan.paged.get() == mapping && CrossesDevices(*jobs[last].t) == CrossesDevices(*jobs[first].t);
          ++last) {
       bytes += jobs[last].t->plan.total_bytes;
       chunks += jobs[last].t->plan.size();
-      if (bytes > kLaunchBytes || chunks > kLaunchChunks) break;
+      if (bytes > max_bytes || chunks > kLaunchChunks) break;
     }
     return last;
   }
