@@ -254,25 +254,40 @@ v1::NotifyRequest FabricEngine::DeliveredRequest(const Transfer& t, const std::v
   return req;
 }
 
+bool FabricEngine::ByMessage(const PeerConnection& peer, size_t nic, const v1::NotifyRequest& req) const {
+  return nics_[nic]->messages() && peer.fabric_messages() && req.ByteSizeLong() <= kMaxFabricMessageBytes;
+}
+
 void FabricEngine::NotifyPeer(const std::shared_ptr<Transfer>& t, const std::shared_ptr<PeerConnection>& peer,
                               size_t nic, const std::vector<uint64_t>& nic_bytes, Done done) {
   v1::NotifyRequest req = DeliveredRequest(*t, nic_bytes);
-  if (nics_[nic]->messages() && peer->fabric_messages() && req.ByteSizeLong() <= kMaxFabricMessageBytes) {
-    SendNotifyMessage(t, peer, nic, req, std::move(done));
+  if (ByMessage(*peer, nic, req)) {
+    SendNotifyMessage(t, peer, nic, req,
+                      [agent = t->dst_descriptor->agent_address(), done = std::move(done)](absl::Status s) {
+                        if (s.ok()) return done(s);
+                        done(absl::UnavailableError(
+                            absl::StrCat("the bytes landed but notifying agent ", agent, " failed: ", s.message())));
+                      });
   } else {
     Enqueue([this, t, req = std::move(req), done = std::move(done)] { SendNotify(t, req, done); });
   }
 }
 
+void FabricEngine::AnnounceToPeer(const std::shared_ptr<Transfer>& t, v1::NotifyRequest req, Done done) {
+  constexpr size_t kNic = 0;  // any NIC reaches the peer; its order against the data does not matter
+  if (ByMessage(*t->peer, kNic, req)) {
+    SendNotifyMessage(t, t->peer, kNic, req, std::move(done));
+  } else {
+    SendNotifyAsync(t->peer, std::move(req), absl::Now() + absl::Seconds(2), std::move(done));
+  }
+}
+
 void FabricEngine::SendNotifyMessage(const std::shared_ptr<Transfer>& t, const std::shared_ptr<PeerConnection>& peer,
                                      size_t nic, const v1::NotifyRequest& req, Done done) {
-  auto state = TransferState::Create(
-      t, peer, 1, [peer, agent = t->dst_descriptor->agent_address(), done = std::move(done)](absl::Status s) {
-        if (s.ok()) return done(s);
-        if (s.code() == absl::StatusCode::kUnavailable) peer->MarkSuspect();
-        done(absl::UnavailableError(
-            absl::StrCat("the bytes landed but notifying agent ", agent, " failed: ", s.message())));
-      });
+  auto state = TransferState::Create(t, peer, 1, [peer, done = std::move(done)](absl::Status s) {
+    if (s.code() == absl::StatusCode::kUnavailable) peer->MarkSuspect();
+    done(s);
+  });
   req.SerializeToString(&state->message());
   {
     absl::MutexLock lock(&mu_);

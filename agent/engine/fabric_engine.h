@@ -120,6 +120,12 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   // `done` once the target has it; an error says the bytes landed regardless.
   void NotifyPeer(const std::shared_ptr<Transfer>& t, const std::shared_ptr<PeerConnection>& peer, size_t nic,
                   const std::vector<uint64_t>& nic_bytes, Done done);
+  // Tells t->peer that the notified write `t` starts (`req`, a NotifyRequest with begin;
+  // agent/peers/inbound_writes.h): as a fabric message where both agents have them, so
+  // the receiving agent learns it on its NIC worker without an RPC's threads on either
+  // side, else by an asynchronous Notify RPC. Never blocks; `done` only reports. The
+  // message may arrive after the write's own notification (InboundWrites allows it).
+  void AnnounceToPeer(const std::shared_ptr<Transfer>& t, v1::NotifyRequest req, Done done);
 
   std::vector<FabricNic*> nics() const;
   // Each NIC's device in the topology (nullptr: none, e.g. loopback), the rails built
@@ -140,7 +146,11 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   void OnMessage(absl::string_view bytes);
   // The NotifyRequest that delivers `t`'s notification.
   v1::NotifyRequest DeliveredRequest(const Transfer& t, const std::vector<uint64_t>& nic_bytes) const;
-  // NotifyPeer's two ways: by RPC (blocks for it), or as a message from local NIC `nic`.
+  // Whether `req` goes to `peer` as a fabric message from local NIC `nic`: both agents
+  // take messages and it fits one. Otherwise it goes by the Notify RPC.
+  bool ByMessage(const PeerConnection& peer, size_t nic, const v1::NotifyRequest& req) const;
+  // NotifyPeer's two ways: by RPC (blocks for it), or as a message from local NIC `nic`
+  // (also AnnounceToPeer's); `done` gets the message's own outcome.
   void SendNotify(const std::shared_ptr<Transfer>& t, const v1::NotifyRequest& req, Done done);
   void SendNotifyMessage(const std::shared_ptr<Transfer>& t, const std::shared_ptr<PeerConnection>& peer, size_t nic,
                          const v1::NotifyRequest& req, Done done);

@@ -131,6 +131,10 @@ void Agent::StartTransferPaths() {
                                             std::function<void(absl::Status)> done) {
       e->NotifyPeer(t, t->peer, /*nic=*/0, /*nic_bytes=*/{}, std::move(done));
     };
+    route.announce_peer = [e = engine_.get()](const std::shared_ptr<Transfer>& t, v1::NotifyRequest req,
+                                              std::function<void(absl::Status)> done) {
+      e->AnnounceToPeer(t, std::move(req), std::move(done));
+    };
     route.staged = staged_.get();
     route.stage_host_regions = config_.stage_host_regions;
   }

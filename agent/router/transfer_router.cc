@@ -138,16 +138,16 @@ bool NotifiesRemotely(const Transfer& t) {
 // so that it can tell the receiver should this agent die before the write's own
 // notification (agent/peers/inbound_writes.h). Asynchronous and best effort, like
 // NotifyRemoteFailure; the write does not wait for it.
-void AnnounceRemoteWrite(const Transfer& t, uint64_t incarnation, const std::string& self_address) {
-  if (!NotifiesRemotely(t)) return;
-  v1::NotifyRequest req = DeliverNotifyRequest(*t.dst_descriptor, incarnation, v1::NOTIFICATION_KIND_WRITE, t.id, t.tag,
-                                               /*bytes=*/0, t.notify_payload);
+void AnnounceRemoteWrite(const TransferRouterDeps& deps, const std::shared_ptr<Transfer>& t) {
+  if (!NotifiesRemotely(*t)) return;
+  v1::NotifyRequest req = DeliverNotifyRequest(*t->dst_descriptor, deps.incarnation, v1::NOTIFICATION_KIND_WRITE, t->id,
+                                               t->tag, /*bytes=*/0, t->notify_payload);
   req.set_deliver(false);
   req.set_begin(true);
-  req.set_source_address(self_address);
-  const int64_t left_ms = absl::ToInt64Milliseconds(absl::Ceil(t.deadline - absl::Now(), absl::Milliseconds(1)));
+  req.set_source_address(deps.advertise_address);
+  const int64_t left_ms = absl::ToInt64Milliseconds(absl::Ceil(t->deadline - absl::Now(), absl::Milliseconds(1)));
   req.set_timeout_ms(static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, UINT32_MAX)));
-  SendNotifyAsync(t.peer, std::move(req), absl::Now() + absl::Seconds(2), [id = t.id](absl::Status s) {
+  deps.announce_peer(t, std::move(req), [id = t->id](absl::Status s) {
     if (!s.ok()) {
       FERRY_LOG(DEBUG) << "transfer " << id << ": announcing it to the receiver's agent: " << s;
     }
@@ -176,7 +176,7 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
   TransferManager* manager = deps_.transfers;
   manager->Begin(*t);
   const uint64_t incarnation = deps_.incarnation;
-  AnnounceRemoteWrite(*t, incarnation, deps_.advertise_address);
+  AnnounceRemoteWrite(deps_, t);
   if (t->parts.empty()) {
     TransferExecutor* executor = t->executor;
     executor->Submit(t, [manager, t, incarnation, stopping = stopping_](absl::Status s) {

@@ -67,6 +67,10 @@ struct TransferRouterDeps {
   // Tells a WriteBatch's remote owner (t->peer) that every part landed
   // (FabricEngine::NotifyPeer); set whenever `peers` is.
   std::function<void(const std::shared_ptr<Transfer>&, std::function<void(absl::Status)>)> notify_peer;
+  // Sends a notified write's begin (NotifyRequest.begin) to t->peer, best effort and
+  // without blocking (FabricEngine::AnnounceToPeer); set whenever `peers` is.
+  std::function<void(const std::shared_ptr<Transfer>&, v1::NotifyRequest, std::function<void(absl::Status)>)>
+      announce_peer;
   bool stage_host_regions = false;  // --stage_host_regions
 };
 

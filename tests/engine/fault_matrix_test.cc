@@ -493,11 +493,16 @@ TEST_CASE("fault 9 and 10: SIGTERM under load drains in bounded time; RSS stays 
 // Terminal notifications (faults 11-13): a receiver waiting for a notified write is told
 // how it ended, whatever ends it. The writer's agent caps its pods at 16 MiB/s per NIC
 // (a --qos_default_tenant rate), so a 32 MiB write is still moving when the fault hits.
+// `fabric_messages`: the writer's agent announces its writes and notifies by fabric
+// message (the default), or by the peer Notify RPC.
 struct NotifiedWrites {
   static constexpr uint64_t kSize = 32 << 20;
+  explicit NotifiedWrites(bool fabric_messages = true)
+      : writer_agent(
+            StartFabricAgent(net.host(0), {"--qos_default_tenant=ceiling=latency,class=bulk,rate=16MiB",
+                                           fabric_messages ? "--fabric_messages=true" : "--fabric_messages=false"})) {}
   TestNetwork net = TestNetwork::Create(2, 1);
-  std::unique_ptr<AgentProcess> writer_agent =
-      StartFabricAgent(net.host(0), {"--qos_default_tenant=ceiling=latency,class=bulk,rate=16MiB"});
+  std::unique_ptr<AgentProcess> writer_agent;
   std::unique_ptr<AgentProcess> receiver_agent = StartFabricAgent(net.host(1));
   TestPod receiver = MakePod(receiver_agent->socket(), kSize, 0);
   std::unique_ptr<grpc::ClientContext> ctx = receiver.client->NewContext(absl::Seconds(90));
@@ -546,7 +551,9 @@ TEST_CASE("fault 11: a writer pod SIGKILLed mid-write: its receiver is told ABOR
 }
 
 TEST_CASE("fault 12: the writer's agent SIGKILLed mid-write: the receiver's agent notices and tells it") {
-  NotifiedWrites w;
+  const bool by_message = GENERATE(true, false);  // how the write was announced
+  INFO("announced by " << (by_message ? "fabric message" : "Notify RPC"));
+  NotifiedWrites w(by_message);
   TestPod writer = MakePod(w.writer_agent->socket(), NotifiedWrites::kSize, 0x12);
   auto id = writer.client->Write(w.Write(writer, 12));
   REQUIRE(id.ok());
