@@ -2,6 +2,7 @@
 //
 //   fi_write_bench target    --iface=A --dir=D --size=BYTES
 //   fi_write_bench initiator --iface=B --dir=D --sizes=... --count=N --window=W --lat_iters=K [--row_bytes=B]
+//                            [--span=BYTES]
 //
 // The same provider (tcp;ofi_rxm), endpoint type (RDM), flags (FI_DELIVERY_COMPLETE) and
 // window as ferry's engine, without the agent: the target registers a buffer and
@@ -12,6 +13,11 @@
 // prints "size count time_us algbw_GBps", then 8-byte write latencies when --lat_iters
 // > 0. Addresses and keys are exchanged through files in --dir. Controls: --memory=memfd (buffers in a shared memfd
 // mapping, as pods hand the agent), --threading=safe and --cq_wait=fd (ferry's endpoint settings).
+// By default every write goes from the start of the initiator's buffer to the start of
+// the target's, so both stay in the CPUs' caches (as ib_write_bw's do); --span=BYTES
+// (at most the target's --size) moves distinct memory instead: the writes of a size walk
+// a random permutation of the span's blocks of that size on each side, as a mover of
+// scattered KV blocks does.
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -27,6 +33,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -150,6 +158,7 @@ int Initiator(int argc, char** argv) {
   const uint64_t row_bytes = std::stoull(Arg(argc, argv, "row_bytes", std::to_string(1ull << 30)));
   const int window = std::stoi(Arg(argc, argv, "window", "16"));
   const int lat_iters = std::stoi(Arg(argc, argv, "lat_iters", "1000"));
+  const uint64_t span = std::stoull(Arg(argc, argv, "span", "0"));
   std::vector<size_t> sizes;
   std::string s = Arg(argc, argv, "sizes", "4096,65536,1048576,16777216,67108864");
   for (size_t p = 0; p != std::string::npos;) {
@@ -166,18 +175,33 @@ int Initiator(int argc, char** argv) {
   fi_addr_t peer;
   if (fi_av_insert(e.av, info.data(), 1, &peer, 0, nullptr) != 1) return 1;
   const size_t max_size = *std::max_element(sizes.begin(), sizes.end());
-  char* buf = Buffer(argc, argv, max_size);
+  const size_t buf_size = std::max<size_t>(max_size, span);
+  char* buf = Buffer(argc, argv, buf_size);
   fid_mr* mr;
-  CHECK_FI(fi_mr_reg(e.domain, buf, max_size, FI_WRITE, 0, 9, 0, &mr, nullptr));
+  CHECK_FI(fi_mr_reg(e.domain, buf, buf_size, FI_WRITE, 0, 9, 0, &mr, nullptr));
   void* desc = fi_mr_desc(mr);
   std::vector<fi_context2> ctx(window);
+  // With --span: each side's block of write i (a random permutation per size); else {0}.
+  std::vector<uint64_t> src_block{0}, dst_block{0};
+  std::mt19937_64 rng(1);
+  auto scatter = [&](size_t size) {
+    const size_t blocks = span >= size ? span / size : 1;
+    src_block.resize(blocks);
+    std::iota(src_block.begin(), src_block.end(), 0);
+    dst_block = src_block;
+    std::shuffle(src_block.begin(), src_block.end(), rng);
+    std::shuffle(dst_block.begin(), dst_block.end(), rng);
+  };
 
   auto run = [&](size_t size, int n) {
     int posted = 0, done = 0;
     fi_cq_entry entries[64];
+    const size_t blocks = src_block.size();
     while (done < n) {
       while (posted < n && posted - done < window) {
-        ssize_t rc = fi_write(e.ep, buf, size, desc, peer, base, key, &ctx[posted % window]);
+        const size_t b = static_cast<size_t>(posted) % blocks;
+        ssize_t rc = fi_write(e.ep, buf + src_block[b] * size, size, desc, peer, base + dst_block[b] * size, key,
+                              &ctx[posted % window]);
         if (rc == -FI_EAGAIN) break;
         if (rc) {
           fprintf(stderr, "fi_write: %s\n", fi_strerror(-rc));
@@ -198,6 +222,7 @@ int Initiator(int argc, char** argv) {
   run(8, 10);  // connect
   for (size_t size : sizes) {
     int n = std::max(4, static_cast<int>(std::min<uint64_t>(count, row_bytes / size)));
+    if (span > 0) scatter(size);
     run(size, static_cast<int>(std::clamp<size_t>((64u << 20) / size, 1, 2 * window)));  // warm-up
     double t0 = Now();
     run(size, n);
@@ -206,6 +231,8 @@ int Initiator(int argc, char** argv) {
     fflush(stdout);
   }
   std::vector<double> lat;
+  src_block.assign(1, 0);
+  dst_block.assign(1, 0);
   for (int i = 0; i < lat_iters; ++i) {
     double t0 = Now();
     run(8, 1);

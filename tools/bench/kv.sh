@@ -4,9 +4,12 @@
 # consumer's finished_recving, for a Llama-3-8B-shaped cache (32 layers, 8 KV heads,
 # head dim 128, bf16, 16-token blocks: 128 KiB a token) in host memory, between two
 # agents over libfabric tcp;ofi_rxm on loopback (127.0.0.1 -> 127.0.0.2). The lower
-# bound, in the same run: raw fi_write of the same bytes between the same addresses, as
+# bound, in the same run: raw fi_write of as many bytes between the same addresses, as
 # 32 KiB writes (one block's K or V of one layer: what any mover of these blocks posts)
-# with 16 in flight. Rounds alternate ferry and raw; medians are reported.
+# with 16 in flight, each from and to a distinct block of a buffer the request's size
+# on each side, in random order (fi_write_bench --span: the bytes come from and land in
+# memory, as a request's scattered blocks do, not from one block the CPUs keep cached).
+# Rounds alternate ferry and raw; medians are reported.
 #   tools/bench.sh kv [--tokens=1024,4096,16384] [--rounds=3] [--cpus_a=0 --cpus_b=1]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -43,11 +46,12 @@ done
 wait_for "$work/a.ready" 20; wait_for "$work/b.ready" 20
 raw() {  # raw TOKENS
   local ops=$(( $1 / 16 * 32 * 2 ))
+  local span=$((ops * 32768))
   rm -rf "$work/raw" && mkdir -p "$work/raw"
-  start_bg taskset -c $cpu_b "$fi_write_bench" target --iface=127.0.0.2 --dir="$work/raw" --size=$((64 << 20))
+  start_bg taskset -c $cpu_b "$fi_write_bench" target --iface=127.0.0.2 --dir="$work/raw" --size=$span
   local target=${pids[-1]}
   taskset -c $cpu_a "$fi_write_bench" initiator --iface=127.0.0.1 --dir="$work/raw" --window=16 --sizes=32768 \
-    --count=$ops --row_bytes=$((ops * 32768)) --lat_iters=0 | awk -v t="$1" 'NF == 4 && $1 ~ /^[0-9]+$/ {print t, $4}'
+    --count=$ops --row_bytes=$span --span=$span --lat_iters=0 | awk -v t="$1" 'NF == 4 && $1 ~ /^[0-9]+$/ {print t, $4}'
   touch "$work/raw/stop"
   wait "$target"
 }
