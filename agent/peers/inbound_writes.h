@@ -1,8 +1,9 @@
 // InboundWrites: the notified writes other agents are making into this agent's regions,
 // so that a receiver is never left waiting for one whose writer's agent died.
 //
-// A writer's agent announces each notified write before its first byte (a NotifyRequest
-// with `begin`); the write's own notification (any code) ends it. While writes from an
+// A writer's agent announces each notified write as it starts (a NotifyRequest with
+// `begin`: a fabric message posted ahead of the data, or a Notify call); the write's own
+// notification (any code) ends it. While writes from an
 // agent are in flight for longer than `probe_after`, this agent pings it; once it fails
 // `lost_after_failures` pings in a row, or answers with another incarnation (it
 // restarted), every write of its still in flight ends for its receiver with an
@@ -14,8 +15,8 @@
 //   inbound.Begin(request, region);                 // PeerService, on `begin`
 //   inbound.End(source_incarnation, transfer_id);   // PeerService, on the end
 //
-// An end may overtake its begin (they travel as separate calls): the begin that comes
-// after is then dropped. Thread-safe.
+// An end may overtake its begin (nothing orders the two): the begin that comes after is
+// then dropped. Thread-safe.
 #ifndef FERRY_AGENT_PEERS_INBOUND_WRITES_H_
 #define FERRY_AGENT_PEERS_INBOUND_WRITES_H_
 
