@@ -3,12 +3,12 @@
 //
 // A writer's agent announces each notified write as it starts (a NotifyRequest with
 // `begin`: a fabric message posted ahead of the data, or a Notify call); the write's own
-// notification (any code) ends it. While writes from an
-// agent are in flight for longer than `probe_after`, this agent pings it; once it fails
-// `lost_after_failures` pings in a row, or answers with another incarnation (it
-// restarted), every write of its still in flight ends for its receiver with an
-// UNAVAILABLE notification. A write whose writer answers but never says how it ended is
-// ended DEADLINE_EXCEEDED `grace` after its deadline.
+// notification (any code) ends it. While writes from an agent are in flight for longer
+// than `probe_after`, this agent pings it; once it fails `lost_after_failures` pings in a
+// row, or answers with another incarnation (it restarted), every write of its still in
+// flight ends for its receiver with an UNAVAILABLE notification. A write whose writer
+// answers but never says how it ended is ended DEADLINE_EXCEEDED `grace` after its
+// deadline.
 //
 //   InboundWrites inbound(options, &transfers);    // before the peer API serves
 //   inbound.StartProbing(ping);                     // once agents can be pinged

@@ -231,7 +231,7 @@ int Initiator(int argc, char** argv) {
     fflush(stdout);
   }
   std::vector<double> lat;
-  src_block.assign(1, 0);
+  src_block.assign(1, 0);  // the latency rows write one block, with or without --span
   dst_block.assign(1, 0);
   for (int i = 0; i < lat_iters; ++i) {
     double t0 = Now();
