@@ -87,12 +87,11 @@ TEST_CASE("a session reads notifications through streams or one inbox, never bot
   {  // a stream is open: no inbox
     auto ctx = a.client->NewContext(absl::Seconds(10));
     auto stream = a.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
-    absl::Status refused;
-    for (const absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {  // the stream may not be up yet
-      refused = Inbox::Open(*a.client, 8).status();
-      if (!refused.ok()) break;
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+    // The stream is up once it carries a message (an inbox opened before that would stay).
+    REQUIRE(a.client->SendMessage(a.reg.region(), 1, "up").ok());
+    v1::Notification up;
+    REQUIRE(stream->Read(&up));
+    const absl::Status refused = Inbox::Open(*a.client, 8).status();
     CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
     CHECK(std::string(refused.message()).find("close it before opening an inbox") != std::string::npos);
     ctx->TryCancel();
