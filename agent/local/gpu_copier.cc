@@ -112,13 +112,19 @@ class GpuCopier::Lane {
   // layers while the submitter builds the next launch) and kLaunchChunks chunks.
   static constexpr uint64_t kBatchBytes = 4 << 20;
   static constexpr uint64_t kLaunchBytes = 256 << 20;
-  // Independent writes to another GPU (a queue's burst over NVLink, ~400 GB/s) go at most
-  // kPeerBurstBytes to a launch (~10 us of copying), each launch with its event: the
-  // burst's first writes are answered, and the pod posts more, while the GPU copies the
-  // rest. In one launch the link idled from the burst's end until the refill arrived
-  // (2 x H100: 1 MiB writes 0.65 of raw, 4 MiB 0.75). On one GPU a burst is copied at
-  // HBM speed and a cap measured no different (tools/bench/RESULTS.md).
+  // Independent writes to another GPU (a queue's burst over NVLink, ~400 GB/s) share an
+  // event for at most kPeerBurstBytes (~10 us of copying): the burst's first writes are
+  // answered, and the pod posts more, while the GPU copies the rest. In one launch with
+  // one event the link idled from the burst's end until the refill arrived (2 x H100:
+  // 1 MiB writes 0.65 of raw, 4 MiB 0.75). On one GPU a burst is copied at HBM speed and
+  // a cap measured no different (tools/bench/RESULTS.md).
   static constexpr uint64_t kPeerBurstBytes = 4 << 20;
+  // Such writes of one chunk of at least kPeerCopyCallBytes are a copy call each (~4 us
+  // of the submitter's time, about a 1 MiB copy's over NVLink) rather than pieces of a
+  // launch: the copy engines move 1 MiB writes at the raw copy's rate where the
+  // kernel's launches left the link idle a fifth of the time (2 x H100, 1 MiB writes
+  // 1.01-1.06 of raw against 0.83-0.88, six alternated rounds).
+  static constexpr uint64_t kPeerCopyCallBytes = 1 << 20;
   static constexpr size_t kLaunchChunks = 16384;
   // After putting work on the stream the submitter looks for more, and the completer
   // polls an event, this long before sleeping: waking a sleeping thread costs 10-30 us,
@@ -172,6 +178,27 @@ class GpuCopier::Lane {
   }
 
   static bool CrossesDevices(const Transfer& t) { return DeviceOf(*t.src) != DeviceOf(*t.dst); }
+
+  // Whether `t` is a copy call in a burst of them (kPeerCopyCallBytes).
+  static bool PeerCopyCall(const Transfer& t) {
+    return DeviceOf(*t.src) >= 0 && DeviceOf(*t.dst) >= 0 && CrossesDevices(t) && t.plan.size() == 1 &&
+           t.plan.total_bytes >= kPeerCopyCallBytes;
+  }
+
+  // The end of the run of jobs from `first` that share one event: a burst of peer copy
+  // calls of at most kPeerBurstBytes (at least jobs[first]), a launch (LaunchEnd), or
+  // jobs[first] alone.
+  size_t RunEnd(const std::vector<Job>& jobs, size_t first) const {
+    if (!PeerCopyCall(*jobs[first].t)) return Batchable(*jobs[first].t) ? LaunchEnd(jobs, first) : first + 1;
+    uint64_t bytes = jobs[first].t->plan.total_bytes;
+    size_t last = first + 1;
+    for (; last < jobs.size() && jobs[last].status.ok() && PeerCopyCall(*jobs[last].t) &&
+           bytes + jobs[last].t->plan.total_bytes <= kPeerBurstBytes;
+         ++last) {
+      bytes += jobs[last].t->plan.total_bytes;
+    }
+    return last;
+  }
 
   // Whether `t` may share a kernel launch with other queued transfers.
   bool Batchable(const Transfer& t) const {
@@ -345,15 +372,20 @@ class GpuCopier::Lane {
         queued_.fetch_sub(jobs.size(), std::memory_order_relaxed);
       }
       for (Job& j : jobs) j.status = setup.ok() ? j.t->Stopped(absl::Now(), " while queued") : setup;
-      // Runs of batchable transfers go in one launch; any other transfer in a call of its own.
+      // Runs of batchable transfers go in one launch, bursts of peer copy calls under one
+      // event; any other transfer in a call of its own.
       for (size_t first = 0; first < jobs.size();) {
         if (!jobs[first].status.ok()) {  // not put on the stream: answered as it is
           ++first;
           continue;
         }
-        const size_t last = Batchable(*jobs[first].t) ? LaunchEnd(jobs, first) : first + 1;
-        const absl::Status put = last - first == 1 ? Enqueue(*jobs[first].t) : EnqueueBatch(jobs, first, last);
-        for (size_t i = first; i < last; ++i) jobs[i].status = put;
+        const size_t last = RunEnd(jobs, first);
+        if (last - first > 1 && PeerCopyCall(*jobs[first].t)) {
+          for (size_t i = first; i < last; ++i) jobs[i].status = Enqueue(*jobs[i].t);
+        } else {
+          const absl::Status put = last - first == 1 ? Enqueue(*jobs[first].t) : EnqueueBatch(jobs, first, last);
+          for (size_t i = first; i < last; ++i) jobs[i].status = put;
+        }
         // Even after a failed enqueue, part of the work may be on the stream: the
         // completer waits for it before the regions can go.
         RecordEvent(jobs, first, last);

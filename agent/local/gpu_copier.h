@@ -15,7 +15,10 @@
 //    kernel expands them, so the agent builds no list of every block;
 //  - GPU-to-GPU transfers queued at the same time (a write queue's burst of small
 //    writes, a batch's paged parts): one launch of that kernel for up to 256 MiB of them
-//    (a batch's parts in the blocks form: their bases, and the mapping they share once).
+//    (a batch's parts in the blocks form: their bases, and the mapping they share once);
+//    to another GPU, launches of at most 4 MiB, and writes of one chunk of 1 MiB or more
+//    a copy call each, answered 4 MiB at a time so that the pod refills while the rest
+//    is copied.
 // One lane per device (a stream, a thread that puts transfers on it as they arrive and
 // one that answers them in order). A transfer past its
 // deadline is answered DEADLINE_EXCEEDED at once, but its regions are held until the
