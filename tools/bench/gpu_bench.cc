@@ -85,13 +85,24 @@ absl::Status FillRandom(const CudaDriver* cu, CUdeviceptr p, uint64_t bytes) {
   return cu->Check(cu->cuMemcpyHtoD(p, host.data(), bytes), "filling the source");
 }
 
+// Reads `bytes` at `p` back from GPU `device`, in that GPU's context: an allocation made
+// with cuMemCreate is mapped for its own GPU only, so another GPU's context cannot copy it.
+absl::Status ReadBack(const CudaDriver* cu, int device, CUdeviceptr p, uint64_t bytes, uint8_t* out) {
+  absl::Status s = UseDevice(*cu, device);
+  return s.ok() ? cu->Check(cu->cuMemcpyDtoH(out, p, bytes), "reading back") : s;
+}
+
 // "verified" if every (src, dst) block pair of `block` bytes matches (device memory
-// read back), else "MISMATCH".
-const char* CheckBlocks(const CudaDriver* cu, CUdeviceptr src, CUdeviceptr dst, uint64_t span,
-                        const std::vector<uint64_t>& sb, const std::vector<uint64_t>& db, uint64_t n, uint64_t block) {
+// read back), "MISMATCH" if one differs, "UNREADABLE" if either could not be read.
+const char* CheckBlocks(const CudaDriver* cu, int src_device, CUdeviceptr src, int dst_device, CUdeviceptr dst,
+                        uint64_t span, const std::vector<uint64_t>& sb, const std::vector<uint64_t>& db, uint64_t n,
+                        uint64_t block) {
   std::vector<uint8_t> s(span), d(span);
-  if (cu->cuMemcpyDtoH(s.data(), src, span) != CUDA_SUCCESS || cu->cuMemcpyDtoH(d.data(), dst, span) != CUDA_SUCCESS) {
-    return "MISMATCH";
+  absl::Status read = ReadBack(cu, src_device, src, span, s.data());
+  if (read.ok()) read = ReadBack(cu, dst_device, dst, span, d.data());
+  if (!read.ok()) {
+    fprintf(stderr, "gpu_bench: %s\n", read.ToString().c_str());
+    return "UNREADABLE";
   }
   for (uint64_t i = 0; i < n; ++i) {
     if (memcmp(&s[sb[i] * block], &d[db[i] * block], block) != 0) return "MISMATCH";
@@ -263,7 +274,8 @@ int Staged(const CudaDriver* cu, int sd, int dd) {
     if (!f.ok()) return Fail(f.status());
     absl::StatusOr<double> f4 = FerryWrites(**a, req, count, 4);
     if (!f4.ok()) return Fail(f4.status());
-    const char* check = CheckBlocks(cu, src->ptr(), dst->ptr(), size, {0}, {0}, 1, size);
+    const char* check = CheckBlocks(cu, sd, src->ptr(), dd, dst->ptr(), size, {0}, {0}, 1, size);
+    if (absl::Status back = UseDevice(*cu, sd); !back.ok()) return Fail(back);
     absl::Time t0 = absl::Now();
     for (int i = 0; i < count; ++i) cu->cuMemcpyDtoH(pinned, src->ptr(), size);
     double pcie = size * count / absl::ToDoubleSeconds(absl::Now() - t0) / 1e9;
@@ -379,7 +391,8 @@ int Main() {
     double submit = 0;
     absl::StatusOr<double> f = FerryWrites(**c, req, count, 2, &submit);
     if (!f.ok()) return Fail(f.status());
-    const char* check = CheckBlocks(*cu, src->ptr(), dst->ptr(), kMax, sb, db, n, block);
+    const char* check = CheckBlocks(*cu, sd, src->ptr(), dd, dst->ptr(), kMax, sb, db, n, block);
+    if (absl::Status back = UseDevice(**cu, sd); !back.ok()) return Fail(back);
     absl::StatusOr<double> fc = ParallelWrites(*src, req, kClients, count);
     if (!fc.ok()) return Fail(fc.status());
     absl::StatusOr<double> fq = FerryPagedQueueWrites(**c, req, count, absl::GetFlag(FLAGS_paged_queue_window));
