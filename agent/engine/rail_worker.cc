@@ -57,14 +57,16 @@ RailWorker::RailWorker(NicInterface* nic, Metrics* metrics, absl::Duration spin,
       stop_grace_(stop_grace),
       cpus_(std::move(cpus)),
       tx_counter_(metrics->transfer_bytes("tx", "fabric", nic->name())),
-      op_duration_(metrics->op_duration(nic->name())),
       inflight_gauge_(metrics->ops_inflight(nic->name())),
       eagain_(metrics->fabric_eagain(nic->name())),
       errors_(metrics->fabric_errors(nic->name())),
       reconnects_(metrics->fabric_reconnects(nic->name())),
       scheduler_(qos, metrics, nic->name()),
-      latency_bounds_(LatencyBuckets()),
-      latency_counts_(latency_bounds_.size() + 1, 0) {
+      latency_bounds_(LatencyBuckets()) {
+  for (int c = 0; c < kTrafficClasses; ++c) {
+    op_duration_[c] = &metrics->op_duration(nic->name(), ClassName(static_cast<TrafficClass>(c)));
+    latency_counts_[c].assign(latency_bounds_.size() + 1, 0);
+  }
   event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   FreeSlot();  // the first block, before any op needs it
 }
@@ -161,7 +163,7 @@ void RailWorker::Fail(const WriteOp& op, int err, absl::string_view what) {
   const std::string message = absl::StrCat(nic_->name(), ": ", what);
   if (!ConnectionLost(err)) {
     const absl::Time now = absl::Now();
-    Complete(op, absl::UnavailableError(message), now, now);
+    Complete(op, absl::UnavailableError(message));
     return;
   }
   // The first error of a drop starts the hold; the rest (ops the provider flushes from
@@ -177,7 +179,7 @@ void RailWorker::Fail(const WriteOp& op, int err, absl::string_view what) {
       d->at = now;
     }
   }
-  Complete(op, ConnectionResetError(message), now, now);
+  Complete(op, ConnectionResetError(message));
 }
 
 // Posts queued ops in the scheduler's order until the provider pushes back.
@@ -208,11 +210,9 @@ OpScheduler::Outcome RailWorker::PostOne(const WriteOp& op, bool more, OpSchedul
   if (drop != nullptr && !op.message && op.keys_since < drop->at) {
     // Its keys predate the drop: they may be what broke the connection (a region
     // deregistered since). Posting them could break the new one as well.
-    Complete(op,
-             ConnectionResetError(absl::StrCat(nic_->name(),
-                                               ": the connection to the peer dropped after "
-                                               "the destination's keys were fetched")),
-             now, now);
+    Complete(op, ConnectionResetError(absl::StrCat(nic_->name(),
+                                                   ": the connection to the peer dropped after "
+                                                   "the destination's keys were fetched")));
     return OpScheduler::Outcome::kDropped;
   }
   PostedOp* slot = FreeSlot();  // taken off the free list only if the post succeeds
@@ -241,28 +241,35 @@ OpScheduler::Outcome RailWorker::PostOne(const WriteOp& op, bool more, OpSchedul
   return OpScheduler::Outcome::kPosted;
 }
 
-void RailWorker::Complete(const WriteOp& op, const absl::Status& status, absl::Time posted, absl::Time now) {
-  if (status.ok()) {
-    if (!op.message) {  // the counters are of data written
-      tx_bytes_.fetch_add(op.length, std::memory_order_relaxed);
-      tx_counter_.Increment(static_cast<double>(op.length));
-    }
-    const double seconds = absl::ToDoubleSeconds(now - posted);
-    // The bucket prometheus-cpp's Observe would pick: the first bound >= the value.
-    latency_counts_[std::lower_bound(latency_bounds_.begin(), latency_bounds_.end(), seconds) -
-                    latency_bounds_.begin()] += 1;
-    latency_sum_ += seconds;
-    if (++latency_ops_ >= kLatencyBatch) FlushLatencies();
+void RailWorker::Complete(const WriteOp& op, const absl::Status& status) {
+  if (status.ok() && !op.message) {  // the counters are of data written
+    tx_bytes_.fetch_add(op.length, std::memory_order_relaxed);
+    tx_counter_.Increment(static_cast<double>(op.length));
   }
   op.state->OpDone(status);
+}
+
+void RailWorker::ObserveLatency(TrafficClass c, absl::Duration took) {
+  const double seconds = absl::ToDoubleSeconds(took);
+  const int i = ClassIndex(c);
+  // The bucket prometheus-cpp's Observe would pick: the first bound >= the value.
+  latency_counts_[i][std::lower_bound(latency_bounds_.begin(), latency_bounds_.end(), seconds) -
+                     latency_bounds_.begin()] += 1;
+  latency_sum_[i] += seconds;
+  ++latency_class_ops_[i];
+  if (++latency_ops_ >= kLatencyBatch) FlushLatencies();
 }
 
 void RailWorker::FlushLatencies() {
   scheduler_.Flush();
   if (latency_ops_ == 0) return;
-  op_duration_.ObserveMultiple(latency_counts_, latency_sum_);
-  std::fill(latency_counts_.begin(), latency_counts_.end(), 0);
-  latency_sum_ = 0;
+  for (int c = 0; c < kTrafficClasses; ++c) {
+    if (latency_class_ops_[c] == 0) continue;
+    op_duration_[c]->ObserveMultiple(latency_counts_[c], latency_sum_[c]);
+    std::fill(latency_counts_[c].begin(), latency_counts_[c].end(), 0);
+    latency_sum_[c] = 0;
+    latency_class_ops_[c] = 0;
+  }
   latency_ops_ = 0;
 }
 
@@ -280,7 +287,8 @@ bool RailWorker::ReadCompletions() {
       scheduler_.Done(slot->ticket, op.length, /*ok=*/true, now);
       slot->next_free = free_slots_;
       free_slots_ = slot;
-      Complete(op, absl::OkStatus(), posted, now);
+      ObserveLatency(slot->ticket.traffic_class, now - posted);
+      Complete(op, absl::OkStatus());
     }
     return true;
   }
@@ -345,8 +353,7 @@ bool RailWorker::StopNow() {
   // engine), and so are their states: the NIC may still read their source memory.
   walking_queues_ = true;
   const absl::Time now = absl::Now();
-  scheduler_.DrainAll(
-      [&](const WriteOp& op) { Complete(op, absl::UnavailableError("the agent is shutting down"), now, now); });
+  scheduler_.DrainAll([&](const WriteOp& op) { Complete(op, absl::UnavailableError("the agent is shutting down")); });
   walking_queues_ = false;
   FERRY_LOG(WARNING) << nic_->name() << ": stopped with " << inflight_ << " writes still in flight";
   return true;

@@ -38,6 +38,7 @@
 #ifndef FERRY_AGENT_ENGINE_RAIL_WORKER_H_
 #define FERRY_AGENT_ENGINE_RAIL_WORKER_H_
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <thread>
@@ -107,9 +108,10 @@ class RailWorker {
     absl::Time at;  // when the worker saw the connection go
   };
   const Drop* LastDrop(fi_addr_t peer) const;
-  // Reports `op` done to its transfer; `posted`: when it went to the NIC (ops that
-  // succeed were all posted).
-  void Complete(const WriteOp& op, const absl::Status& status, absl::Time posted, absl::Time now);
+  // Reports `op` done to its transfer.
+  void Complete(const WriteOp& op, const absl::Status& status);
+  // Counts a completed op's time from post to completion in its class's histogram.
+  void ObserveLatency(TrafficClass c, absl::Duration took);
   // Hands the op latencies gathered since the last call to prometheus.
   void FlushLatencies();
   // Blocks until there may be work; true if woken by activity rather than the timeout.
@@ -123,7 +125,7 @@ class RailWorker {
   const absl::Duration stop_grace_;
   std::vector<int> cpus_;
   prometheus::Counter& tx_counter_;
-  prometheus::Histogram& op_duration_;
+  std::array<prometheus::Histogram*, kTrafficClasses> op_duration_;  // by ClassIndex
   prometheus::Gauge& inflight_gauge_;
   prometheus::Counter& eagain_;
   prometheus::Counter& errors_;
@@ -164,11 +166,12 @@ class RailWorker {
   bool holding_ = false;  // some peer is held now
   size_t inflight_ = 0;
   absl::Time stop_deadline_ = absl::InfiniteFuture();
-  // Op latencies not yet in op_duration_, per bucket of LatencyBuckets() (+Inf last):
-  // one prometheus lock per batch, not per op.
+  // Op latencies not yet in op_duration_, per class and bucket of LatencyBuckets() (+Inf
+  // last): one prometheus lock per class and batch, not per op.
   std::vector<double> latency_bounds_;
-  std::vector<double> latency_counts_;
-  double latency_sum_ = 0;
+  std::array<std::vector<double>, kTrafficClasses> latency_counts_;
+  std::array<double, kTrafficClasses> latency_sum_ = {};
+  std::array<size_t, kTrafficClasses> latency_class_ops_ = {};
   size_t latency_ops_ = 0;
 
   std::atomic<uint64_t> tx_bytes_{0};

@@ -44,7 +44,7 @@ Metrics::Metrics()
                              .Register(*registry_)),
       op_duration_(BuildHistogram()
                        .Name("ferry_op_duration_seconds")
-                       .Help("Latency of single fabric operations, post to completion")
+                       .Help("Latency of single fabric operations, post to completion, by NIC and traffic class")
                        .Register(*registry_)),
       ops_inflight_(BuildGauge()
                         .Name("ferry_ops_inflight")
@@ -161,8 +161,8 @@ prometheus::Histogram& Metrics::qos_queue_delay(const std::string& nic, const st
   return qos_queue_delay_.Add({{"nic", nic}, {"class", cls}}, LatencyBuckets());
 }
 
-prometheus::Histogram& Metrics::op_duration(const std::string& nic) {
-  return op_duration_.Add({{"nic", nic}}, LatencyBuckets());
+prometheus::Histogram& Metrics::op_duration(const std::string& nic, const std::string& traffic_class) {
+  return op_duration_.Add({{"nic", nic}, {"class", traffic_class}}, LatencyBuckets());
 }
 
 prometheus::Histogram& Metrics::registration_duration(const std::string& kind) {

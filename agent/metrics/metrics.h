@@ -62,7 +62,7 @@ class Metrics {
     return transfers_.Add({{"path", path}, {"status", status}});
   }
   prometheus::Histogram& transfer_duration(const std::string& path);
-  prometheus::Histogram& op_duration(const std::string& nic);
+  prometheus::Histogram& op_duration(const std::string& nic, const std::string& traffic_class);
   prometheus::Gauge& ops_inflight(const std::string& nic) { return ops_inflight_.Add({{"nic", nic}}); }
   prometheus::Counter& fabric_eagain(const std::string& nic) { return eagain_.Add({{"nic", nic}}); }
   prometheus::Counter& fabric_errors(const std::string& nic) { return fabric_errors_.Add({{"nic", nic}}); }

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -81,6 +82,25 @@ struct Harness {
   ~Harness() { worker.Stop(); }
 };
 
+// How many ops of `traffic_class` ferry_op_duration_seconds has counted, once it has
+// counted `want` (the worker adds its batch when it goes idle), or what it has after 5 s.
+uint64_t OpsTimed(Metrics& metrics, const std::string& traffic_class, uint64_t want) {
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  uint64_t n = 0;
+  for (bool first = true; first || (n < want && absl::Now() < until); first = false) {
+    for (const prometheus::MetricFamily& f : metrics.registry()->Collect()) {
+      if (f.name != "ferry_op_duration_seconds") continue;
+      for (const prometheus::ClientMetric& m : f.metric) {
+        for (const prometheus::ClientMetric::Label& l : m.label) {
+          if (l.name == "class" && l.value == traffic_class) n = m.histogram.sample_count;
+        }
+      }
+    }
+    if (n < want) absl::SleepFor(absl::Milliseconds(5));
+  }
+  return n;
+}
+
 // Transfer 1, one op to `peer` whose completion reports a dropped connection (the
 // worker then holds that peer for kReconnectHold); returns once it has failed.
 Transfer_ DropConnection(Harness& h, fi_addr_t peer) {
@@ -138,6 +158,10 @@ TEST_CASE("rail worker: a latency-class write goes before another pod's bulk bac
   REQUIRE(posts.size() == 41);
   CHECK(posts[0].remote_addr == 2000000);                                            // first, though queued last
   for (uint64_t i = 0; i < 40; ++i) CHECK(posts[1 + i].remote_addr == 1000000 + i);  // bulk in its own order
+  // Each op's post-to-completion time is counted in its own class's histogram.
+  CHECK(OpsTimed(h.metrics, "latency", 1) == 1);
+  CHECK(OpsTimed(h.metrics, "bulk", 40) == 40);
+  CHECK(OpsTimed(h.metrics, "background", 0) == 0);
 }
 
 TEST_CASE("rail worker: with the provider queue full, freed slots go to every peer in turn") {
