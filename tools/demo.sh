@@ -183,7 +183,7 @@ else
   echo "GPU rows: skipped (no NVIDIA GPU on this machine)"
 fi
 
-if [ "$fail" -ne 0 ] || grep -q MISMATCH "$work/queue.txt" "$work/rpc.txt" "$work/kv.txt" "$work/gpu.txt"; then
+if [ "$fail" -ne 0 ] || grep -qE "MISMATCH|UNREADABLE" "$work/queue.txt" "$work/rpc.txt" "$work/kv.txt" "$work/gpu.txt"; then
   echo "demo: a transfer failed or a checksum did not match (logs: $work)" >&2
   KEEP_WORK=1
   exit 1

@@ -162,7 +162,6 @@ void RailWorker::Fail(const WriteOp& op, int err, absl::string_view what) {
   errors_.Increment();
   const std::string message = absl::StrCat(nic_->name(), ": ", what);
   if (!ConnectionLost(err)) {
-    const absl::Time now = absl::Now();
     Complete(op, absl::UnavailableError(message));
     return;
   }
@@ -352,7 +351,6 @@ bool RailWorker::StopNow() {
   // are abandoned with the endpoint (their transfers were already finished by the
   // engine), and so are their states: the NIC may still read their source memory.
   walking_queues_ = true;
-  const absl::Time now = absl::Now();
   scheduler_.DrainAll([&](const WriteOp& op) { Complete(op, absl::UnavailableError("the agent is shutting down")); });
   walking_queues_ = false;
   FERRY_LOG(WARNING) << nic_->name() << ": stopped with " << inflight_ << " writes still in flight";

@@ -123,7 +123,7 @@ class GpuCopier::Lane {
   // of the submitter's time, about a 1 MiB copy's over NVLink) rather than pieces of a
   // launch: the copy engines move 1 MiB writes at the raw copy's rate where the
   // kernel's launches left the link idle a fifth of the time (2 x H100, 1 MiB writes
-  // 1.01-1.06 of raw against 0.83-0.88, six alternated rounds).
+  // 0.92-1.06 of raw against 0.82-0.88, ten alternated rounds).
   static constexpr uint64_t kPeerCopyCallBytes = 1 << 20;
   static constexpr size_t kLaunchChunks = 16384;
   // After putting work on the stream the submitter looks for more, and the completer
