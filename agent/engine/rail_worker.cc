@@ -255,7 +255,6 @@ void RailWorker::ObserveLatency(TrafficClass c, absl::Duration took) {
   latency_counts_[i][std::lower_bound(latency_bounds_.begin(), latency_bounds_.end(), seconds) -
                      latency_bounds_.begin()] += 1;
   latency_sum_[i] += seconds;
-  ++latency_class_ops_[i];
   if (++latency_ops_ >= kLatencyBatch) FlushLatencies();
 }
 
@@ -263,11 +262,9 @@ void RailWorker::FlushLatencies() {
   scheduler_.Flush();
   if (latency_ops_ == 0) return;
   for (int c = 0; c < kTrafficClasses; ++c) {
-    if (latency_class_ops_[c] == 0) continue;
     op_duration_[c]->ObserveMultiple(latency_counts_[c], latency_sum_[c]);
     std::fill(latency_counts_[c].begin(), latency_counts_[c].end(), 0);
     latency_sum_[c] = 0;
-    latency_class_ops_[c] = 0;
   }
   latency_ops_ = 0;
 }

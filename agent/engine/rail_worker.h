@@ -171,7 +171,6 @@ class RailWorker {
   std::vector<double> latency_bounds_;
   std::array<std::vector<double>, kTrafficClasses> latency_counts_;
   std::array<double, kTrafficClasses> latency_sum_ = {};
-  std::array<size_t, kTrafficClasses> latency_class_ops_ = {};
   size_t latency_ops_ = 0;
 
   std::atomic<uint64_t> tx_bytes_{0};

@@ -380,7 +380,7 @@ class GpuCopier::Lane {
           continue;
         }
         const size_t last = RunEnd(jobs, first);
-        if (last - first > 1 && PeerCopyCall(*jobs[first].t)) {
+        if (PeerCopyCall(*jobs[first].t)) {
           for (size_t i = first; i < last; ++i) jobs[i].status = Enqueue(*jobs[i].t);
         } else {
           const absl::Status put = last - first == 1 ? Enqueue(*jobs[first].t) : EnqueueBatch(jobs, first, last);
