@@ -130,7 +130,7 @@ bool OpScheduler::Post(absl::Time now, HeldFn held, PostFn post) {
           }
           // --qos=false queues every op as bulk; its metrics still count its own class.
           const Ticket ticket{f.tenant, op.state->transfer().share.traffic_class};
-          const Outcome outcome = post(op, /*more=*/f.ops.size() > 1, ticket);
+          const Outcome outcome = post(op, ticket);
           if (outcome == Outcome::kFull) return progressed;
           f.ops.pop_front();
           --pending_;

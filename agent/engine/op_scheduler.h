@@ -3,7 +3,7 @@
 //
 //   OpScheduler s(options, metrics, "nic0");
 //   s.Enqueue(op, now);                                // any op the worker was handed
-//   s.Post(now, held, [&](const WriteOp& op, bool more, OpScheduler::Ticket t) {
+//   s.Post(now, held, [&](const WriteOp& op, OpScheduler::Ticket t) {
 //     ... post it; keep `t` with the posted op ...
 //     return OpScheduler::Outcome::kPosted;
 //   });
@@ -71,7 +71,7 @@ class OpScheduler {
     TrafficClass traffic_class = TrafficClass::kBulk;
   };
   using HeldFn = absl::FunctionRef<bool(fi_addr_t peer)>;
-  using PostFn = absl::FunctionRef<Outcome(const WriteOp& op, bool more, Ticket ticket)>;
+  using PostFn = absl::FunctionRef<Outcome(const WriteOp& op, Ticket ticket)>;
 
   OpScheduler(const Options& options, Metrics* metrics, const std::string& nic);
 

@@ -193,14 +193,14 @@ bool RailWorker::PostPending() {
         const Drop* drop = LastDrop(peer);
         return drop != nullptr && now < drop->at + kReconnectHold;
       },
-      [&](const WriteOp& op, bool more, OpScheduler::Ticket ticket) { return PostOne(op, more, ticket, now); });
+      [&](const WriteOp& op, OpScheduler::Ticket ticket) { return PostOne(op, ticket, now); });
   walking_queues_ = false;
   inflight_pub_.store(inflight_, std::memory_order_relaxed);
   inflight_gauge_.Set(static_cast<double>(inflight_));
   return progressed;
 }
 
-OpScheduler::Outcome RailWorker::PostOne(const WriteOp& op, bool more, OpScheduler::Ticket ticket, absl::Time now) {
+OpScheduler::Outcome RailWorker::PostOne(const WriteOp& op, OpScheduler::Ticket ticket, absl::Time now) {
   if (op.state->finished() || op.state->stopped()) {  // deadline passed, failed or stopped: don't send the rest
     op.state->OpDone(absl::CancelledError("transfer already finished"));
     return OpScheduler::Outcome::kDropped;
@@ -215,9 +215,9 @@ OpScheduler::Outcome RailWorker::PostOne(const WriteOp& op, bool more, OpSchedul
     return OpScheduler::Outcome::kDropped;
   }
   PostedOp* slot = FreeSlot();  // taken off the free list only if the post succeeds
-  ssize_t rc =
-      op.message ? nic_->PostMessage(op.local, op.length, op.peer, &slot->context)
-                 : nic_->PostWrite(op.local, op.length, op.desc, op.peer, op.remote_addr, op.key, &slot->context, more);
+  ssize_t rc = op.message
+                   ? nic_->PostMessage(op.local, op.length, op.peer, &slot->context)
+                   : nic_->PostWrite(op.local, op.length, op.desc, op.peer, op.remote_addr, op.key, &slot->context);
   if (rc == -FI_EAGAIN) {
     eagain_.Increment();
     return OpScheduler::Outcome::kFull;  // the op stays at the front; progress the CQ, then retry

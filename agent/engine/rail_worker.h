@@ -98,7 +98,7 @@ class RailWorker {
   bool TakeIncoming();
   bool PostPending();
   // Posts `op` (PostPending's part for one op).
-  OpScheduler::Outcome PostOne(const WriteOp& op, bool more, OpScheduler::Ticket ticket, absl::Time now);
+  OpScheduler::Outcome PostOne(const WriteOp& op, OpScheduler::Ticket ticket, absl::Time now);
   bool ReadCompletions();
   // Fails `op` for error `err` (a negative or positive fi_errno), holding its peer's
   // queue if the error means the connection is gone.

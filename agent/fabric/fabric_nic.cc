@@ -306,7 +306,7 @@ absl::StatusOr<fi_addr_t> FabricNic::InsertPeer(const std::string& raw_address) 
 void FabricNic::RemovePeer(fi_addr_t addr) { fi_av_remove(av_, &addr, 1, 0); }
 
 ssize_t FabricNic::PostWrite(const void* local, size_t len, void* desc, fi_addr_t peer, uint64_t remote_addr,
-                             uint64_t key, void* context, bool more) {
+                             uint64_t key, void* context) {
   iovec iov{const_cast<void*>(local), len};
   fi_rma_iov rma{remote_addr, len, key};
   fi_msg_rma msg{};
@@ -317,7 +317,7 @@ ssize_t FabricNic::PostWrite(const void* local, size_t len, void* desc, fi_addr_
   msg.rma_iov = &rma;
   msg.rma_iov_count = 1;
   msg.context = context;
-  return fi_writemsg(ep_, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION | (more ? FI_MORE : 0));
+  return fi_writemsg(ep_, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION);
 }
 
 ssize_t FabricNic::PostMessage(const void* data, size_t len, fi_addr_t peer, void* context) {

@@ -95,7 +95,7 @@ class FabricNic : public NicInterface {
   // NicInterface, for the NIC's RailWorker. The wait fd is the CQ's (FI_WAIT_FD), or -1
   // when the provider has none.
   ssize_t PostWrite(const void* local, size_t len, void* desc, fi_addr_t peer, uint64_t remote_addr, uint64_t key,
-                    void* context, bool more) override;
+                    void* context) override;
   ssize_t PostMessage(const void* data, size_t len, fi_addr_t peer, void* context) override;
   ssize_t ReadCompletions(void** contexts, size_t max) override;
   bool ReadError(ErrorCompletion* out) override;

@@ -3,7 +3,7 @@
 // may be some.
 //
 //   NicInterface* nic = fabric_nic.get();             // FabricNic implements it
-//   ssize_t rc = nic->PostWrite(local, len, desc, peer, remote_addr, key, &op->context, more);
+//   ssize_t rc = nic->PostWrite(local, len, desc, peer, remote_addr, key, &op->context);
 //   rc = nic->PostMessage(record.data(), record.size(), peer, &op->context);
 //   void* done[64];
 //   ssize_t n = nic->ReadCompletions(done, 64);       // n contexts, 0, or -FI_EAVAIL
@@ -39,9 +39,11 @@ class NicInterface {
   // Posts one write of [local, local + len) (registration `desc`) to `key` at
   // `remote_addr` of `peer`. Returns 0 (a completion for `context` will follow),
   // -FI_EAGAIN (the provider's queue is full: read completions, then post again), or
-  // another negative fi_errno (nothing was posted). `more`: another post follows at once.
+  // another negative fi_errno (nothing was posted). Never FI_MORE: a provider that honours
+  // it (efa) rings no doorbell until a later post without it, and the worker cannot
+  // promise one (the window, credit or a cap may end its turn; a queued op may be dropped).
   virtual ssize_t PostWrite(const void* local, size_t len, void* desc, fi_addr_t peer, uint64_t remote_addr,
-                            uint64_t key, void* context, bool more) = 0;
+                            uint64_t key, void* context) = 0;
 
   // Posts a two-sided message of [data, data + len) (len <= kMaxFabricMessageBytes) to
   // `peer`, delivery-complete: its completion means the message is in a receive buffer

@@ -71,7 +71,7 @@ class FakeNic : public NicInterface {
   const std::string& name() const override { return name_; }
 
   ssize_t PostWrite(const void* local, size_t len, void* desc, fi_addr_t peer, uint64_t remote_addr, uint64_t key,
-                    void* context, bool more) override {
+                    void* context) override {
     return Accept(peer, remote_addr, key, len, context, /*message=*/false);
   }
   ssize_t PostMessage(const void* data, size_t len, fi_addr_t peer, void* context) override {

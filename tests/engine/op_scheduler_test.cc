@@ -62,7 +62,7 @@ struct Provider {
   bool Post(OpScheduler& s, absl::Time now, fi_addr_t held = 0) {
     return s.Post(
         now, [held](fi_addr_t p) { return p == held; },
-        [this](const WriteOp& op, bool, OpScheduler::Ticket t) {
+        [this](const WriteOp& op, OpScheduler::Ticket t) {
           if (queue.size() >= capacity) return OpScheduler::Outcome::kFull;
           queue.push_back({op, t});
           order.push_back(op);
@@ -274,7 +274,7 @@ TEST_CASE("a post that stops its peer ends that queue's turn; DrainAll hands bac
   int calls = 0;
   s.Post(
       now, [](fi_addr_t) { return false; },
-      [&](const WriteOp&, bool, OpScheduler::Ticket) {
+      [&](const WriteOp&, OpScheduler::Ticket) {
         ++calls;
         return OpScheduler::Outcome::kPeerStopped;
       });
