@@ -53,7 +53,8 @@ GpuCopier::Method GpuCopier::Choose(const Transfer& t) const {
 // One device's copies. The submitter thread puts transfers on the lane's stream as soon
 // as they arrive (so the GPU never idles between transfers; small ones that arrived
 // together in one launch) and hands them to the completer thread, which waits for
-// transfers in order and answers them.
+// transfers in order and answers them. A caller that hands over a burst and flushes
+// (a queue's poller) puts it on the stream itself when the submitter is not at it.
 class GpuCopier::Lane {
  public:
   Lane(GpuCopier* owner, const CudaDriver* cu, int device)
@@ -86,6 +87,21 @@ class GpuCopier::Lane {
   void Expect() {
     absl::MutexLock lock(&mu_);
     expected_ = true;
+  }
+
+  // Puts what is queued on the stream from the calling thread (GpuCopier::Flush), unless
+  // the submitter is at it: the submitter sleeps between a queue's bursts, and waking it
+  // took 35-100 us, longer than the GPU takes to copy a burst of 1 MiB writes. The caller
+  // spends the launches' host time (~5-25 us each; longer when an upload from pageable
+  // memory waits for a staging buffer).
+  void SubmitHere() {
+    if (queued_.load(std::memory_order_acquire) == 0 || !set_up_.load(std::memory_order_acquire)) return;
+    if (!submit_mu_.TryLock()) return;
+    if (UseDevice(*cu_, device_).ok()) {
+      here_jobs_.clear();
+      if (TakeJobs(here_jobs_)) SubmitJobs(here_jobs_, absl::OkStatus());
+    }
+    submit_mu_.Unlock();
   }
 
  private:
@@ -126,10 +142,16 @@ class GpuCopier::Lane {
   // 0.92-1.06 of raw against 0.82-0.88, ten alternated rounds).
   static constexpr uint64_t kPeerCopyCallBytes = 1 << 20;
   static constexpr size_t kLaunchChunks = 16384;
-  // After putting work on the stream the submitter looks for more, and the completer
-  // polls an event, this long before sleeping: waking a sleeping thread costs 10-30 us,
-  // the GPU time of several 1 MiB copies, and a queue's writes come in bursts.
+  // After putting work on the stream the submitter looks for more this long before
+  // sleeping: waking a sleeping thread costs 10-100 us, the GPU time of several 1 MiB
+  // copies. (A queue's bursts need no wake-up: the poller that took them puts them on
+  // the stream, SubmitHere.)
   static constexpr absl::Duration kSpin = absl::Microseconds(20);
+  // The completer polls a job's event this long before it sleeps (sleeps of 1 us growing
+  // to 50 us): a queue's burst of 16 x 4 MiB is ~50 us of copying, and a check 30 us
+  // late, as the growing sleeps left it, idled the GPU until the refill (one H100,
+  // 4 MiB writes 0.95-1.00 of raw against 0.85-0.98 with 20 us, alternated rounds).
+  static constexpr absl::Duration kCompleterSpin = absl::Microseconds(100);
   // Woken by Expect, the submitter looks for work this long: a batch of 64 parts is
   // planned in 0.05-0.1 ms.
   static constexpr absl::Duration kExpectSpin = absl::Microseconds(250);
@@ -160,7 +182,7 @@ class GpuCopier::Lane {
   }
 
   // Puts `t`'s copies on the stream.
-  absl::Status Enqueue(const Transfer& t) {
+  absl::Status Enqueue(const Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_) {
     const CUdeviceptr src = reinterpret_cast<CUdeviceptr>(t.src->data());
     const CUdeviceptr dst = reinterpret_cast<CUdeviceptr>(t.dst->data());
     if (owner_->Choose(t) == Method::kCopyEngine) {
@@ -226,7 +248,8 @@ class GpuCopier::Lane {
   }
 
   // Puts the transfers jobs[first, last) on the stream in one kernel launch.
-  absl::Status EnqueueBatch(std::vector<Job>& jobs, size_t first, size_t last) {
+  absl::Status EnqueueBatch(std::vector<Job>& jobs, size_t first, size_t last)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_) {
     kernel_batched_.Increment(static_cast<double>(last - first));
     launch_.clear();
     for (size_t i = first; i < last; ++i) launch_.push_back(jobs[i].t.get());
@@ -236,7 +259,7 @@ class GpuCopier::Lane {
   // One launch of the copy kernel for the transfers in launch_: in the blocks form when
   // they apply one block mapping (one paged write, or a batch's parts: LaunchEnd keeps a
   // launch's transfers to one mapping or none), else over a list of every piece.
-  absl::Status LaunchKernel() {
+  absl::Status LaunchKernel() ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_) {
     const std::shared_ptr<const PagedIds>& ids = launch_.front()->plan.paged;
     if (ids != nullptr && CopyKernelArgs::BlocksFit(launch_.size(), ids->src.size(), ids->block_size)) {
       return LaunchBlocks(*ids);
@@ -250,7 +273,7 @@ class GpuCopier::Lane {
 
   // The blocks form: each transfer's base addresses (CopyBlockPart), then each block's
   // offsets (CopyBlockOffsets), in one upload; the kernel expands them.
-  absl::Status LaunchBlocks(const PagedIds& ids) {
+  absl::Status LaunchBlocks(const PagedIds& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_) {
     const size_t parts = launch_.size(), n = ids.src.size();
     const uint64_t bs = ids.block_size;
     words_.resize(2 * (parts + n));
@@ -272,7 +295,7 @@ class GpuCopier::Lane {
   // Appends t's pieces to pieces_. Sized first and filled field by field: a push_back of
   // a braced temporary goes through the stack and stalls on store forwarding (it was
   // most of a 16,384-block plan's time in the chunk planner).
-  void AppendPieces(const Transfer& t) {
+  void AppendPieces(const Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_) {
     const CUdeviceptr src = reinterpret_cast<CUdeviceptr>(t.src->data());
     const CUdeviceptr dst = reinterpret_cast<CUdeviceptr>(t.dst->data());
     const size_t first = pieces_.size();
@@ -294,7 +317,8 @@ class GpuCopier::Lane {
   // for the upload's device address. Stream-ordered: allocated, filled, read by the
   // kernel and freed in stream order; the copy from pageable memory is staged before
   // cuMemcpyHtoDAsync returns.
-  absl::Status Launch(const void* host, size_t bytes, absl::FunctionRef<CopyKernelArgs(CUdeviceptr)> args) {
+  absl::Status Launch(const void* host, size_t bytes, absl::FunctionRef<CopyKernelArgs(CUdeviceptr)> args)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_) {
     CUdeviceptr list = 0;
     FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuMemAllocAsync(&list, bytes, stream_), "cuMemAllocAsync");
     absl::Status s = cu_->Check(cu_->cuMemcpyHtoDAsync(list, host, bytes, stream_), "cuMemcpyHtoDAsync");
@@ -338,16 +362,54 @@ class GpuCopier::Lane {
     }
   }
 
+  // Moves up to kMaxTake queued jobs into `jobs` (as many as kMaxInflight leaves room
+  // for). Under submit_mu_, so that jobs reach the stream and inflight_ in one order.
+  bool TakeJobs(std::vector<Job>& jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_) {
+    absl::MutexLock lock(&mu_);
+    while (!queue_.empty() && jobs.size() < kMaxTake && inflight_.size() + jobs.size() < kMaxInflight) {
+      jobs.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    queued_.fetch_sub(jobs.size(), std::memory_order_relaxed);
+    return !jobs.empty();
+  }
+
+  // Puts `jobs` on the stream and hands them to the completer: runs of batchable
+  // transfers in one launch, bursts of peer copy calls under one event, any other
+  // transfer in a call of its own. `setup`: the lane's; jobs fail with it.
+  void SubmitJobs(std::vector<Job>& jobs, const absl::Status& setup) ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_) {
+    for (Job& j : jobs) j.status = setup.ok() ? j.t->Stopped(absl::Now(), " while queued") : setup;
+    for (size_t first = 0; first < jobs.size();) {
+      if (!jobs[first].status.ok()) {  // not put on the stream: answered as it is
+        ++first;
+        continue;
+      }
+      const size_t last = RunEnd(jobs, first);
+      if (PeerCopyCall(*jobs[first].t)) {
+        for (size_t i = first; i < last; ++i) jobs[i].status = Enqueue(*jobs[i].t);
+      } else {
+        const absl::Status put = last - first == 1 ? Enqueue(*jobs[first].t) : EnqueueBatch(jobs, first, last);
+        for (size_t i = first; i < last; ++i) jobs[i].status = put;
+      }
+      // Even after a failed enqueue, part of the work may be on the stream: the
+      // completer waits for it before the regions can go.
+      RecordEvent(jobs, first, last);
+      first = last;
+    }
+    absl::MutexLock lock(&mu_);
+    for (Job& j : jobs) inflight_.push_back(std::move(j));
+  }
+
   void Submitter() {
     absl::Status setup = Setup();
     if (!setup.ok()) {
       FERRY_LOG(ERROR) << "gpu copier: device " << device_ << ": " << setup;
     }
+    set_up_.store(setup.ok(), std::memory_order_release);
     std::vector<Job> jobs;
     jobs.reserve(kMaxTake);
     absl::Duration spin = kSpin;
     for (;;) {
-      jobs.clear();
       for (const absl::Time until = absl::Now() + spin;
            queued_.load(std::memory_order_acquire) == 0 && absl::Now() < until;) {
       }
@@ -365,45 +427,24 @@ class GpuCopier::Lane {
         }
         expected_ = false;
         if (queue_.empty()) break;  // stopping and drained
-        while (!queue_.empty() && jobs.size() < kMaxTake && inflight_.size() + jobs.size() < kMaxInflight) {
-          jobs.push_back(std::move(queue_.front()));
-          queue_.pop_front();
-        }
-        queued_.fetch_sub(jobs.size(), std::memory_order_relaxed);
       }
-      for (Job& j : jobs) j.status = setup.ok() ? j.t->Stopped(absl::Now(), " while queued") : setup;
-      // Runs of batchable transfers go in one launch, bursts of peer copy calls under one
-      // event; any other transfer in a call of its own.
-      for (size_t first = 0; first < jobs.size();) {
-        if (!jobs[first].status.ok()) {  // not put on the stream: answered as it is
-          ++first;
-          continue;
-        }
-        const size_t last = RunEnd(jobs, first);
-        if (PeerCopyCall(*jobs[first].t)) {
-          for (size_t i = first; i < last; ++i) jobs[i].status = Enqueue(*jobs[i].t);
-        } else {
-          const absl::Status put = last - first == 1 ? Enqueue(*jobs[first].t) : EnqueueBatch(jobs, first, last);
-          for (size_t i = first; i < last; ++i) jobs[i].status = put;
-        }
-        // Even after a failed enqueue, part of the work may be on the stream: the
-        // completer waits for it before the regions can go.
-        RecordEvent(jobs, first, last);
-        first = last;
-      }
-      absl::MutexLock lock(&mu_);
-      for (Job& j : jobs) inflight_.push_back(std::move(j));
+      absl::MutexLock submitting(&submit_mu_);
+      jobs.clear();
+      if (TakeJobs(jobs)) SubmitJobs(jobs, setup);  // else SubmitHere took them first
     }
+    // After any SubmitHere under way has handed its jobs to the completer (no job is
+    // pushed once stopping_ is set: the lane's users are gone).
+    absl::MutexLock submitting(&submit_mu_);
     absl::MutexLock lock(&mu_);
     submitter_done_ = true;
   }
 
-  // Waits for `j`'s event, polling: kSpin without sleeping, then sleeps of 1 us growing
+  // Waits for `j`'s event, polling: kCompleterSpin without sleeping, then sleeps of 1 us growing
   // to 50 us. Answers DEADLINE_EXCEEDED when the deadline passes but keeps waiting: the
   // transfer (and its regions) must outlive the GPU's use of them.
   CUresult Wait(Job& j, bool* answered) {
     int64_t sleep_ns = 0;
-    const absl::Time spin_until = absl::Now() + kSpin;
+    const absl::Time spin_until = absl::Now() + kCompleterSpin;
     for (;;) {
       CUresult r = cu_->cuEventQuery(j.event);
       if (r != CUDA_ERROR_NOT_READY) return r;
@@ -481,10 +522,15 @@ class GpuCopier::Lane {
   CUmodule module_ = nullptr;
   CUfunction kernel_ = nullptr;
   unsigned resident_ctas_ = 1;
-  // The submitter's, reused: the transfers of one launch, and what it uploads.
-  std::vector<const Transfer*> launch_;
-  std::vector<CopyPiece> pieces_;
-  std::vector<uint64_t> words_;
+  std::atomic<bool> set_up_{false};  // Setup succeeded: SubmitHere may use the stream
+
+  // Held by whichever thread puts jobs on the stream (the submitter, or SubmitHere's
+  // caller), with what it reuses: the transfers of one launch, and what it uploads.
+  absl::Mutex submit_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::vector<const Transfer*> launch_ ABSL_GUARDED_BY(submit_mu_);
+  std::vector<CopyPiece> pieces_ ABSL_GUARDED_BY(submit_mu_);
+  std::vector<uint64_t> words_ ABSL_GUARDED_BY(submit_mu_);
+  std::vector<Job> here_jobs_ ABSL_GUARDED_BY(submit_mu_);  // SubmitHere's
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -525,6 +571,19 @@ void GpuCopier::Submit(std::shared_ptr<Transfer> t, Done done) {
   FERRY_CHECK(device >= 0 && device < cu_->device_count)
       << "GpuCopier got transfer " << t->id << " without a GPU region";
   LaneFor(device)->Push(std::move(t), std::move(done));
+}
+
+void GpuCopier::Flush() {
+  Lane* lanes[kMaxFlushedLanes];
+  size_t n = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::unique_ptr<Lane>& lane : lanes_) {
+      if (lane != nullptr && n < kMaxFlushedLanes) lanes[n++] = lane.get();
+    }
+  }
+  // Lanes live as long as the copier, and its users (the flushing thread) stop first.
+  for (size_t i = 0; i < n; ++i) lanes[i]->SubmitHere();
 }
 
 void GpuCopier::Expect(const Transfer& t) {

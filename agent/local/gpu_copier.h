@@ -19,8 +19,8 @@
 //    to another GPU, launches of at most 4 MiB, and writes of one chunk of 1 MiB or more
 //    a copy call each, answered 4 MiB at a time so that the pod refills while the rest
 //    is copied.
-// One lane per device (a stream, a thread that puts transfers on it as they arrive and
-// one that answers them in order). A transfer past its
+// One lane per device (a stream, a thread that puts transfers on it as they arrive, or
+// the caller itself when it flushes a burst, and one that answers them in order). A transfer past its
 // deadline is answered DEADLINE_EXCEEDED at once, but its regions are held until the
 // GPU has finished with them: nothing a pod frees can be written afterwards.
 #ifndef FERRY_AGENT_LOCAL_GPU_COPIER_H_
@@ -51,6 +51,10 @@ class GpuCopier : public TransferExecutor {
   // Wakes the lane that will take `t`: waking a sleeping thread costs 10-100 us
   // (more on a VM-based host), about what planning a batch's other parts takes.
   void Expect(const Transfer& t) override;
+  // Puts the transfers queued on each lane on its stream from the calling thread,
+  // unless the lane's submitter is already at it (a queue's burst then needs no
+  // wake-up of the submitter).
+  void Flush() override;
 
   // Sets up `device`'s lane now (context, peer access, stream, kernel JIT: ~100 ms once)
   // rather than inside the first transfer. Called when GPU memory is registered.
@@ -64,6 +68,7 @@ class GpuCopier : public TransferExecutor {
  private:
   class Lane;
   Lane* LaneFor(int device);
+  static constexpr size_t kMaxFlushedLanes = 64;  // devices Flush looks at
   // How `t` is moved, and on which device.
   Method Choose(const Transfer& t) const;
   int LaunchDevice(const Transfer& t) const;

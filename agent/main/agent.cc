@@ -143,7 +143,8 @@ void Agent::StartTransferPaths() {
                                                   ChunkLimits{config_.max_chunks_per_write});
   queue_poller_ = std::make_unique<QueuePoller>(
       [e = queue_entries_.get()](const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& entry,
-                                 bool may_block) { return e->Handle(q, entry, may_block); });
+                                 bool may_block) { return e->Handle(q, entry, may_block); },
+      [r = router_.get()] { r->Flush(); });
 }
 
 absl::Status Agent::StartLocalApi() {

@@ -13,7 +13,8 @@ namespace {
 constexpr size_t kBatch = 64;
 }  // namespace
 
-QueuePoller::QueuePoller(Handler handler) : handler_(std::move(handler)) {
+QueuePoller::QueuePoller(Handler handler, std::function<void()> flush)
+    : handler_(std::move(handler)), flush_(std::move(flush)) {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   epoll_event ev{};
@@ -109,6 +110,7 @@ bool QueuePoller::Poll() {
           deferred_.emplace_back(q, batch[i]);
         }
       }
+      if (flush_) flush_();
       progressed = true;
       if (n < kBatch) break;
     }
@@ -165,6 +167,7 @@ void QueuePoller::SlowLane() {
       deferred_.pop_front();
     }
     handler_(entry.first, entry.second, /*may_block=*/true);
+    if (flush_) flush_();
   }
 }
 

@@ -3,7 +3,7 @@
 //   QueuePoller poller([](const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& e, bool may_block) {
 //     ... validate and start the transfer; q->Complete(...) exactly once, later ...
 //     return true;   // or false when !may_block and it would have to wait
-//   });
+//   }, [] { ... the entries handled since the last call were a burst: start them ... });
 //   poller.Start(QueuePoller::Mode::kOwnThread);  // or kDriven: a NIC worker calls Poll()
 //   poller.Add(queue, max_queues);                // from CreateQueue
 //   poller.RemoveSession(session_id);             // when the session ends
@@ -38,7 +38,9 @@ class QueuePoller : public PollSource {
   using Handler = std::function<bool(const std::shared_ptr<TransferQueue>&, const queue::SubmitEntry&, bool may_block)>;
   enum class Mode { kOwnThread, kDriven };
 
-  explicit QueuePoller(Handler handler);
+  // `flush`, if set, runs on the handler's thread after each burst of entries it took
+  // from one queue (TransferExecutor::Flush).
+  explicit QueuePoller(Handler handler, std::function<void()> flush = nullptr);
   ~QueuePoller() override;  // Stop()
 
   void Start(Mode mode);
@@ -62,6 +64,7 @@ class QueuePoller : public PollSource {
   void Wake();
 
   const Handler handler_;
+  const std::function<void()> flush_;
   Mode mode_ = Mode::kOwnThread;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;

@@ -172,6 +172,12 @@ void NotifyRemoteFailure(const Transfer& t, uint64_t incarnation, const absl::St
 
 }  // namespace
 
+void TransferRouter::Flush() const {
+  for (TransferExecutor* e : {deps_.local, deps_.gpu_local, deps_.fabric, deps_.staged}) {
+    if (e != nullptr) e->Flush();
+  }
+}
+
 void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
   TransferManager* manager = deps_.transfers;
   manager->Begin(*t);

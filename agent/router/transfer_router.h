@@ -94,6 +94,9 @@ class TransferRouter {
   // Starts a prepared transfer (or a Join of parts) whose id is set;
   // TransferManager::Finish ends it.
   void Launch(std::shared_ptr<Transfer> t) const;
+  // After a burst of Launches on this thread (a queue's entries): lets each executor
+  // start them here (TransferExecutor::Flush).
+  void Flush() const;
   // The checks of a notification's payload (size, and only with notify).
   static absl::Status CheckNotifyPayload(bool notify, const std::string& payload);
   // From now on no RPC is started to tell a remote receiver that a write failed: the

@@ -28,6 +28,10 @@ class TransferExecutor {
   // the others are still being planned): an executor whose worker sleeps may wake it
   // now, so that the wake-up overlaps the planning. Needs no Submit to follow.
   virtual void Expect(const Transfer& t) { (void)t; }
+  // The caller has handed over what it had together (a queue's burst, a batch's parts):
+  // an executor whose worker may be asleep may start them on the calling thread now,
+  // rather than wait for the worker to wake. Submit alone must suffice without it.
+  virtual void Flush() {}
 };
 
 }  // namespace ferry
