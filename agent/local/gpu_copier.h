@@ -20,9 +20,9 @@
 //    a copy call each, answered 4 MiB at a time so that the pod refills while the rest
 //    is copied.
 // One lane per device (a stream, a thread that puts transfers on it as they arrive, or
-// the caller itself when it flushes a burst, and one that answers them in order). A transfer past its
-// deadline is answered DEADLINE_EXCEEDED at once, but its regions are held until the
-// GPU has finished with them: nothing a pod frees can be written afterwards.
+// the caller itself when it flushes a burst, and one that answers them in order). A
+// transfer past its deadline is answered DEADLINE_EXCEEDED at once, but its regions are
+// held until the GPU has finished with them: nothing a pod frees can be written afterwards.
 #ifndef FERRY_AGENT_LOCAL_GPU_COPIER_H_
 #define FERRY_AGENT_LOCAL_GPU_COPIER_H_
 
