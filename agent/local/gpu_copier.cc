@@ -98,8 +98,8 @@ class GpuCopier::Lane {
     if (queued_.load(std::memory_order_acquire) == 0 || !set_up_.load(std::memory_order_acquire)) return;
     if (!submit_mu_.TryLock()) return;
     if (UseDevice(*cu_, device_).ok()) {
-      here_jobs_.clear();
-      if (TakeJobs(here_jobs_)) SubmitJobs(here_jobs_, absl::OkStatus());
+      jobs_.clear();
+      if (TakeJobs(jobs_)) SubmitJobs(jobs_, absl::OkStatus());
     }
     submit_mu_.Unlock();
   }
@@ -406,8 +406,6 @@ class GpuCopier::Lane {
       FERRY_LOG(ERROR) << "gpu copier: device " << device_ << ": " << setup;
     }
     set_up_.store(setup.ok(), std::memory_order_release);
-    std::vector<Job> jobs;
-    jobs.reserve(kMaxTake);
     absl::Duration spin = kSpin;
     for (;;) {
       for (const absl::Time until = absl::Now() + spin;
@@ -429,8 +427,8 @@ class GpuCopier::Lane {
         if (queue_.empty()) break;  // stopping and drained
       }
       absl::MutexLock submitting(&submit_mu_);
-      jobs.clear();
-      if (TakeJobs(jobs)) SubmitJobs(jobs, setup);  // else SubmitHere took them first
+      jobs_.clear();
+      if (TakeJobs(jobs_)) SubmitJobs(jobs_, setup);  // else SubmitHere took them first
     }
     // After any SubmitHere under way has handed its jobs to the completer (no job is
     // pushed once stopping_ is set: the lane's users are gone).
@@ -525,12 +523,13 @@ class GpuCopier::Lane {
   std::atomic<bool> set_up_{false};  // Setup succeeded: SubmitHere may use the stream
 
   // Held by whichever thread puts jobs on the stream (the submitter, or SubmitHere's
-  // caller), with what it reuses: the transfers of one launch, and what it uploads.
+  // caller), with what it reuses: the jobs it takes, the transfers of one launch, and
+  // what it uploads.
   absl::Mutex submit_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::vector<const Transfer*> launch_ ABSL_GUARDED_BY(submit_mu_);
   std::vector<CopyPiece> pieces_ ABSL_GUARDED_BY(submit_mu_);
   std::vector<uint64_t> words_ ABSL_GUARDED_BY(submit_mu_);
-  std::vector<Job> here_jobs_ ABSL_GUARDED_BY(submit_mu_);  // SubmitHere's
+  std::vector<Job> jobs_ ABSL_GUARDED_BY(submit_mu_);
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
