@@ -5,7 +5,8 @@
 #
 # Prints, in one run: the gather/scatter kernel alone vs a raw contiguous copy
 # (tools/bench/copy_kernel_bench); ferry contiguous writes vs raw cuMemcpyAsync (and
-# again with the queue's client polling its completions); ferry paged KV blocks vs the
+# again with the queue's client polling its completions, and sleeping with 32 writes in
+# flight rather than 16); ferry paged KV blocks vs the
 # raw contiguous copy of the same bytes; with two GPUs, NCCL (PyTorch) moving the same
 # blocks three ways (tools/bench/nccl_blocks.py); then the cross-agent path: GPU memory
 # through host staging over tcp;ofi_rxm, against the PCIe hop and the raw transport
@@ -45,6 +46,10 @@ if [ $cross_only = 0 ]; then
   # it sleeps (a pod with a core for them, as a CUDA stream synchronisation spends one).
   LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/a.sock" --src_device=0 --dst_device=$dst_device \
     --contiguous_only --reap_spin_us=50 | grep -v '^# ferry' || { cat "$work/a.log" >&2; exit 1; }
+  # And with a client that sleeps but keeps 32 writes in flight: a pod that sleeps wakes
+  # once per burst it waits for, and a deeper queue keeps the GPU busy meanwhile.
+  LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gpu_bench" --socket="$work/a.sock" --src_device=0 --dst_device=$dst_device \
+    --contiguous_only --queue_window=32 | grep -v '^# ferry' || { cat "$work/a.log" >&2; exit 1; }
   if [ "$gpus" -gt 1 ]; then
     # The same paged writes with the kernel on the destination GPU (remote reads).
     LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/b.sock" --metrics_address=127.0.0.1:0 \

@@ -21,6 +21,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/cuda/cuda_driver.h"
 #include "client/cpp/cuda_buffer.h"
@@ -37,6 +38,10 @@ ABSL_FLAG(int, paged_queue_window, 4, "paged write-queue entries in flight in th
 ABSL_FLAG(int, rounds, 3,
           "contiguous table: the queue and raw copies alternate this many times; q_ratio is the median of the "
           "rounds' ratios");
+ABSL_FLAG(uint64_t, span_mib, 1024,
+          "contiguous table: write i of the queue and raw rows copies at offset (i mod span/size) * size of both "
+          "buffers, so that the bytes come from and land in memory (0: every write at offset 0, the same bytes, "
+          "which a 50 MiB L2 keeps at 1-4 MiB)");
 ABSL_FLAG(int, reap_spin_us, 0,
           "the queue rows' client polls its completions this long before sleeping (as a CUDA stream sync spins)");
 ABSL_FLAG(std::string, transport, "staged over tcp;ofi_rxm (127.0.0.1 -> 127.0.0.2)",
@@ -52,8 +57,16 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-// Seconds per copy of `bytes` with cuMemcpyAsync, `count` back to back on one stream.
-absl::StatusOr<double> RawCopy(const CudaDriver* cu, CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, int count) {
+// Where write i of `bytes` goes in the contiguous table's buffers (--span_mib).
+uint64_t SpanOffset(uint64_t i, uint64_t bytes) {
+  const uint64_t slots = std::max<uint64_t>(1, (absl::GetFlag(FLAGS_span_mib) << 20) / bytes);
+  return (i % slots) * bytes;
+}
+
+// Seconds per copy of `bytes` with cuMemcpyAsync, `count` back to back on one stream;
+// with `spread`, copy i at SpanOffset(i) of both buffers.
+absl::StatusOr<double> RawCopy(const CudaDriver* cu, CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, int count,
+                               bool spread = false) {
   CUstream s;
   FERRY_RETURN_IF_CU_ERROR(cu, cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   CUevent a, b;
@@ -61,7 +74,10 @@ absl::StatusOr<double> RawCopy(const CudaDriver* cu, CUdeviceptr dst, CUdevicept
   cu->cuEventCreate(&b, 0);
   FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemcpyAsync(dst, src, bytes, s), "warmup");
   cu->cuEventRecord(a, s);
-  for (int i = 0; i < count; ++i) FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemcpyAsync(dst, src, bytes, s), "cuMemcpyAsync");
+  for (int i = 0; i < count; ++i) {
+    const uint64_t off = spread ? SpanOffset(i, bytes) : 0;
+    FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemcpyAsync(dst + off, src + off, bytes, s), "cuMemcpyAsync");
+  }
   cu->cuEventRecord(b, s);
   cu->cuEventSynchronize(b);
   float ms = 0;
@@ -182,7 +198,10 @@ absl::StatusOr<double> FerryQueueWrites(Client& c, uint64_t src, const v1::Regio
     start = absl::Now();
     for (int posted = 0, reaped = 0; reaped < n;) {
       while (posted < n && static_cast<int>((*q)->inflight()) < window) {
-        if (absl::Status st = (*q)->Post({src, 0, 0, 0, bytes, static_cast<uint64_t>(posted)}); !st.ok()) return st;
+        const uint64_t off = SpanOffset(posted, bytes);
+        if (absl::Status st = (*q)->Post({src, 0, off, off, bytes, static_cast<uint64_t>(posted)}); !st.ok()) {
+          return st;
+        }
         ++posted;
       }
       done.clear();
@@ -317,14 +336,20 @@ int Main() {
   (*cu)->cuMemSetAccess(dst->ptr(), dst->size(), &access, 1);
 
   const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
+  if ((absl::GetFlag(FLAGS_span_mib) << 20) > 2 * kMax) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--span_mib must be at most ", (2 * kMax) >> 20, " (the size of each buffer)")));
+  }
   printf("# ferry GPU benchmark: node-local GPU%d -> GPU%d, %d peers reachable from GPU%d\n", sd, dd, *peers, sd);
   if (!absl::GetFlag(FLAGS_paged_only)) {
     printf(
         "# contiguous: ferry Write+Wait with 8 in flight, and the write queue with %d in flight (queue; the client\n"
         "# polls %d us before sleeping), vs raw cuMemcpyAsync back to back (CUDA events); time and algbw are the\n"
         "# Write rows'; the queue and raw copies alternate %d times: their medians, and q_ratio = the median of\n"
-        "# the rounds' queue / raw (q_range: the lowest and highest)\n",
-        absl::GetFlag(FLAGS_queue_window), absl::GetFlag(FLAGS_reap_spin_us), rounds);
+        "# the rounds' queue / raw (q_range: the lowest and highest); the queue's and raw's write i copies at\n"
+        "# offset (i mod slots) * size of both buffers, slots = %lu MiB / size (--span_mib; 0: all at offset 0)\n",
+        absl::GetFlag(FLAGS_queue_window), absl::GetFlag(FLAGS_reap_spin_us), rounds,
+        static_cast<unsigned long>(absl::GetFlag(FLAGS_span_mib)));
     printf("%12s %6s %12s %12s %12s %8s %12s %8s %12s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "raw(GB/s)",
            "ratio", "queue(GB/s)", "q_ratio", "q_range");
   }
@@ -346,7 +371,7 @@ int Main() {
       absl::StatusOr<double> fq =
           FerryQueueWrites(**c, s->region_id(), d->region(), size, count, absl::GetFlag(FLAGS_queue_window));
       if (!fq.ok()) return Fail(fq.status());
-      absl::StatusOr<double> raw = RawCopy(*cu, dst->ptr(), src->ptr(), size, count);
+      absl::StatusOr<double> raw = RawCopy(*cu, dst->ptr(), src->ptr(), size, count, /*spread=*/true);
       if (!raw.ok()) return Fail(raw.status());
       qbw.push_back(size / *fq / 1e9);
       rbw.push_back(size / *raw / 1e9);
