@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/log.h"
+#include "agent/common/thread_name.h"
 #include "agent/peers/remote_target.h"
 #include "agent/topology/cpu_list.h"
 
@@ -361,6 +362,7 @@ void FabricEngine::Enqueue(std::function<void()> job) {
 }
 
 void FabricEngine::NotifyLoop() {
+  NameThisThread("ferry-notify");
   for (;;) {
     std::function<void()> job;
     {
@@ -376,6 +378,7 @@ void FabricEngine::NotifyLoop() {
 }
 
 void FabricEngine::Watchdog() {
+  NameThisThread("ferry-watchdog");
   absl::Time last_report = absl::Now();
   for (;;) {
     if (absl::Now() - last_report >= absl::Seconds(1)) {

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "agent/common/check.h"
 #include "agent/common/log.h"
+#include "agent/common/thread_name.h"
 
 namespace ferry {
 namespace {
@@ -355,6 +356,7 @@ bool RailWorker::StopNow() {
 }
 
 void RailWorker::Loop() {
+  NameThisThread("ferry-nic");
   if (!cpus_.empty()) {
     cpu_set_t set;
     CPU_ZERO(&set);

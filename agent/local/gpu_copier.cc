@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "agent/common/check.h"
 #include "agent/common/log.h"
+#include "agent/common/thread_name.h"
 #include "agent/cuda/copy_kernel.h"
 
 namespace ferry {
@@ -401,6 +402,7 @@ class GpuCopier::Lane {
   }
 
   void Submitter() {
+    NameThisThread(absl::StrCat("ferry-gpu", device_, "-sub"));
     absl::Status setup = Setup();
     if (!setup.ok()) {
       FERRY_LOG(ERROR) << "gpu copier: device " << device_ << ": " << setup;
@@ -461,6 +463,7 @@ class GpuCopier::Lane {
   }
 
   void Completer() {
+    NameThisThread(absl::StrCat("ferry-gpu", device_, "-done"));
     // Wait() polls with sleeps from 1 us: the default 50 us timer slack would stretch
     // each into >= 50 us and cap small copies at one answer per 50 us.
     prctl(PR_SET_TIMERSLACK, 1000UL);

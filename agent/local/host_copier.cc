@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/thread_name.h"
 #include "agent/memory/region_copy.h"
 
 namespace ferry {
@@ -53,6 +54,7 @@ absl::Status HostCopier::Copy(const Transfer& t) {
 }
 
 void HostCopier::Work() {
+  NameThisThread("ferry-hostcopy");
   for (;;) {
     std::pair<std::shared_ptr<Transfer>, Done> job;
     {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/thread_name.h"
 
 namespace ferry {
 namespace {
@@ -162,6 +163,7 @@ void InboundWrites::Tell(std::vector<Lost> lost) {
 }
 
 void InboundWrites::Run() {
+  NameThisThread("ferry-inbound");
   for (;;) {
     {
       absl::MutexLock lock(&mu_);

@@ -1,6 +1,5 @@
 #include "agent/queue/inbox.h"
 
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/thread_name.h"
 
 namespace ferry {
 
@@ -50,7 +50,7 @@ Inbox::~Inbox() {
 }
 
 void Inbox::Pump() {
-  prctl(PR_SET_NAME, "ferry-inbox");
+  NameThisThread("ferry-inbox");
   EventQueue<v1::Notification>& events = session_->notifications();
   absl::Duration wait = absl::Microseconds(50);
   while (!stopping_.load()) {

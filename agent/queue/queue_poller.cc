@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/thread_name.h"
 
 namespace ferry {
 namespace {
@@ -142,6 +143,7 @@ void QueuePoller::Woke() {
 }
 
 void QueuePoller::OwnLoop() {
+  NameThisThread("ferry-queues");
   while (!stopping_.load(std::memory_order_relaxed)) {
     if (Poll()) continue;
     // Sleep at once, without spinning: the poller shares its core with the clients and
@@ -156,6 +158,7 @@ void QueuePoller::OwnLoop() {
 }
 
 void QueuePoller::SlowLane() {
+  NameThisThread("ferry-slowlane");
   for (;;) {
     std::pair<std::shared_ptr<TransferQueue>, queue::SubmitEntry> entry;
     {

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
+#include "agent/common/thread_name.h"
 #include "proto/ferry/wire/session_wire.h"
 
 namespace ferry {
@@ -152,6 +153,7 @@ bool ServeFrame(const Connection& conn, SessionRegistry* registry) {
 }  // namespace
 
 void SessionSocketServer::Loop() {
+  NameThisThread("ferry-sessions");
   std::vector<Connection> conns;
   auto end_session = [&](size_t i) {
     registry_->Close(conns[i].session_id);

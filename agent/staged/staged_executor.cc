@@ -5,6 +5,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/thread_name.h"
 #include "agent/staged/staging_memory.h"
 
 namespace ferry {
@@ -76,6 +77,7 @@ void StagedExecutor::Submit(std::shared_ptr<Transfer> t, Done done) {
 }
 
 void StagedExecutor::Work() {
+  NameThisThread("ferry-staged");
   LocalStaging local;
   for (;;) {
     std::pair<std::shared_ptr<Transfer>, Done> job;
