@@ -356,7 +356,7 @@ bool RailWorker::StopNow() {
 }
 
 void RailWorker::Loop() {
-  NameThisThread("ferry-nic");
+  NameThisThread(absl::StrCat("ferry-", nic_->name()));  // "ferry-nic0"
   if (!cpus_.empty()) {
     cpu_set_t set;
     CPU_ZERO(&set);
