@@ -305,7 +305,14 @@ int Staged(const CudaDriver* cu, int sd, int dd) {
   return 0;
 }
 
+// The node-local tables' buffers: 2 * kMaxNodeLocal bytes on each side.
+constexpr uint64_t kMaxNodeLocal = 1ull << 30;
+
 int Main() {
+  if (absl::GetFlag(FLAGS_span_mib) > (2 * kMaxNodeLocal) >> 20) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--span_mib must be at most ", (2 * kMaxNodeLocal) >> 20, " (the size of each buffer)")));
+  }
   absl::StatusOr<const CudaDriver*> cu = CudaDriver::Load();
   if (!cu.ok()) return Fail(cu.status());
   const int sd = absl::GetFlag(FLAGS_src_device), dd = absl::GetFlag(FLAGS_dst_device);
@@ -314,7 +321,7 @@ int Main() {
   absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(absl::GetFlag(FLAGS_socket));
   if (!c.ok()) return Fail(c.status());
 
-  constexpr uint64_t kMax = 1ull << 30;
+  constexpr uint64_t kMax = kMaxNodeLocal;
   absl::StatusOr<CudaBuffer> src = CudaBuffer::Allocate(sd, 2 * kMax, CudaExport::kPosixFd);
   absl::StatusOr<CudaBuffer> dst = CudaBuffer::Allocate(dd, 2 * kMax, CudaExport::kPosixFd);
   if (!src.ok()) return Fail(src.status());
@@ -336,10 +343,6 @@ int Main() {
   (*cu)->cuMemSetAccess(dst->ptr(), dst->size(), &access, 1);
 
   const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
-  if ((absl::GetFlag(FLAGS_span_mib) << 20) > 2 * kMax) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--span_mib must be at most ", (2 * kMax) >> 20, " (the size of each buffer)")));
-  }
   printf("# ferry GPU benchmark: node-local GPU%d -> GPU%d, %d peers reachable from GPU%d\n", sd, dd, *peers, sd);
   if (!absl::GetFlag(FLAGS_paged_only)) {
     printf(
