@@ -111,7 +111,7 @@ run send --sizes=$sizes --count="$count" --window=16 --layout=contiguous > "$wor
 run send --sizes=$sizes --count="$count" --window=16 --layout=paged > "$work/paged.txt"
 run latency --iters=1000 > "$work/lat.txt"
 run latency --iters=1000 --api=queue > "$work/lat_queue.txt"
-run blocks --blocks=10000 --block=4096 > "$work/blocks.txt"
+run blocks --blocks=10000 --block=4096 --iters=10 > "$work/blocks.txt"
 
 env -u LD_LIBRARY_PATH python3 - "$work" <<'PY'
 import statistics, sys
@@ -160,7 +160,8 @@ rlat = [l for l in open(f"{w}/raw_lat.txt") if l.startswith("lat8")][0].split()
 print(f"\n8-byte write latency (us): ferry queue Post+Reap p50 {qlat[1]} p99 {qlat[2]}; "
       f"Write+Wait RPCs p50 {lat[1]} p99 {lat[2]}; raw fi_write p50 {rlat[1]} p99 {rlat[2]}")
 b = open(f"{w}/blocks.txt").read().split()
-print(f"paged write of {b[1]} blocks x {b[2]} B: {float(b[3]):.0f} us, {float(b[4])/1e6:.2f} M blocks/s, {b[5]} GB/s")
+print(f"paged write of {b[1]} blocks x {b[2]} B: {float(b[3]):.0f} us, {float(b[4])/1e6:.2f} M blocks/s, {b[5]} GB/s; "
+      f"its Write RPC {float(b[6]):.0f} us")
 if 65536 in ratio_of: print(f"ratio_64KiB={ratio_of[65536]:.2f}  (queue API, median of rounds)")
 if worst is not None: print(f"ratio_1MiB_plus={worst:.2f}  (queue API, min over sizes of the median of rounds)")
 PY

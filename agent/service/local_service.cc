@@ -183,7 +183,9 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::
             return absl::InvalidArgumentError("layout: set chunks or paged, or the batch's blocks");
           }
           if (batch_ids == nullptr) {
-            absl::StatusOr<std::shared_ptr<const PagedIds>> ids = CheckPagedIds(MappingOf(req.blocks()), limits);
+            absl::StatusOr<BlockMapping> mapping = MappingOf(req.blocks());
+            if (!mapping.ok()) return mapping.status();
+            absl::StatusOr<std::shared_ptr<const PagedIds>> ids = CheckPagedIds(*mapping, limits);
             if (!ids.ok()) return ids.status();
             batch_ids = *std::move(ids);
           }

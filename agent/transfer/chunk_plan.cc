@@ -1,6 +1,7 @@
 #include "agent/transfer/chunk_plan.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -131,14 +132,54 @@ absl::StatusOr<ChunkPlan> ChunkListPlan(const v1::ChunkList& chunks, uint64_t sr
   return plan;
 }
 
-BlockMapping MappingOf(const v1::PagedChunks& p) {
-  return {p.block_size(), absl::MakeConstSpan(p.src_blocks().data(), p.src_blocks_size()),
-          absl::MakeConstSpan(p.dst_blocks().data(), p.dst_blocks_size())};
+BlockIds BlockIds::Le32(absl::string_view packed) {
+  BlockIds ids;
+  ids.le32_ = packed.data();
+  ids.size_ = packed.size() / 4;
+  return ids;
+}
+
+void BlockIds::CopyTo(std::vector<uint64_t>* out) const {
+  if (le32_ == nullptr) {
+    out->assign(wide_.begin(), wide_.end());
+    return;
+  }
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the packed ids are read as host uint32s");
+  out->resize(size_);
+  for (size_t i = 0; i < size_; ++i) {
+    uint32_t id;
+    memcpy(&id, le32_ + 4 * i, sizeof(id));  // bytes of a protobuf string: no alignment promised
+    (*out)[i] = id;
+  }
+}
+
+absl::StatusOr<BlockMapping> MappingOf(const v1::PagedChunks& p) {
+  auto side = [](const char* name, const google::protobuf::RepeatedField<uint64_t>& wide,
+                 const std::string& le32) -> absl::StatusOr<BlockIds> {
+    if (le32.empty()) return BlockIds(absl::MakeConstSpan(wide.data(), wide.size()));
+    if (!wide.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("paged: set ", name, "_blocks or ", name,
+                                                     "_blocks_le32, not both (", wide.size(), " ids and ", le32.size(),
+                                                     " bytes given)"));
+    }
+    if (le32.size() % 4 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("paged.", name, "_blocks_le32 holds ", le32.size(), " bytes; 4 a block id, so a multiple of 4"));
+    }
+    return BlockIds::Le32(le32);
+  };
+  absl::StatusOr<BlockIds> src = side("src", p.src_blocks(), p.src_blocks_le32());
+  if (!src.ok()) return src.status();
+  absl::StatusOr<BlockIds> dst = side("dst", p.dst_blocks(), p.dst_blocks_le32());
+  if (!dst.ok()) return dst.status();
+  return BlockMapping{p.block_size(), *src, *dst};
 }
 
 absl::StatusOr<ChunkPlan> PagedPlan(const v1::PagedChunks& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
                                     uint64_t dst_size, const ChunkLimits& limits) {
-  return PagedPlan(MappingOf(p), src_base, dst_base, src_size, dst_size, limits);
+  absl::StatusOr<BlockMapping> mapping = MappingOf(p);
+  if (!mapping.ok()) return mapping.status();
+  return PagedPlan(*mapping, src_base, dst_base, src_size, dst_size, limits);
 }
 
 absl::StatusOr<ChunkPlan> PagedPlan(const BlockMapping& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
@@ -154,7 +195,7 @@ absl::StatusOr<std::shared_ptr<const PagedIds>> CheckPagedIds(const BlockMapping
     return absl::InvalidArgumentError(absl::StrCat("paged: src_blocks has ", p.src.size(), " ids but dst_blocks has ",
                                                    p.dst.size(), "; they must pair up"));
   }
-  if (p.src.empty()) return absl::InvalidArgumentError("paged: no blocks given");
+  if (p.src.size() == 0) return absl::InvalidArgumentError("paged: no blocks given");
   if (static_cast<uint64_t>(p.src.size()) > limits.max_chunks) {
     return absl::ResourceExhaustedError(absl::StrCat("paged: ", p.src.size(), " blocks exceed the limit of ",
                                                      limits.max_chunks,
@@ -162,8 +203,8 @@ absl::StatusOr<std::shared_ptr<const PagedIds>> CheckPagedIds(const BlockMapping
   }
   auto ids = std::make_shared<PagedIds>();
   ids->block_size = p.block_size;
-  ids->src.assign(p.src.begin(), p.src.end());
-  ids->dst.assign(p.dst.begin(), p.dst.end());
+  p.src.CopyTo(&ids->src);
+  p.dst.CopyTo(&ids->dst);
   for (size_t i = 0; i < ids->src.size(); ++i) {
     ids->max_src = std::max(ids->max_src, ids->src[i]);
     ids->max_dst = std::max(ids->max_dst, ids->dst[i]);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "proto/ferry/v1/ferry.pb.h"
 
@@ -61,14 +62,36 @@ absl::StatusOr<ChunkPlan> BuildChunkPlan(const v1::WriteRequest& request, uint64
 // The plans of each layout, as BuildChunkPlan makes them.
 absl::StatusOr<ChunkPlan> ChunkListPlan(const v1::ChunkList& chunks, uint64_t src_size, uint64_t dst_size,
                                         const ChunkLimits& limits);
-// A paged layout's block ids, wherever they are kept (a PagedChunks message, a write
-// queue's block table): block i copies block_size bytes from src_base + src[i] *
+// One side's block ids, wherever they are kept: 64-bit ids (a PagedChunks message's
+// varints once parsed, a write queue's block table) or 32-bit little-endian ids packed
+// in bytes (PagedChunks' *_le32 fields). A view: the ids outlive it.
+class BlockIds {
+ public:
+  BlockIds() = default;
+  BlockIds(absl::Span<const uint64_t> ids) : wide_(ids), size_(ids.size()) {}         // NOLINT: implicit, as a Span
+  BlockIds(const std::vector<uint64_t>& ids) : BlockIds(absl::MakeConstSpan(ids)) {}  // NOLINT
+  // `packed`: size() / 4 ids; its length must be a multiple of 4 (MappingOf checks).
+  static BlockIds Le32(absl::string_view packed);
+
+  size_t size() const { return size_; }
+  // Replaces `out` with the ids, widened to 64 bits.
+  void CopyTo(std::vector<uint64_t>* out) const;
+
+ private:
+  absl::Span<const uint64_t> wide_;
+  const char* le32_ = nullptr;  // when set, size_ ids of 4 bytes each
+  size_t size_ = 0;
+};
+
+// A paged layout's block ids: block i copies block_size bytes from src_base + src[i] *
 // block_size to dst_base + dst[i] * block_size. A view: the ids outlive it.
 struct BlockMapping {
   uint64_t block_size = 0;
-  absl::Span<const uint64_t> src, dst;
+  BlockIds src, dst;
 };
-BlockMapping MappingOf(const v1::PagedChunks& p);
+// The mapping of a PagedChunks message, each side from its varints or its packed
+// *_le32 bytes; INVALID_ARGUMENT if a side sets both, or packed bytes are not whole ids.
+absl::StatusOr<BlockMapping> MappingOf(const v1::PagedChunks& p);
 
 // The plan of a paged layout with the bases given apart from the mapping (which
 // BuildChunkPlan passes as p.src_base() / p.dst_base()).

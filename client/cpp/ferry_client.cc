@@ -35,6 +35,25 @@ absl::StatusOr<SessionFrame> ReadFrame(int fd, absl::Duration timeout) {
 
 }  // namespace
 
+void SetBlockIds(const std::vector<uint64_t>& src_blocks, const std::vector<uint64_t>& dst_blocks,
+                 v1::PagedChunks* paged) {
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the packed ids are host uint32s");
+  auto set = [](const std::vector<uint64_t>& ids, std::string* packed,
+                google::protobuf::RepeatedField<uint64_t>* wide) {
+    if (!std::all_of(ids.begin(), ids.end(), [](uint64_t id) { return id <= UINT32_MAX; })) {
+      wide->Add(ids.begin(), ids.end());
+      return;
+    }
+    packed->resize(4 * ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const uint32_t id = static_cast<uint32_t>(ids[i]);
+      memcpy(&(*packed)[4 * i], &id, sizeof(id));
+    }
+  };
+  set(src_blocks, paged->mutable_src_blocks_le32(), paged->mutable_src_blocks());
+  set(dst_blocks, paged->mutable_dst_blocks_le32(), paged->mutable_dst_blocks());
+}
+
 absl::Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
@@ -259,10 +278,8 @@ absl::StatusOr<uint64_t> Client::WriteBlocks(uint64_t src_region, const v1::Regi
   v1::WriteRequest req;
   req.set_src_region_id(src_region);
   *req.mutable_dst() = dst;
-  v1::PagedChunks* p = req.mutable_paged();
-  p->set_block_size(block_size);
-  p->mutable_src_blocks()->Add(src_blocks.begin(), src_blocks.end());
-  p->mutable_dst_blocks()->Add(dst_blocks.begin(), dst_blocks.end());
+  req.mutable_paged()->set_block_size(block_size);
+  SetBlockIds(src_blocks, dst_blocks, req.mutable_paged());
   req.set_notify(notify);
   req.set_tag(tag);
   return Write(req);

@@ -49,6 +49,12 @@ class HostBuffer {
   uint64_t size_ = 0;
 };
 
+// Puts a paged layout's ids into `paged`, each side packed (src_blocks_le32 /
+// dst_blocks_le32: a few microseconds for 16,384 blocks) when its ids fit 32 bits, else
+// as varints (~0.5 ms to write and read 32,768 of them). What Client::WriteBlocks sends.
+void SetBlockIds(const std::vector<uint64_t>& src_blocks, const std::vector<uint64_t>& dst_blocks,
+                 v1::PagedChunks* paged);
+
 // A host buffer together with its registration (see Client::AllocateHost).
 struct HostRegion {
   HostBuffer buffer;

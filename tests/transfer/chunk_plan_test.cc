@@ -46,6 +46,65 @@ TEST_CASE("paged form expands base + id * block_size") {
   CHECK(plan->total_bytes == 128);
 }
 
+// `ids` packed as PagedChunks' *_le32 fields carry them: 4 bytes each, little-endian.
+std::string Le32(std::vector<uint32_t> ids) {
+  std::string out;
+  for (uint32_t id : ids) {
+    for (int b = 0; b < 4; ++b) out.push_back(static_cast<char>(id >> (8 * b)));
+  }
+  return out;
+}
+
+TEST_CASE("packed ids plan as their varints do, and each side may use either form") {
+  // Ids past 2^16 and 2^24, so every byte of the packing is read.
+  const uint64_t big = (1u << 24) + (3u << 16) + 5;
+  auto plan = BuildChunkPlan(Paged(64, {3, 0}, {1, big}, 8, 16), 1024, 16 + (big + 1) * 64, {});
+  REQUIRE(plan.ok());
+  v1::WriteRequest packed = Paged(64, {}, {}, 8, 16);
+  packed.mutable_paged()->set_src_blocks_le32(Le32({3, 0}));
+  packed.mutable_paged()->set_dst_blocks_le32(Le32({1, static_cast<uint32_t>(big)}));
+  auto from_packed = BuildChunkPlan(packed, 1024, 16 + (big + 1) * 64, {});
+  REQUIRE(from_packed.ok());
+  REQUIRE(from_packed->size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(from_packed->chunk(i).src_offset == plan->chunk(i).src_offset);
+    CHECK(from_packed->chunk(i).dst_offset == plan->chunk(i).dst_offset);
+  }
+  CHECK(from_packed->chunk(1).dst_offset == 16 + big * 64);
+  CHECK(from_packed->total_bytes == 128);
+  v1::WriteRequest mixed = Paged(64, {3, 0}, {}, 8, 16);
+  mixed.mutable_paged()->set_dst_blocks_le32(Le32({1, 2}));
+  CHECK(BuildChunkPlan(mixed, 1024, 1024, {}).ok());
+  // The same checks as varints: pairs, duplicates, ranges.
+  packed.mutable_paged()->set_dst_blocks_le32(Le32({1}));
+  CHECK(std::string(BuildChunkPlan(packed, 1024, 1024, {}).status().message()).find("must pair up") !=
+        std::string::npos);
+  packed.mutable_paged()->set_dst_blocks_le32(Le32({1, 1}));
+  CHECK(std::string(BuildChunkPlan(packed, 1024, 1024, {}).status().message()).find("appears twice") !=
+        std::string::npos);
+  packed.mutable_paged()->set_dst_blocks_le32(Le32({1, 16}));
+  CHECK(BuildChunkPlan(packed, 1024, 1024, {}).status().code() == absl::StatusCode::kOutOfRange);
+}
+
+TEST_CASE("packed ids that are not whole, or given twice, are refused by name") {
+  v1::WriteRequest torn = Paged(64, {}, {0, 1});
+  torn.mutable_paged()->set_src_blocks_le32(Le32({3, 0}).substr(0, 7));
+  auto s = BuildChunkPlan(torn, 1024, 1024, {}).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(s.message()).find("src_blocks_le32 holds 7 bytes") != std::string::npos);
+  v1::WriteRequest both = Paged(64, {0, 1}, {0, 1});
+  both.mutable_paged()->set_dst_blocks_le32(Le32({0, 1}));
+  s = BuildChunkPlan(both, 1024, 1024, {}).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(s.message()).find("set dst_blocks or dst_blocks_le32, not both") != std::string::npos);
+  // A batch's shared mapping goes through the same door.
+  v1::PagedChunks blocks;
+  blocks.set_block_size(64);
+  blocks.set_src_blocks_le32("abc");
+  blocks.set_dst_blocks_le32(Le32({0}));
+  CHECK(MappingOf(blocks).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("paged blocks are checked by the largest id, and a bad one is named") {
   // The last block ends exactly at each region's end: accepted, every block expanded.
   auto plan = BuildChunkPlan(Paged(64, {0, 5, 2}, {7, 1, 3}, 16, 32), 16 + 6 * 64, 32 + 8 * 64, {});
@@ -93,7 +152,8 @@ TEST_CASE("a batch's ids are checked once and planned per region at its own base
   auto wraps = PagedPlan(*ids, ~0ull - 100, 0, ~0ull, ~0ull).status();
   CHECK(std::string(wraps.message()).find("overflows 64 bits") != std::string::npos);
   // The ids' own faults are found once, before any region.
-  CHECK(CheckPagedIds(BlockMapping{64, src, {1, 1, 0}}, {}).status().code() == absl::StatusCode::kInvalidArgument);
+  const std::vector<uint64_t> twice = {1, 1, 0};
+  CHECK(CheckPagedIds(BlockMapping{64, src, twice}, {}).status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(CheckPagedIds(BlockMapping{64, src, dst}, {2}).status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(CheckPagedIds(BlockMapping{0, src, dst}, {}).status().code() == absl::StatusCode::kInvalidArgument);
 }

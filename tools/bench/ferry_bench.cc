@@ -3,7 +3,7 @@
 //   ferry_bench receive --socket=S --dir=D --size=BYTES    registers, publishes descriptor
 //   ferry_bench send --socket=S --dir=D --sizes=... --count=N --window=W --layout=contiguous|paged
 //   ferry_bench latency --socket=S --dir=D --iters=K [--api=queue]   8-byte write p50/p99
-//   ferry_bench blocks --socket=S --dir=D --blocks=10000 --block=4096   paged chunk rate
+//   ferry_bench blocks --socket=S --dir=D --blocks=10000 --block=4096 --iters=N   paged chunk rate, submit time
 //   ferry_bench control --socket=S --dir=D --iters=K   the local API's 8-byte round trips (p50/p99)
 //   ferry_bench stream --socket=S --dir=D --size=B --window=W --seconds=T [--traffic_class=C]
 //                                                      W writes of B bytes in flight for T s: "stream bytes s GBps"
@@ -44,7 +44,7 @@ ABSL_FLAG(int, window, 16, "send: transfers in flight");
 ABSL_FLAG(bool, notify, false, "send: each write notifies the receiver (payload \"ferry_bench\")");
 ABSL_FLAG(std::string, layout, "contiguous", "send: contiguous or paged");
 ABSL_FLAG(std::string, api, "rpc", "send: rpc (Write + WatchCompletions) or queue (WriteQueue, contiguous only)");
-ABSL_FLAG(int, iters, 1000, "latency: iterations");
+ABSL_FLAG(int, iters, 1000, "latency, blocks: iterations");
 ABSL_FLAG(int, reap_min, 0,
           "send --api=queue: Reap waits for this many completions (0: 1 when Reap polls, window / 2 when it sleeps)");
 ABSL_FLAG(int, reap_spin_us, -1,
@@ -54,6 +54,7 @@ ABSL_FLAG(double, seconds, 5, "stream, probe: how long");
 ABSL_FLAG(std::string, traffic_class, "", "stream, probe: latency, bulk or background (empty: the pod's default)");
 ABSL_FLAG(int, blocks, 10000, "blocks: block count");
 ABSL_FLAG(int, block, 4096, "blocks: block size");
+ABSL_FLAG(bool, varint_ids, false, "paged requests carry their block ids as varints, not packed (the form before)");
 
 namespace {
 
@@ -87,6 +88,15 @@ absl::StatusOr<Sender> Connect(uint64_t size) {
   return Sender{std::move(*c), std::move(*r), id, LoadDescriptor()};
 }
 
+// A paged layout of `block`-byte blocks, its ids in the form --varint_ids says.
+void SetPagedIds(uint64_t block, const std::vector<uint64_t>& src, const std::vector<uint64_t>& dst,
+                 ferry::v1::PagedChunks* p) {
+  p->set_block_size(block);
+  if (!absl::GetFlag(FLAGS_varint_ids)) return ferry::SetBlockIds(src, dst, p);
+  p->mutable_src_blocks()->Add(src.begin(), src.end());
+  p->mutable_dst_blocks()->Add(dst.begin(), dst.end());
+}
+
 ferry::v1::WriteRequest Request(const Sender& s, uint64_t size, bool paged, std::mt19937_64& rng) {
   ferry::v1::WriteRequest req;
   req.set_src_region_id(s.region);
@@ -105,10 +115,9 @@ ferry::v1::WriteRequest Request(const Sender& s, uint64_t size, bool paged, std:
   std::iota(dst.begin(), dst.end(), 0);
   std::shuffle(src.begin(), src.end(), rng);
   std::shuffle(dst.begin(), dst.end(), rng);
-  auto* p = req.mutable_paged();
-  p->set_block_size(block);
-  p->mutable_src_blocks()->Add(src.begin(), src.begin() + n);
-  p->mutable_dst_blocks()->Add(dst.begin(), dst.begin() + n);
+  src.resize(n);
+  dst.resize(n);
+  SetPagedIds(block, src, dst, req.mutable_paged());
   return req;
 }
 
@@ -411,19 +420,28 @@ int Blocks() {
   std::iota(dst.begin(), dst.end(), 0);
   std::shuffle(src.begin(), src.end(), rng);
   std::shuffle(dst.begin(), dst.end(), rng);
-  std::vector<double> times;
-  for (int i = 0; i < 6; ++i) {
+  std::vector<double> times, submits;
+  for (int i = 0; i <= absl::GetFlag(FLAGS_iters); ++i) {  // the first opens the region
     absl::Time t0 = absl::Now();
-    auto id = s->client->WriteBlocks(s->region, s->dst, block, src, dst);
+    ferry::v1::WriteRequest req;  // built in the loop, as a pod builds each request
+    req.set_src_region_id(s->region);
+    *req.mutable_dst() = s->dst;
+    SetPagedIds(block, src, dst, req.mutable_paged());
+    auto id = s->client->Write(req);
     if (!id.ok()) return Fail(id.status());
+    absl::Time submitted = absl::Now();
     auto r = s->client->Wait(*id, absl::Seconds(60));
     if (!r.ok() || r->code() != 0) return Fail(r.ok() ? ferry::ResultStatus(*r) : r.status());
-    if (i > 0) times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+    if (i == 0) continue;
+    times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+    submits.push_back(absl::ToDoubleSeconds(submitted - t0));
   }
   std::sort(times.begin(), times.end());
+  std::sort(submits.begin(), submits.end());
   double t = times[times.size() / 2];
-  printf("blocks %llu %llu %.1f %.0f %.3f\n", static_cast<unsigned long long>(n),
-         static_cast<unsigned long long>(block), t * 1e6, n / t, n * block / t / 1e9);
+  printf("blocks %llu %llu %.1f %.0f %.3f %.1f\n", static_cast<unsigned long long>(n),
+         static_cast<unsigned long long>(block), t * 1e6, n / t, n * block / t / 1e9,
+         submits[submits.size() / 2] * 1e6);
   return 0;
 }
 

@@ -35,6 +35,7 @@ ABSL_FLAG(bool, paged_only, false, "only the paged table");
 ABSL_FLAG(bool, contiguous_only, false, "only the contiguous table");
 ABSL_FLAG(int, queue_window, 16, "write-queue entries in flight in the contiguous table");
 ABSL_FLAG(int, paged_queue_window, 4, "paged write-queue entries in flight in the paged table");
+ABSL_FLAG(bool, varint_ids, false, "paged table: the Write RPCs carry their block ids as varints, not packed");
 ABSL_FLAG(int, rounds, 3,
           "contiguous table: the queue and raw copies alternate this many times; q_ratio is the median of the "
           "rounds' ratios");
@@ -220,17 +221,17 @@ absl::StatusOr<double> FerryQueueWrites(Client& c, uint64_t src, const v1::Regio
 
 // Seconds per write: `count` paged writes of `req`'s mapping through a WriteQueue's
 // block table (the ids written once, every entry naming them), `window` in flight.
-absl::StatusOr<double> FerryPagedQueueWrites(Client& c, const v1::WriteRequest& req, int count, int window) {
-  const v1::PagedChunks& p = req.paged();
-  const uint32_t n = static_cast<uint32_t>(p.src_blocks_size());
+absl::StatusOr<double> FerryPagedQueueWrites(Client& c, const v1::WriteRequest& req, const std::vector<uint64_t>& sb,
+                                             const std::vector<uint64_t>& db, int count, int window) {
+  const uint32_t n = static_cast<uint32_t>(sb.size());
   absl::StatusOr<std::unique_ptr<WriteQueue>> q = WriteQueue::Create(
       c, {req.dst()}, std::max(8, 2 * window), /*timeout_ms=*/60000, v1::TRAFFIC_CLASS_UNSPECIFIED, 2 * n);
   if (!q.ok()) return q.status();
-  std::copy(p.src_blocks().begin(), p.src_blocks().end(), (*q)->table());
-  std::copy(p.dst_blocks().begin(), p.dst_blocks().end(), (*q)->table() + n);
+  std::copy(sb.begin(), sb.end(), (*q)->table());
+  std::copy(db.begin(), db.end(), (*q)->table() + n);
   WriteQueue::PagedEntry e;
   e.src_region = req.src_region_id();
-  e.block_size = p.block_size();
+  e.block_size = req.paged().block_size();
   e.blocks = n;
   std::vector<WriteQueue::Completion> done;
   const absl::Duration spin = absl::Microseconds(absl::GetFlag(FLAGS_reap_spin_us));
@@ -407,13 +408,17 @@ int Main() {
     std::iota(db.begin(), db.end(), 0);
     std::shuffle(sb.begin(), sb.end(), rng);
     std::shuffle(db.begin(), db.end(), rng);
+    sb.resize(n);
+    db.resize(n);
     v1::WriteRequest req;
     req.set_src_region_id(s->region_id());
     *req.mutable_dst() = d->region();
     req.mutable_paged()->set_block_size(block);
-    for (uint64_t i = 0; i < n; ++i) {
-      req.mutable_paged()->add_src_blocks(sb[i]);
-      req.mutable_paged()->add_dst_blocks(db[i]);
+    if (absl::GetFlag(FLAGS_varint_ids)) {
+      req.mutable_paged()->mutable_src_blocks()->Add(sb.begin(), sb.end());
+      req.mutable_paged()->mutable_dst_blocks()->Add(db.begin(), db.end());
+    } else {
+      SetBlockIds(sb, db, req.mutable_paged());
     }
     const int count = 20;
     double submit = 0;
@@ -423,7 +428,7 @@ int Main() {
     if (absl::Status back = UseDevice(**cu, sd); !back.ok()) return Fail(back);
     absl::StatusOr<double> fc = ParallelWrites(*src, req, kClients, count);
     if (!fc.ok()) return Fail(fc.status());
-    absl::StatusOr<double> fq = FerryPagedQueueWrites(**c, req, count, absl::GetFlag(FLAGS_paged_queue_window));
+    absl::StatusOr<double> fq = FerryPagedQueueWrites(**c, req, sb, db, count, absl::GetFlag(FLAGS_paged_queue_window));
     if (!fq.ok()) return Fail(fq.status());
     absl::StatusOr<double> raw = RawCopy(*cu, dst->ptr(), src->ptr(), n * block, count);
     if (!raw.ok()) return Fail(raw.status());

@@ -19,9 +19,11 @@ dying) ends the session: the agent releases every region registered in it.
 """
 from __future__ import annotations
 
+import array
 import dataclasses
 import mmap
 import os
+import sys
 import threading
 import time
 import weakref
@@ -223,6 +225,37 @@ class TransferFuture:
         return self._result is not None
 
 
+def _packed_ids(ids) -> Optional[bytes]:
+    """``ids`` as PagedChunks' ``*_le32`` bytes (4 bytes an id, little-endian), or None if
+    one does not fit 32 bits. Packed ids cost the agent microseconds to read where 32,768
+    varints cost ~0.5 ms, and are quicker to make here too."""
+    if hasattr(ids, "dtype"):  # numpy: checked and packed without a Python loop
+        if ids.size and (ids.min() < 0 or ids.max() > 0xFFFFFFFF):
+            return None
+        return ids.astype("<u4").tobytes()
+    try:
+        packed = array.array("I", ids)  # 4-byte unsigned on the platforms ferry runs on
+    except OverflowError:
+        return None
+    if packed.itemsize != 4:
+        return None
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _set_block_ids(paged: ferry_pb2.PagedChunks, src_ids, dst_ids) -> None:
+    """Puts a paged layout's ids into ``paged``, packed where they fit 32 bits."""
+    for ids, name in ((src_ids, "src_blocks"), (dst_ids, "dst_blocks")):
+        if not hasattr(ids, "__len__"):
+            ids = list(ids)  # a generator: read once, possibly twice below
+        packed = _packed_ids(ids)
+        if packed is not None:
+            setattr(paged, name + "_le32", packed)
+        else:
+            getattr(paged, name).extend(ids.tolist() if hasattr(ids, "tolist") else ids)
+
+
 def _now() -> float:
     return time.monotonic()
 
@@ -419,8 +452,7 @@ class Client:
         write's."""
         req = self._write_request(src, dst, tag, notify, notify_payload, timeout, traffic_class, wait)
         req.paged.block_size = block_size
-        req.paged.src_blocks.extend(int(i) for i in src_ids)
-        req.paged.dst_blocks.extend(int(i) for i in dst_ids)
+        _set_block_ids(req.paged, src_ids, dst_ids)
         return TransferFuture(self, self._call("Write", req, timeout=self._call_timeout(wait)))
 
     def write_batch(self, parts: Sequence[Tuple[Region, Union[RegionDescriptor, bytes], int, int]], block_size: int,
@@ -438,8 +470,7 @@ class Client:
                                           traffic_class=self._traffic_class(traffic_class),
                                           wait_ms=self._wait_ms(wait))
         req.blocks.block_size = block_size
-        req.blocks.src_blocks.extend(src_ids.tolist() if hasattr(src_ids, "tolist") else src_ids)  # numpy: one call
-        req.blocks.dst_blocks.extend(dst_ids.tolist() if hasattr(dst_ids, "tolist") else dst_ids)
+        _set_block_ids(req.blocks, src_ids, dst_ids)
         for src, dst, src_base, dst_base in parts:
             req.parts.add(src_region_id=src.id, dst=self._descriptor(dst)._proto, src_base=src_base,
                           dst_base=dst_base)

@@ -48,6 +48,44 @@ def test_write_blocks_moves_10000_scattered_blocks(agent):
             assert dst.buffer[d * block:(d + 1) * block] == src.buffer[s * block:(s + 1) * block]
 
 
+def test_block_ids_travel_packed_when_they_fit_32_bits_and_as_varints_when_not():
+    from ferry.client import _set_block_ids
+    p = ferry_pb2.PagedChunks()
+    _set_block_ids(p, (i for i in [5, 2**32 - 1]), [0, 70000])  # a generator is read once
+    assert p.src_blocks_le32 == (5).to_bytes(4, "little") + (2**32 - 1).to_bytes(4, "little")
+    assert p.dst_blocks_le32 == (0).to_bytes(4, "little") + (70000).to_bytes(4, "little")
+    assert not p.src_blocks and not p.dst_blocks
+    p = ferry_pb2.PagedChunks()
+    _set_block_ids(p, [2**32, 1], [3, 4])  # each side on its own
+    assert list(p.src_blocks) == [2**32, 1] and not p.src_blocks_le32
+    assert p.dst_blocks_le32 and not p.dst_blocks
+
+
+def test_block_ids_of_either_form_land_in_the_same_blocks(agent):
+    with ferry.Client(agent.socket) as c:
+        block = 64
+        src = c.register_host(64 * block)
+        dst = c.register_host(64 * block)
+        src.buffer[:] = os.urandom(64 * block)
+        packed = c.write_blocks(src, dst.descriptor(), block, [3, 9], [0, 1])  # packed ids
+        req = ferry_pb2.WriteRequest(src_region_id=src.id, dst=ferry.RegionDescriptor.from_bytes(dst.descriptor())._proto)
+        req.paged.block_size = block
+        req.paged.src_blocks.extend([4, 8])  # varints, as an older client sends them
+        req.paged.dst_blocks_le32 = (2).to_bytes(4, "little") + (3).to_bytes(4, "little")
+        varint = ferry.client.TransferFuture(c, c._call("Write", req))
+        packed.result(10)
+        varint.result(10)
+        for s, d in ((3, 0), (9, 1), (4, 2), (8, 3)):
+            assert dst.buffer[d * block:(d + 1) * block] == src.buffer[s * block:(s + 1) * block]
+        req.paged.src_blocks_le32 = b"\x01\x00\x00\x00"  # both forms on one side
+        with pytest.raises(ferry.errors.InvalidArgument, match="set src_blocks or src_blocks_le32, not both"):
+            c._call("Write", req)
+        req.paged.ClearField("src_blocks")
+        req.paged.src_blocks_le32 = b"\x01\x02\x03"  # not whole ids
+        with pytest.raises(ferry.errors.InvalidArgument, match="src_blocks_le32 holds 3 bytes"):
+            c._call("Write", req)
+
+
 def test_errors_are_exceptions_with_the_agents_message(agent):
     with ferry.Client(agent.socket) as a, ferry.Client(agent.socket) as b:
         src = a.register_host(4096)
