@@ -448,8 +448,9 @@ class Client:
                      notify_payload: bytes = b"", timeout: Optional[float] = None,
                      traffic_class: Optional[str] = None, wait: Optional[float] = None) -> TransferFuture:
         """Paged form: block src_ids[i] of ``src`` to block dst_ids[i] of ``dst``, all
-        ``block_size`` bytes, in one request (10,000s of blocks are fine). ``wait``: as
-        write's."""
+        ``block_size`` bytes, in one request (10,000s of blocks are fine; the ids, a
+        sequence or a numpy array, travel packed 4 bytes each where they fit 32 bits).
+        ``wait``: as write's."""
         req = self._write_request(src, dst, tag, notify, notify_payload, timeout, traffic_class, wait)
         req.paged.block_size = block_size
         _set_block_ids(req.paged, src_ids, dst_ids)
