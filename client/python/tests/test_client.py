@@ -59,6 +59,8 @@ def test_block_ids_travel_packed_when_they_fit_32_bits_and_as_varints_when_not()
     _set_block_ids(p, [2**32, 1], [3, 4])  # each side on its own
     assert list(p.src_blocks) == [2**32, 1] and not p.src_blocks_le32
     assert p.dst_blocks_le32 and not p.dst_blocks
+    with pytest.raises(TypeError):
+        _set_block_ids(ferry_pb2.PagedChunks(), [1.5], [0])  # never rounded into another block
 
 
 def test_block_ids_of_either_form_land_in_the_same_blocks(agent):
