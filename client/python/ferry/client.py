@@ -250,7 +250,7 @@ def _set_block_ids(paged: ferry_pb2.PagedChunks, src_ids, dst_ids) -> None:
     """Puts a paged layout's ids into ``paged``, packed where they fit 32 bits."""
     for ids, name in ((src_ids, "src_blocks"), (dst_ids, "dst_blocks")):
         if not hasattr(ids, "__len__"):
-            ids = list(ids)  # a generator: read once, possibly twice below
+            ids = list(ids)  # a generator can be read once; below it may be read twice
         packed = _packed_ids(ids)
         if packed is not None:
             setattr(paged, name + "_le32", packed)
