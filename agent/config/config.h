@@ -31,6 +31,7 @@ struct AgentConfig {
   size_t fabric_tx_size = 0;               // > 0 overrides the provider's queue depth
   bool fabric_hmem = true;                 // FI_HMEM for GPU memory where offered
   bool fabric_messages = true;             // notifications by fabric message where both ends can
+  bool fabric_latency_lane = false;        // a second endpoint per NIC for latency-class writes
   uint64_t fabric_max_op_bytes = 1 << 20;  // larger chunks are split (and striped)
   uint32_t fabric_spin_us = 100;           // NIC worker polling after activity
   std::string sysfs_root = "/sys";         // topology discovery (a fake tree in tests)

@@ -18,11 +18,14 @@ absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricE
                                                                    Metrics* metrics) {
   if (options.ifaces.empty()) return absl::InvalidArgumentError("--fabric_iface: at least one NIC is needed");
   std::unique_ptr<FabricEngine> e(new FabricEngine(options, metrics));
-  for (size_t i = 0; i < options.ifaces.size(); ++i) {
+  const size_t main_nics = options.ifaces.size();
+  const size_t endpoints = options.latency_lanes && options.qos.enabled ? 2 * main_nics : main_nics;
+  for (size_t i = 0; i < endpoints; ++i) {
     FabricNicOptions o;
     o.provider = options.provider;
-    o.iface = options.ifaces[i];
+    o.iface = options.ifaces[i % main_nics];
     o.index = static_cast<int>(i);
+    if (i >= main_nics) o.latency_lane_of = static_cast<int>(i - main_nics);
     o.tx_size = options.tx_size;
     o.hmem = options.hmem;
     if (options.fabric_messages) o.on_message = [p = e.get()](absl::string_view m) { p->OnMessage(m); };
@@ -33,24 +36,26 @@ absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricE
     }
     e->nics_.push_back(std::move(*nic));
   }
+  e->main_nics_ = main_nics;
   // Split at --fabric_max_op_bytes, and never past what the provider accepts in one op.
   e->max_op_bytes_ = std::max<uint64_t>(options.max_op_bytes, 4096);
   for (const auto& nic : e->nics_) e->max_op_bytes_ = std::min(e->max_op_bytes_, nic->max_msg_size());
   e->gpu_direct_.store(std::all_of(e->nics_.begin(), e->nics_.end(), [](const auto& nic) { return nic->hmem(); }));
   e->topology_ = options.topology != nullptr ? options.topology : std::make_shared<const Topology>();
-  for (auto& nic : e->nics_) {
-    const NicDevice* dev = e->topology_->FindNic(nic->netdev());
-    if (dev == nullptr) dev = e->topology_->FindNic(nic->domain_name());
+  for (size_t i = 0; i < main_nics; ++i) {
+    const NicDevice* dev = e->topology_->FindNic(e->nics_[i]->netdev());
+    if (dev == nullptr) dev = e->topology_->FindNic(e->nics_[i]->domain_name());
     e->nic_devices_.push_back(dev);
   }
-  e->rails_ = PlanRails(*e->topology_, e->nic_devices_);
+  e->rails_ = PlanRails(*e->topology_, e->nic_devices_);  // rails of NICs; a lane goes with its NIC
+  for (size_t i = main_nics; i < e->nics_.size(); ++i) e->nic_devices_.push_back(e->nic_devices_[i - main_nics]);
   // Pinning stays inside the cores this process may use (a container's cpuset).
   const std::vector<int> allowed = ProcessCpus(0);
   for (size_t i = 0; i < e->nics_.size(); ++i) {
     std::vector<int> cpus;
     if (options.pin_workers) {
-      std::set_intersection(e->rails_.nic_cpus[i].begin(), e->rails_.nic_cpus[i].end(), allowed.begin(), allowed.end(),
-                            std::back_inserter(cpus));
+      const std::vector<int>& near = e->rails_.nic_cpus[i % main_nics];
+      std::set_intersection(near.begin(), near.end(), allowed.begin(), allowed.end(), std::back_inserter(cpus));
     }
     const NicDevice* dev = e->nic_devices_[i];
     FERRY_LOG(INFO) << e->nics_[i]->name() << ": device " << (dev ? dev->name : "(none in sysfs)") << ", NUMA node "
@@ -180,7 +185,7 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
                             Done done) {
   const std::vector<int>& rail = t->rail.empty() ? RailFor(*t->src) : t->rail;
   const size_t local_nics = rail.size();
-  const size_t remote_nics = peer->remote_nic_count();
+  const size_t lane_offset = UsesLanes(*t, *peer) ? main_nics_ : 0;  // the rail's NICs, or their lanes
   const uint64_t max_op = max_op_bytes_;
 
   // Coalesce chunks that continue each other on both sides, then split to max_op. A
@@ -202,11 +207,13 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
     }
   }
 
-  std::vector<uint64_t> nic_bytes(remote_nics, 0);
-  for (size_t i = 0; i < pieces.size(); ++i) nic_bytes[rail[i % local_nics] % remote_nics] += pieces[i].length;
+  std::vector<uint64_t> nic_bytes(peer->remote_nic_count(), 0);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    nic_bytes[RemoteNic(lane_offset + rail[i % local_nics], *peer)] += pieces[i].length;
+  }
 
   auto state = TransferState::Create(t, peer, pieces.size(),
-                                     [this, t, peer, region_id, first_nic = static_cast<size_t>(rail[0]),
+                                     [this, t, peer, region_id, first_nic = lane_offset + rail[0],
                                       nic_bytes = std::move(nic_bytes), done = std::move(done)](absl::Status s) {
                                        if (!s.ok()) {
                                          if (s.code() == absl::StatusCode::kUnavailable) {
@@ -229,7 +236,7 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
 
   // Piece i goes to the rail's NIC i % local_nics; each NIC's ops in one hand-off.
   for (size_t j = 0; j < local_nics && j < pieces.size(); ++j) {
-    const size_t l = rail[j], r = l % remote_nics;
+    const size_t l = lane_offset + rail[j], r = RemoteNic(l, *peer);
     // This thread's batch, reused: no allocation per op once it has grown.
     thread_local std::vector<WriteOp> ops;
     ops.clear();
@@ -255,6 +262,17 @@ v1::NotifyRequest FabricEngine::DeliveredRequest(const Transfer& t, const std::v
   return req;
 }
 
+bool FabricEngine::UsesLanes(const Transfer& t, const PeerConnection& peer) const {
+  return nics_.size() > main_nics_ && peer.remote_latency_lanes() > 0 &&
+         t.share.traffic_class == TrafficClass::kLatency;
+}
+
+size_t FabricEngine::RemoteNic(size_t nic, const PeerConnection& peer) const {
+  const size_t remote_main = peer.remote_main_nics();
+  if (nic < main_nics_) return nic % remote_main;
+  return remote_main + (nic - main_nics_) % remote_main;  // a lane reaches lanes only (see UsesLanes)
+}
+
 bool FabricEngine::ByMessage(const PeerConnection& peer, size_t nic, const v1::NotifyRequest& req) const {
   return nics_[nic]->messages() && peer.fabric_messages() && req.ByteSizeLong() <= kMaxFabricMessageBytes;
 }
@@ -275,9 +293,11 @@ void FabricEngine::NotifyPeer(const std::shared_ptr<Transfer>& t, const std::sha
 }
 
 void FabricEngine::AnnounceToPeer(const std::shared_ptr<Transfer>& t, v1::NotifyRequest req, Done done) {
-  constexpr size_t kNic = 0;  // any NIC reaches the peer; its order against the data does not matter
-  if (ByMessage(*t->peer, kNic, req)) {
-    SendNotifyMessage(t, t->peer, kNic, req, std::move(done));
+  // Any NIC reaches the peer and its order against the data does not matter; a latency
+  // write's announcement takes its lane, not a connection bulk bytes may fill.
+  const size_t nic = UsesLanes(*t, *t->peer) ? main_nics_ : 0;
+  if (ByMessage(*t->peer, nic, req)) {
+    SendNotifyMessage(t, t->peer, nic, req, std::move(done));
   } else {
     SendNotifyAsync(t->peer, std::move(req), absl::Now() + absl::Seconds(2), std::move(done));
   }
@@ -299,7 +319,7 @@ void FabricEngine::SendNotifyMessage(const std::shared_ptr<Transfer>& t, const s
   op.message = true;
   op.local = reinterpret_cast<const uint8_t*>(state->message().data());
   op.length = state->message().size();
-  op.peer = peer->fi_addr(nic, nic % peer->remote_nic_count());
+  op.peer = peer->fi_addr(nic, RemoteNic(nic, *peer));
   workers_[nic]->Submit(absl::MakeConstSpan(&op, 1));
 }
 

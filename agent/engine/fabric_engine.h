@@ -11,6 +11,9 @@
 // (a GPU's nearest NICs, or those of a host region's NUMA node; see agent/topology);
 // local NIC i writes to remote NIC i mod R, so rail-aligned networks stay on their rail.
 // Each NIC's RailWorker, pinned to its NIC's NUMA-local cores, posts and completes its ops.
+// With latency lanes (FabricEngineOptions::latency_lanes) NIC i has a second endpoint,
+// its lane, and a latency-class write to a peer with lanes goes from the lanes of its
+// rail to the peer's lanes instead (local lane of NIC i to remote lane of NIC i mod R).
 // Once every op reported delivery-complete, the target agent is told when the writer
 // asked for a notification: by a fabric message carrying the NotifyRequest, from the
 // first NIC of the rail, where both agents have messages (FabricNic::messages; the
@@ -75,6 +78,13 @@ struct FabricEngineOptions {
   absl::Duration peer_idle = absl::ZeroDuration();
   // How each NIC's worker shares it between pods and traffic classes.
   QosScheduling qos;
+  // A latency lane per NIC (--fabric_latency_lane): a second endpoint on the same device
+  // with its own domain, connection and worker. Latency-class writes to a peer that has
+  // lanes too go through them, so no bulk bytes wait ahead of them in a connection, nor
+  // a bulk post in their worker's turn (on tcp a post pushes bytes into the socket
+  // inside the call); the NIC (on tcp the kernel) shares the wire between connections.
+  // Regions are registered on the lanes as on any NIC. Only with qos.enabled.
+  bool latency_lanes = false;
 };
 
 class FabricEngine : public TransferExecutor, public RegionRegistrar {
@@ -133,6 +143,8 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   const std::vector<const NicDevice*>& nic_devices() const { return nic_devices_; }
   const RailPlan& rails() const { return rails_; }
   const std::vector<int>& RailFor(const Region& r) const { return rails_.NicsFor(r.placement()); }
+  // NICs, then their latency lanes (nics()[main_nics() + i] is NIC i's lane), if any.
+  size_t main_nics() const { return main_nics_; }
   const std::vector<int>& worker_cpus(size_t nic) const { return workers_[nic]->cpus(); }
   const std::string& provider() const { return nics_.front()->provider(); }
   void FillStatus(v1::GetStatusResponse* resp) const;
@@ -146,6 +158,12 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   void OnMessage(absl::string_view bytes);
   // The NotifyRequest that delivers `t`'s notification.
   v1::NotifyRequest DeliveredRequest(const Transfer& t, const std::vector<uint64_t>& nic_bytes) const;
+  // Whether `t` goes through the latency lanes: a latency-class write, with traffic
+  // classes on, where this agent and `peer` both have lanes.
+  bool UsesLanes(const Transfer& t, const PeerConnection& peer) const;
+  // The endpoint local NIC `nic` (a NIC or a lane) writes to on `peer`: its NIC i mod
+  // R, or that NIC's lane from a lane.
+  size_t RemoteNic(size_t nic, const PeerConnection& peer) const;
   // Whether `req` goes to `peer` as a fabric message from local NIC `nic`: both agents
   // take messages and it fits one. Otherwise it goes by the Notify RPC.
   bool ByMessage(const PeerConnection& peer, size_t nic, const v1::NotifyRequest& req) const;
@@ -169,7 +187,8 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   const FabricEngineOptions options_;
   uint64_t max_op_bytes_ = 0;  // the largest op: the option, capped by every NIC's max_msg_size
   Metrics* metrics_;
-  std::vector<std::unique_ptr<FabricNic>> nics_;
+  std::vector<std::unique_ptr<FabricNic>> nics_;  // NICs, then their lanes
+  size_t main_nics_ = 0;
   std::vector<std::unique_ptr<RailWorker>> workers_;
   std::shared_ptr<const Topology> topology_;
   std::vector<const NicDevice*> nic_devices_;

@@ -133,7 +133,9 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
 
   std::unique_ptr<FabricNic> nic(new FabricNic());
   nic->info_ = info;
-  nic->name_ = absl::StrCat("nic", options.index);
+  nic->latency_lane_of_ = options.latency_lane_of;
+  nic->name_ = options.latency_lane_of >= 0 ? absl::StrCat("nic", options.latency_lane_of, "-latency")
+                                            : absl::StrCat("nic", options.index);
   nic->provider_ = info->fabric_attr->prov_name;
   nic->iface_ = iface.address.empty() ? iface.domain : iface.address;
   nic->netdev_ = iface.name;

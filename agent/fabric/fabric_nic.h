@@ -52,6 +52,9 @@ struct FabricNicOptions {
   // (EFA), the RDMA device or libfabric domain ("rdmap16s27", "rdmap16s27-rdm").
   std::string iface;
   int index = 0;
+  // >= 0: this endpoint is the latency lane of NIC `latency_lane_of` (the same device,
+  // its own domain, endpoint and worker; see FabricEngineOptions::latency_lanes).
+  int latency_lane_of = -1;
   // Overrides the provider's transmit queue depth when > 0 (tests force -FI_EAGAIN).
   size_t tx_size = 0;
   // Ask for FI_HMEM (device memory registration) where the provider has it.
@@ -66,7 +69,8 @@ class FabricNic : public NicInterface {
   static absl::StatusOr<std::unique_ptr<FabricNic>> Open(const FabricNicOptions& options);
   ~FabricNic() override;
 
-  const std::string& name() const override { return name_; }  // "nic0"
+  const std::string& name() const override { return name_; }  // "nic0", a lane "nic0-latency"
+  int latency_lane_of() const { return latency_lane_of_; }    // -1: a NIC of its own
   const std::string& provider() const { return provider_; }   // as resolved, e.g. "tcp;ofi_rxm"
   const std::string& iface() const { return iface_; }         // the bound IPv4 address, or the domain
   // Where the NIC is in sysfs (agent/topology): the interface holding iface(), and the
@@ -122,6 +126,7 @@ class FabricNic : public NicInterface {
   fi_msg SlotMessage(MessageSlot* s, iovec* iov, fi_addr_t peer);
 
   std::string name_, provider_, iface_, netdev_, domain_name_, address_;
+  int latency_lane_of_ = -1;
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;

@@ -243,6 +243,7 @@ absl::Status Agent::StartFabric() {
   options.tx_size = config_.fabric_tx_size;
   options.hmem = config_.fabric_hmem;
   options.fabric_messages = config_.fabric_messages;
+  options.latency_lanes = config_.fabric_latency_lane;
   options.max_op_bytes = config_.fabric_max_op_bytes;
   options.worker_spin = absl::Microseconds(config_.fabric_spin_us);
   options.topology = topology_;

@@ -44,6 +44,10 @@ ABSL_FLAG(bool, fabric_hmem, true,
 ABSL_FLAG(bool, fabric_messages, true,
           "Send a notified write's notification to the target agent as a fabric message after the data (no RPC), "
           "and receive them, where both agents' providers have FI_MSG; false: by the peer Notify RPC.");
+ABSL_FLAG(bool, fabric_latency_lane, false,
+          "Give each NIC a latency lane: a second endpoint (its own connection and worker thread) that "
+          "latency-class writes take to peers that have lanes too, so they never wait behind bulk bytes in one "
+          "connection. Needs --qos.");
 ABSL_FLAG(uint64_t, fabric_tx_size, 0,
           "Transmit queue depth per NIC; 0 keeps the provider's. Small values force -FI_EAGAIN (tests).");
 ABSL_FLAG(std::string, peer_tls_cert, "",
@@ -169,6 +173,7 @@ absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
   config.fabric_tx_size = absl::GetFlag(FLAGS_fabric_tx_size);
   config.fabric_hmem = absl::GetFlag(FLAGS_fabric_hmem);
   config.fabric_messages = absl::GetFlag(FLAGS_fabric_messages);
+  config.fabric_latency_lane = absl::GetFlag(FLAGS_fabric_latency_lane);
   config.fabric_max_op_bytes = absl::GetFlag(FLAGS_fabric_max_op_bytes);
   config.fabric_spin_us = absl::GetFlag(FLAGS_fabric_spin_us);
   config.sysfs_root = absl::GetFlag(FLAGS_sysfs_root);
@@ -216,6 +221,9 @@ absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
   absl::StatusOr<ferry::QosPolicy> policy = ferry::ParseQosPolicy(qos);
   if (!policy.ok()) return policy.status();
   config.qos = *std::move(policy);
+  if (config.fabric_latency_lane && !config.qos.scheduling.enabled) {
+    return absl::InvalidArgumentError("--fabric_latency_lane needs --qos (the lanes carry the latency class)");
+  }
   if (!config.peer_address.empty() && config.fabric_ifaces.empty()) {
     return absl::InvalidArgumentError("--peer_address needs --fabric_iface (e.g. 127.0.0.1 for a loopback test)");
   }

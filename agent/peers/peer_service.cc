@@ -31,7 +31,10 @@ grpc::Status PeerService::Handshake(grpc::ServerContext*, const v1::HandshakeReq
   resp->set_protocol_version(kPeerProtocolVersion);
   resp->set_incarnation(incarnation_);
   resp->set_provider(nics_.empty() ? "" : nics_[0]->provider());
-  for (FabricNic* nic : nics_) resp->add_fabric_addresses(nic->address());
+  for (FabricNic* nic : nics_) {
+    resp->add_fabric_addresses(nic->address());
+    if (nic->latency_lane_of() >= 0) resp->set_latency_lanes(resp->latency_lanes() + 1);
+  }
   resp->set_fabric_messages(!nics_.empty() &&
                             std::all_of(nics_.begin(), nics_.end(), [](FabricNic* n) { return n->messages(); }));
   return grpc::Status::OK;

@@ -141,6 +141,11 @@ absl::StatusOr<v1::HandshakeResponse> PeerTable::Handshake(grpc::Channel& channe
   if (resp.fabric_addresses_size() == 0) {
     return absl::FailedPreconditionError(absl::StrCat("agent ", address, " has no fabric NICs"));
   }
+  if (resp.latency_lanes() != 0 && 2 * static_cast<size_t>(resp.latency_lanes()) != resp.fabric_addresses().size()) {
+    return absl::FailedPreconditionError(absl::StrCat("agent ", address, " names ", resp.latency_lanes(),
+                                                      " latency lanes for ", resp.fabric_addresses_size(),
+                                                      " fabric addresses (one lane per NIC, or none)"));
+  }
   return resp;
 }
 
@@ -157,10 +162,12 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Connect(const std::st
       addrs.push_back(*fa);
     }
   }
-  FERRY_LOG(INFO) << "peer " << address << " incarnation " << resp.incarnation() << ": " << remote << " NICs"
+  FERRY_LOG(INFO) << "peer " << address << " incarnation " << resp.incarnation() << ": "
+                  << remote - resp.latency_lanes() << " NICs" << (resp.latency_lanes() > 0 ? " with latency lanes" : "")
                   << (resp.fabric_messages() ? ", fabric messages" : "");
   return std::make_shared<PeerConnection>(address, resp.incarnation(), std::move(channel), std::move(addrs), remote,
-                                          resp.fabric_messages(), self_.incarnation, self_.address);
+                                          resp.latency_lanes(), resp.fabric_messages(), self_.incarnation,
+                                          self_.address);
 }
 
 void PeerTable::RetireLocked(const std::shared_ptr<PeerConnection>& peer) {

@@ -63,14 +63,15 @@ class PeerConnection {
   // `local_incarnation` and `local_address` name this agent in OpenRegion (the target
   // keeps one staging buffer per initiator agent).
   PeerConnection(std::string address, uint64_t incarnation, std::shared_ptr<grpc::Channel> channel,
-                 std::vector<fi_addr_t> remote_nics_per_local, size_t remote_nic_count, bool fabric_messages,
-                 uint64_t local_incarnation, std::string local_address)
+                 std::vector<fi_addr_t> remote_nics_per_local, size_t remote_nic_count, size_t remote_latency_lanes,
+                 bool fabric_messages, uint64_t local_incarnation, std::string local_address)
       : address_(std::move(address)),
         incarnation_(incarnation),
         channel_(std::move(channel)),
         stub_(v1::Peer::NewStub(channel_)),
         fi_addrs_(std::move(remote_nics_per_local)),
         remote_nic_count_(remote_nic_count),
+        remote_latency_lanes_(remote_latency_lanes),
         fabric_messages_(fabric_messages),
         local_incarnation_(local_incarnation),
         local_address_(std::move(local_address)) {}
@@ -78,7 +79,10 @@ class PeerConnection {
   const std::string& address() const { return address_; }
   uint64_t incarnation() const { return incarnation_; }
   v1::Peer::Stub* stub() const { return stub_.get(); }
+  // Its endpoints: NICs, then (HandshakeResponse.latency_lanes) one latency lane per NIC.
   size_t remote_nic_count() const { return remote_nic_count_; }
+  size_t remote_latency_lanes() const { return remote_latency_lanes_; }
+  size_t remote_main_nics() const { return remote_nic_count_ - remote_latency_lanes_; }
   // fi_addr of remote NIC `remote` in local NIC `local`'s address vector.
   fi_addr_t fi_addr(size_t local, size_t remote) const { return fi_addrs_[local * remote_nic_count_ + remote]; }
   const std::vector<fi_addr_t>& fi_addrs() const { return fi_addrs_; }
@@ -124,6 +128,7 @@ class PeerConnection {
   std::unique_ptr<v1::Peer::Stub> stub_;
   const std::vector<fi_addr_t> fi_addrs_;
   const size_t remote_nic_count_;
+  const size_t remote_latency_lanes_;
   const bool fabric_messages_;
   const uint64_t local_incarnation_;
   const std::string local_address_;

@@ -448,6 +448,68 @@ TEST_CASE("two NICs per agent: transfers stripe over both (per-NIC byte counters
   CHECK(rx1 == kSize / 2);
 }
 
+TEST_CASE(
+    "--fabric_latency_lane: latency-class writes cross on the lanes, others on the NICs; lane-less agents "
+    "interoperate") {
+  TestNetwork net = TestNetwork::Create(3, 1);
+  auto a = StartFabricAgent(net.host(0), {"--fabric_latency_lane"});
+  auto b = StartFabricAgent(net.host(1), {"--fabric_latency_lane"});
+  auto c = StartFabricAgent(net.host(2));  // no lanes
+  const uint64_t kSize = 4 << 20;
+  Pod sender = MakePod(a->socket(), kSize, 0);
+  Pod plain = MakePod(c->socket(), kSize, 0);
+  Pod receiver = MakePod(b->socket(), kSize, 0);
+  Pod plain_receiver = MakePod(c->socket(), kSize, 0);
+  FillRandom(sender.buf->data(), kSize, 31);
+  FillRandom(plain.buf->data(), kSize, 32);
+
+  auto status = sender.client->GetStatus();
+  REQUIRE(status.ok());
+  REQUIRE(status->nics_size() == 2);
+  CHECK(status->nics(0).name() == "nic0");
+  CHECK(status->nics(1).name() == "nic0-latency");
+  auto write = [](Pod& from, const Pod& to, uint64_t off, uint64_t len, v1::TrafficClass cls, bool notify) {
+    v1::WriteRequest req = ChunkWrite(from, to.reg.region(), off, off, len);
+    req.set_traffic_class(cls);
+    req.set_notify(notify);
+    auto r = from.client->WriteAndWait(req, absl::Seconds(30));
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    CHECK(r->path() == v1::TRANSFER_PATH_FABRIC);
+  };
+  // Between two agents with lanes: the latency class (notified, so its announcement and
+  // notification travel the lane too) on the lane, bulk on the NIC.
+  auto ctx = receiver.client->NewContext(absl::Seconds(60));
+  auto stream = receiver.client->stub()->WatchNotifications(ctx.get(), v1::WatchNotificationsRequest());
+  write(sender, receiver, 0, kSize / 2, v1::TRAFFIC_CLASS_LATENCY, /*notify=*/true);
+  write(sender, receiver, kSize / 2, kSize / 2, v1::TRAFFIC_CLASS_BULK, /*notify=*/false);
+  CHECK(memcmp(receiver.buf->data(), sender.buf->data(), kSize) == 0);
+  v1::Notification note;
+  REQUIRE(stream->Read(&note));
+  CHECK(note.bytes() == kSize / 2);
+  ctx->TryCancel();
+  status = sender.client->GetStatus();
+  REQUIRE(status.ok());
+  CHECK(status->nics(0).tx_bytes() == kSize / 2);
+  CHECK(status->nics(1).tx_bytes() >= kSize / 2);  // and the notification's messages
+
+  // With an agent without lanes, either way: the latency class goes through the NICs.
+  write(sender, plain_receiver, 0, kSize, v1::TRAFFIC_CLASS_LATENCY, /*notify=*/false);
+  CHECK(memcmp(plain_receiver.buf->data(), sender.buf->data(), kSize) == 0);
+  write(plain, receiver, 0, kSize, v1::TRAFFIC_CLASS_LATENCY, /*notify=*/false);
+  CHECK(memcmp(receiver.buf->data(), plain.buf->data(), kSize) == 0);
+  auto after = sender.client->GetStatus();
+  REQUIRE(after.ok());
+  CHECK(after->nics(0).tx_bytes() == kSize / 2 + kSize);
+  CHECK(after->nics(1).tx_bytes() == status->nics(1).tx_bytes());
+}
+
+TEST_CASE("--fabric_latency_lane without --qos is refused at start, naming both flags") {
+  auto agent = AgentProcess::Start({"--fabric_latency_lane", "--qos=false"});
+  REQUIRE_FALSE(agent.ok());
+  CHECK(absl::StrContains(agent.status().message(), "--fabric_latency_lane needs --qos"));
+}
+
 TEST_CASE("three agents, many sessions, concurrent transfers: no corruption") {
   TestNetwork net = TestNetwork::Create(3, 1);
   std::vector<std::unique_ptr<AgentProcess>> agents;

@@ -54,8 +54,10 @@ agent() {  # agent NAME ADDR CPUS FLAGS...
 agent q 127.0.0.1 "$cpu_a" --qos_tenants='gid=2001,weight=3;gid=2002,weight=1' $ferryd_flags
 # shellcheck disable=SC2086
 agent f 127.0.0.3 "$cpu_a" --qos=false $ferryd_flags
-agent b 127.0.0.2 "$cpu_b" --fabric_spin_us=200000
-for n in q f b; do wait_for "$work/$n.ready" 20; done
+# shellcheck disable=SC2086
+agent l 127.0.0.4 "$cpu_a" --fabric_latency_lane $ferryd_flags
+agent b 127.0.0.2 "$cpu_b" --fabric_spin_us=200000 --fabric_latency_lane
+for n in q f l b; do wait_for "$work/$n.ready" 20; done
 start_bg taskset -c "$cpu_b" "$ferry_bench" receive --socket="$work/b.sock" --dir="$work" --size=$((64 << 20))
 wait_for "$work/descriptor" 20
 
@@ -81,6 +83,8 @@ loaded() {  # loaded AGENT CLASS: B streams, A probes the middle of it
   echo "b_alone $(stream q 0 --traffic_class=bulk)"
   loaded q latency | paste -sd' ' | sed 's/^/classes /'
   loaded f "" | paste -sd' ' | sed 's/^/fifo /'
+  echo "alone_lanes $(probe l latency "$seconds")"
+  loaded l latency | paste -sd' ' | sed 's/^/lanes /'
   stream q 2001 --traffic_class=bulk > "$work/w3.txt" &
   w=$!
   stream q 2002 --traffic_class=bulk > "$work/w1.txt"
@@ -99,20 +103,27 @@ alone = probe(rows["alone"])
 b_alone = stream(rows["b_alone"])
 cls_a, cls_b = probe(rows["classes"][:4]), stream(rows["classes"][4:])
 fifo_a, fifo_b = probe(rows["fifo"][:4]), stream(rows["fifo"][4:])
+alone_l = probe(rows["alone_lanes"])
+lanes_a, lanes_b = probe(rows["lanes"][:4]), stream(rows["lanes"][4:])
 w3, w1 = stream(rows["weights"][:4]), stream(rows["weights"][4:])
 print(f"\n{'tenant A: 64 KiB Write+Wait, one at a time':<52} {'n':>7} {'p50_us':>9} {'p99_us':>9}")
 for label, (n, p50, p99) in [("alone", alone), ("beside B, traffic classes (A latency, B bulk)", cls_a),
-                             ("beside B, first in first out (--qos=false)", fifo_a)]:
+                             ("beside B, first in first out (--qos=false)", fifo_a),
+                             ("alone, latency lanes", alone_l),
+                             ("beside B, traffic classes and latency lanes", lanes_a)]:
     print(f"{label:<52} {n:>7} {p50:>9.1f} {p99:>9.1f}")
 print(f"\n{'tenant B: 64 MiB writes, 16 in flight':<52} {'GB/s':>9}")
-for label, bw in [("alone", b_alone), ("beside A, traffic classes", cls_b), ("beside A, first in first out", fifo_b)]:
+for label, bw in [("alone", b_alone), ("beside A, traffic classes", cls_b), ("beside A, first in first out", fifo_b),
+                  ("beside A, traffic classes and latency lanes", lanes_b)]:
     print(f"{label:<52} {bw:>9.3f}")
 print(f"\n{'two bulk tenants, weights 3:1 (gid 2001, 2002)':<52} {'GB/s':>9}")
 print(f"{'weight 3':<52} {w3:>9.3f}\n{'weight 1':<52} {w1:>9.3f}")
 print("\ngoals (issue 24):")
 print(f"  A's p99 beside B / A's p99 alone, classes   {cls_a[2] / alone[2]:6.2f}  (goal <= 2; first in first out: "
       f"{fifo_a[2] / alone[2]:.2f})")
+print(f"    with latency lanes (over A alone there)   {lanes_a[2] / alone_l[2]:6.2f}")
 print(f"  B's rate beside A / B alone, classes        {cls_b / b_alone:6.2f}  (goal >= 0.9; first in first out: "
       f"{fifo_b / b_alone:.2f})")
+print(f"    with latency lanes                        {lanes_b / b_alone:6.2f}")
 print(f"  weight-3 / weight-1 tenant's rate           {w3 / w1:6.2f}  (goal 3 +- 10 %: 2.7..3.3)")
 PY
