@@ -4,15 +4,17 @@
 # tenants sharing agent A's NIC, in one run (issue 24):
 #   tenant B saturates with 64 MiB writes, 16 in flight (bulk), while tenant A writes
 #   64 KiB one at a time (Write + Wait, latency class): A's p50 / p99 with traffic
-#   classes, with first-in-first-out order (an agent run with --qos=false), and alone;
+#   classes, with first-in-first-out order (an agent run with --qos=false), with
+#   classes and latency lanes (--fabric_latency_lane, against A alone on that agent), and alone;
 #   B's bandwidth beside A against B alone; two bulk tenants at weights 3:1 (their pods
 #   run with gids 2001 and 2002, which the agent's --qos_tenants weighs).
-# Two initiator agents on --cpus_a (classes on 127.0.0.1, --qos=false on 127.0.0.3), one
-# target agent on --cpus_b (127.0.0.2, spinning, a receiver pod with a 64 MiB region),
+# Three initiator agents on --cpus_a (classes on 127.0.0.1, --qos=false on 127.0.0.3,
+# classes and lanes on 127.0.0.4), one target agent with lanes on --cpus_b (127.0.0.2,
+# spinning, a receiver pod with a 64 MiB region; agents without lanes use its NIC),
 # the tenants' pods on --cpus_pods (default: --cpus_a), tcp;ofi_rxm on loopback as in
 # `tools/bench.sh cross-node`. In each loaded case the stream runs T seconds and the probe
 # the middle T - 1 of them; B's rate counts the writes that finished within its T
-# seconds. --ferryd_flags go to both initiator agents. --bundle=DIR takes the binaries
+# seconds. --ferryd_flags go to the initiator agents. --bundle=DIR takes the binaries
 # from tests/gpu/bundle.sh's folder (a host without Bazel).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
