@@ -113,10 +113,10 @@ int Status(Agent::Stub& stub, grpc::ClientContext& ctx) {
          static_cast<unsigned long long>(s.transfers_failed()));
   printf("%-22s %s\n", "fabric provider", s.fabric_provider().empty() ? "(none)" : s.fabric_provider().c_str());
   if (s.nics_size() > 0) {
-    printf("\n%-10s %-14s %-28s %12s %12s %8s %-12s %-5s %s\n", "NIC", "provider", "address", "tx", "rx", "inflight",
+    printf("\n%-12s %-14s %-28s %12s %12s %8s %-12s %-5s %s\n", "NIC", "provider", "address", "tx", "rx", "inflight",
            "device", "NUMA", "worker cores");
     for (const auto& n : s.nics()) {
-      printf("%-10s %-14s %-28s %12s %12s %8llu %-12s %-5s %s\n", n.name().c_str(), n.provider().c_str(),
+      printf("%-12s %-14s %-28s %12s %12s %8llu %-12s %-5s %s\n", n.name().c_str(), n.provider().c_str(),
              n.address().c_str(), HumanBytes(n.tx_bytes()).c_str(), HumanBytes(n.rx_bytes()).c_str(),
              static_cast<unsigned long long>(n.ops_inflight()), n.device().empty() ? "-" : n.device().c_str(),
              Numa(n.numa_node()).c_str(), Cores(n.cpus()).c_str());
@@ -146,11 +146,11 @@ int Topology(Agent::Stub& stub, grpc::ClientContext& ctx) {
          t.numa_nodes_size());
   if (t.gpus_size() > 0 && t.nics_size() > 0) {
     printf("\n%-6s", "");
-    for (const auto& n : t.nics()) printf(" %-10s", n.name().c_str());
+    for (const auto& n : t.nics()) printf(" %-12s", n.name().c_str());
     printf(" %-5s %s\n", "NUMA", "PCIe root");
     for (const auto& g : t.gpus()) {
       printf("%-6s", absl::StrCat("GPU", g.index()).c_str());
-      for (const std::string& l : g.nic_links()) printf(" %-10s", l.c_str());
+      for (const std::string& l : g.nic_links()) printf(" %-12s", l.c_str());
       printf(" %-5s %s\n", Numa(g.numa_node()).c_str(), g.pcie_root().c_str());
     }
     printf(
@@ -158,10 +158,10 @@ int Topology(Agent::Stub& stub, grpc::ClientContext& ctx) {
         "bridge; NODE = across root complexes of one NUMA node; SYS = across NUMA nodes, or place unknown\n");
   }
   if (t.nics_size() > 0) {
-    printf("\n%-10s %-12s %-12s %-13s %-11s %-5s %-24s %s\n", "NIC", "RDMA device", "netdev", "PCI", "PCIe root",
+    printf("\n%-12s %-12s %-12s %-13s %-11s %-5s %-24s %s\n", "NIC", "RDMA device", "netdev", "PCI", "PCIe root",
            "NUMA", "fabric address", "worker cores");
     for (const auto& n : t.nics()) {
-      printf("%-10s %-12s %-12s %-13s %-11s %-5s %-24s %s\n", n.name().c_str(), n.rdma_device().c_str(),
+      printf("%-12s %-12s %-12s %-13s %-11s %-5s %-24s %s\n", n.name().c_str(), n.rdma_device().c_str(),
              n.netdev().c_str(), n.pci_address().c_str(), n.pcie_root().c_str(), Numa(n.numa_node()).c_str(),
              n.fabric_address().empty() ? "(not used)" : n.fabric_address().c_str(),
              n.fabric_address().empty() ? "" : Cores(n.cpus()).c_str());
