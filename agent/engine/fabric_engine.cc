@@ -7,6 +7,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/check.h"
 #include "agent/common/log.h"
 #include "agent/common/thread_name.h"
 #include "agent/peers/remote_target.h"
@@ -270,7 +271,10 @@ bool FabricEngine::UsesLanes(const Transfer& t, const PeerConnection& peer) cons
 size_t FabricEngine::RemoteNic(size_t nic, const PeerConnection& peer) const {
   const size_t remote_main = peer.remote_main_nics();
   if (nic < main_nics_) return nic % remote_main;
-  return remote_main + (nic - main_nics_) % remote_main;  // a lane reaches lanes only (see UsesLanes)
+  // A lane is used only towards peers with lanes (UsesLanes), and reaches their lanes only.
+  FERRY_DCHECK(peer.remote_latency_lanes() > 0)
+      << nics_[nic]->name() << " used towards " << peer.address() << ", which has no latency lanes";
+  return remote_main + (nic - main_nics_) % remote_main;
 }
 
 bool FabricEngine::ByMessage(const PeerConnection& peer, size_t nic, const v1::NotifyRequest& req) const {
