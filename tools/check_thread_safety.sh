@@ -10,11 +10,11 @@ flags=(-std=c++17 -fsyntax-only -Wthread-safety -Werror=thread-safety -I. -Ibaze
        $(pkg-config --cflags grpc++ protobuf libfabric prometheus-cpp-core))
 log=$(mktemp /tmp/ferry-tsa.XXXXXX)
 trap 'rm -f "$log"' EXIT
-find agent client/cpp proto tests tools -name '*.cc' -print0 | sort -z |
+find agent client/cpp client/native proto tests tools -name '*.cc' -print0 | sort -z |
   xargs -0 -n 4 -P "$(nproc)" clang++-14 "${flags[@]}" >"$log" 2>&1
 rc=$?
 grep -E 'error|warning' "$log" | head -n 40
-files=$(find agent client/cpp proto tests tools -name '*.cc' | wc -l)
+files=$(find agent client/cpp client/native proto tests tools -name '*.cc' | wc -l)
 if [ "$rc" -eq 0 ]; then
   echo "thread-safety analysis: $files files clean"
   echo "thread-safety analysis: PASSED"

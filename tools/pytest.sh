@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # The Python client's tests (client/python/tests) against live ferryd processes: builds
 # ferryd (extra arguments go to Bazel, e.g. --config=asan), installs the package into
-# .venv with pip (stubs generated from proto/ at build time), runs pytest.
+# .venv with pip (stubs generated from proto/ at build time), runs pytest. Then, in the
+# plain configuration (no arguments), test_client.py again with every client's unary
+# calls through libferry_rpc (client/native), built without the arguments: a library
+# loaded into Python is not built with a sanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bazel build //client/native:libferry_rpc.so 2>&1 | tail -n 1
+rpc_lib=$(mktemp -d /tmp/ferry-rpc-lib.XXXXXX)/libferry_rpc.so
+trap 'rm -rf "$(dirname "$rpc_lib")"' EXIT
+cp bazel-bin/client/native/libferry_rpc.so "$rpc_lib"
 bazel build "$@" //agent/main:ferryd 2>&1 | tail -n 1
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
@@ -15,4 +22,9 @@ test_env=()
 for arg in "$@"; do
   case $arg in --test_env=*=*) test_env+=("${arg#--test_env=}") ;; esac
 done
+export FERRY_TEST_RPC_LIB=$rpc_lib
 env "${test_env[@]}" FERRYD="$PWD/bazel-bin/agent/main/ferryd" .venv/bin/python -m pytest -q -p no:cacheprovider --ignore=client/python/tests/vllm client/python/tests
+if [ $# -eq 0 ]; then
+  FERRY_RPC_LIB=$rpc_lib FERRYD="$PWD/bazel-bin/agent/main/ferryd" \
+    .venv/bin/python -m pytest -q -p no:cacheprovider client/python/tests/test_client.py
+fi

@@ -66,6 +66,7 @@ _BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, PermissionDenie
                                       ResourceExhausted, Unavailable, DeadlineExceeded, Unauthenticated, Cancelled,
                                       Internal, AlreadyExists)}
 _BY_NUMBER = {code.value[0]: cls for code, cls in _BY_CODE.items()}
+_STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def from_rpc_error(e: grpc.RpcError) -> FerryError:
@@ -82,4 +83,7 @@ def from_rpc_error(e: grpc.RpcError) -> FerryError:
 def from_code(code: int, message: str) -> FerryError:
     """The exception for a TransferResult's numeric code (google.rpc.Code)."""
     cls = _BY_NUMBER.get(code, FerryError)
-    return cls(message or f"transfer failed with status {code}")
+    err = cls(message or f"transfer failed with status {code}")
+    if cls is FerryError:
+        err.code = _STATUS_BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN)
+    return err

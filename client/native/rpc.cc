@@ -1,0 +1,140 @@
+#include "client/native/rpc.h"
+
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/impl/client_unary_call.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/byte_buffer.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+
+namespace {
+
+// A method's path and its registration with the channel, made once per path (gRPC's
+// generated stubs keep one RpcMethod per method for the same reason); the RpcMethod
+// points into `path`, so the pair never moves.
+struct RegisteredMethod {
+  RegisteredMethod(std::string method_path, const std::shared_ptr<grpc::Channel>& channel)
+      : path(std::move(method_path)), rpc(path.c_str(), grpc::internal::RpcMethod::NORMAL_RPC, channel) {}
+  const std::string path;
+  const grpc::internal::RpcMethod rpc;
+};
+
+}  // namespace
+
+struct ferry_rpc_channel {
+  std::shared_ptr<grpc::Channel> channel;
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, std::unique_ptr<RegisteredMethod>> methods ABSL_GUARDED_BY(mu);
+  absl::flat_hash_set<grpc::ClientContext*> in_flight ABSL_GUARDED_BY(mu);
+  bool shut_down ABSL_GUARDED_BY(mu) = false;
+
+  // The registered method for `path` with `context` counted in flight, or null after shutdown.
+  const grpc::internal::RpcMethod* Begin(const char* path, grpc::ClientContext* context) {
+    absl::MutexLock lock(&mu);
+    if (shut_down) return nullptr;
+    in_flight.insert(context);
+    std::unique_ptr<RegisteredMethod>& method = methods[path];
+    if (method == nullptr) method = std::make_unique<RegisteredMethod>(path, channel);
+    return &method->rpc;
+  }
+
+  void End(grpc::ClientContext* context) {
+    absl::MutexLock lock(&mu);
+    in_flight.erase(context);
+  }
+
+  void Shutdown() {
+    absl::MutexLock lock(&mu);
+    shut_down = true;
+    for (grpc::ClientContext* context : in_flight) context->TryCancel();
+    mu.Await(absl::Condition(
+        +[](absl::flat_hash_set<grpc::ClientContext*>* calls) { return calls->empty(); }, &in_flight));
+  }
+};
+
+namespace {
+
+// What a call hands back to its thread (see the header's contract).
+struct CallResult {
+  std::string response;
+  std::string message;
+};
+
+thread_local CallResult last_call;
+
+int Fail(grpc::StatusCode code, std::string message, const char** out_message) {
+  last_call.message = std::move(message);
+  *out_message = last_call.message.c_str();
+  return code;
+}
+
+}  // namespace
+
+extern "C" {
+
+ferry_rpc_channel* ferry_rpc_open(const char* target) {
+  if (target == nullptr || *target == '\0') return nullptr;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  auto* ch = new ferry_rpc_channel;
+  ch->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return ch;
+}
+
+void ferry_rpc_shutdown(ferry_rpc_channel* channel) {
+  if (channel != nullptr) channel->Shutdown();
+}
+
+void ferry_rpc_free(ferry_rpc_channel* channel) {
+  ferry_rpc_shutdown(channel);
+  delete channel;
+}
+
+int ferry_rpc_call(ferry_rpc_channel* channel, const char* method, const char* request, size_t request_len,
+                   const char* md_key, const char* md_value, int64_t timeout_us, const char** response,
+                   size_t* response_len, const char** message) {
+  *response = nullptr;
+  *response_len = 0;
+  *message = "";
+  if (channel == nullptr || method == nullptr || *method != '/' || (request == nullptr && request_len > 0) ||
+      (md_key == nullptr) != (md_value == nullptr)) {
+    return Fail(grpc::StatusCode::INVALID_ARGUMENT,
+                "ferry_rpc_call: needs a channel, a method path starting with '/', and a request", message);
+  }
+  grpc::ClientContext context;
+  if (md_key != nullptr) context.AddMetadata(md_key, md_value);
+  if (timeout_us > 0) context.set_deadline(std::chrono::system_clock::now() + std::chrono::microseconds(timeout_us));
+  grpc::Slice slice(request, request_len);
+  grpc::ByteBuffer request_buffer(&slice, 1);
+  grpc::ByteBuffer response_buffer;
+  const grpc::internal::RpcMethod* rpc = channel->Begin(method, &context);
+  if (rpc == nullptr) return Fail(grpc::StatusCode::UNAVAILABLE, "this client is closed", message);
+  grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel->channel.get(), *rpc, &context, request_buffer, &response_buffer);
+  channel->End(&context);
+  if (!status.ok()) return Fail(status.error_code(), status.error_message(), message);
+  std::vector<grpc::Slice> slices;
+  if (!response_buffer.Dump(&slices).ok()) {
+    return Fail(grpc::StatusCode::INTERNAL, "ferry_rpc_call: could not read the response", message);
+  }
+  std::string& out = last_call.response;
+  out.clear();
+  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  *response = out.data();
+  *response_len = out.size();
+  return grpc::StatusCode::OK;
+}
+
+}  // extern "C"
