@@ -10,9 +10,9 @@
 #   --fabric_messages=false);
 #   the write queue cross-agent — from C++ (ferry_bench control) and from Python
 #   (tools/bench/py_control.py; its RPC rows through grpcio and through libferry_rpc,
-#   the C++ gRPC library under the Python client); a notified queue write from Python timed until the
-#   receiving session's inbox has its notification (node-local and cross-agent); and raw
-#   fi_write (fi_write_bench) as the transport's own.
+#   the C++ gRPC library under the Python client); a notified queue write from Python
+#   timed until the receiving session's inbox has its notification (node-local and
+#   cross-agent); and raw fi_write (fi_write_bench) as the transport's own.
 # Two agents on loopback over tcp;ofi_rxm as in `tools/bench.sh cross-node`: agent A,
 # the callers and the echo server on --cpus_a; agent B (spinning) and its receiver pod
 # on --cpus_b. Then the goals as ratios: Write+Wait node-local against two echo

@@ -7,7 +7,7 @@ the C++ call plus a few microseconds (ctypes releases the GIL for the call). Onl
 calls go this way; streams stay on grpcio. Messages travel serialized, so the library
 knows no message types.
 
-    lib = load("/opt/ferry/lib/libferry_rpc.so")   # or load(None): $FERRY_RPC_LIB, else None
+    lib = load("/path/to/libferry_rpc.so")   # or load(None): $FERRY_RPC_LIB, else None
     channel = NativeChannel(lib, "/run/ferry/ferry.sock")
     answer = channel.call("GetStatus", ferry_pb2.GetStatusRequest(), metadata, timeout=30.0)
     channel.close()
@@ -57,7 +57,7 @@ def load(path: Optional[str]) -> Optional[ctypes.CDLL]:
             except (OSError, AttributeError) as e:
                 raise errors.FailedPrecondition(
                     f"cannot load the native RPC library {path!r} ({e}): build it with `bazel build -c opt "
-                    f"//client/native:libferry_rpc.so`, or unset {ENV} / pass native_rpc=None to use grpcio") from None
+                    f"//client/native:libferry_rpc.so`, or unset {ENV} / pass rpc_lib="" to use grpcio") from None
             _loaded[path] = lib
         return _loaded[path]
 
