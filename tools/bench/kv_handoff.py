@@ -13,7 +13,8 @@ answered it (the producer's responder, or its poll).
 
 Prints "tokens bytes time_ms GBps submit_ms" per request (after one untimed request per
 size), and with --device=cuda:N "raw_copy_ms" (one contiguous copy of the same bytes on
-that GPU), and with --phases when the pull was sent, was read by the producer, was answered
+that GPU), with --raw_blocks also "raw_blocks_ms" (the request's blocks moved by PyTorch
+in one process: per layer, one gather and one scatter by block ids), and with --phases when the pull was sent, was read by the producer, was answered
 (the batch posted), the producer saw its write complete, and the consumer's notification
 arrived, in ms after the hold. Cache:
 Llama-3-8B-shaped, 32 layers of [2, blocks, 16, 8, 128] bf16, in host memory or on the GPU.
@@ -42,6 +43,23 @@ def caches(num_blocks, seed, device):
         t.view(torch.int16).copy_(torch.randint(-30000, 30000, t.shape, generator=g, dtype=torch.int16, device=device))
         out[f"model.layers.{i}.self_attn.attn"] = t
     return out
+
+
+def raw_blocks_seconds(pcache, ccache, src, dst, device):
+    """The request's scattered blocks moved by PyTorch within one process (median of 5):
+    ``d[:, dst] = s[:, src]`` for every layer, the copy alone, no handoff around it. It
+    writes the bytes the handoff already wrote."""
+    si = torch.tensor(src, device=device)
+    di = torch.tensor(dst, device=device)
+    times = []
+    for _ in range(6):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for name, s in pcache.items():
+            ccache[name][:, di] = s[:, si]
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return sorted(times[1:])[2]
 
 
 def raw_copy_seconds(nbytes, device):
@@ -140,7 +158,10 @@ def main():
     ap.add_argument("--consumer", required=True)
     ap.add_argument("--tokens", default="1024,4096,16384")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--device", default="cpu", help="cpu (ferry.host memory) or cuda:N (also prints raw_copy_ms)")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu (ferry.host memory) or cuda:N (also prints raw_copy_ms)")
+    ap.add_argument("--raw_blocks", action="store_true",
+                    help="with cuda:N, also the blocks moved by PyTorch indexing (raw_blocks_ms)")
     ap.add_argument("--step_ms", type=float, default=1.0,
                     help="pause between two polls of both workers (a model runner's step); 0 polls back to back")
     ap.add_argument("--phases", action="store_true",
@@ -167,7 +188,9 @@ def main():
             assert torch.equal(ccache[layer][:, dst[-1]].view(torch.int16), pcache[layer][:, src[-1]].view(torch.int16)), \
                 "a block differs"
             if r:  # the first request of a size warms up (page faults of fresh memory)
-                raw = f" {raw_copy_seconds(n * block_bytes, args.device) * 1e3:.2f}" if args.device != "cpu" else ""
+                raw = "" if args.device == "cpu" else f" {raw_copy_seconds(n * block_bytes, args.device) * 1e3:.2f}"
+                if args.raw_blocks:
+                    raw += f" {raw_blocks_seconds(pcache, ccache, src, dst, args.device) * 1e3:.2f}"
                 print(tokens, n * block_bytes, f"{seconds * 1e3:.2f}", f"{n * block_bytes / seconds / 1e9:.3f}",
                       f"{submit * 1e3:.3f}{raw}", *(f"{p:.2f}" for p in phases), flush=True)
     producer.close()
