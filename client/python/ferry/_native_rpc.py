@@ -1,9 +1,9 @@
 """The local API's unary calls through libferry_rpc (client/native): the C++ gRPC
 library under the Python client, loaded with ctypes.
 
-grpcio's unary call costs ~1.8-2x the C++ library's over the same unix socket
+grpcio's unary call costs 1.5-3.5x the C++ library's over the same unix socket
 (tools/bench/RESULTS.md, "control path"); through this library a call from Python costs
-the C++ call plus a few microseconds (ctypes releases the GIL for the call). Only unary
+about the C++ call (ctypes itself ~2.5 us, and it releases the GIL for the call). Only unary
 calls go this way; streams stay on grpcio. Messages travel serialized, so the library
 knows no message types.
 
