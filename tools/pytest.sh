@@ -3,15 +3,13 @@
 # ferryd (extra arguments go to Bazel, e.g. --config=asan), installs the package into
 # .venv with pip (stubs generated from proto/ at build time), runs pytest. In the plain
 # configuration (no arguments) also test_native_rpc.py, and test_client.py again with
-# every client's unary calls through libferry_rpc (client/native), built without the
-# arguments: a library loaded into Python is not built with a sanitizer.
+# every client's unary calls through libferry_rpc (client/native): a library loaded
+# into Python is not built with a sanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bazel build //client/native:libferry_rpc.so 2>&1 | tail -n 1
-rpc_lib=$(mktemp -d /tmp/ferry-rpc-lib.XXXXXX)/libferry_rpc.so
-trap 'rm -rf "$(dirname "$rpc_lib")"' EXIT
-cp bazel-bin/client/native/libferry_rpc.so "$rpc_lib"
-bazel build "$@" //agent/main:ferryd 2>&1 | tail -n 1
+targets=(//agent/main:ferryd)
+[ $# -gt 0 ] || targets+=(//client/native:libferry_rpc.so)
+bazel build "$@" "${targets[@]}" 2>&1 | tail -n 1
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
@@ -27,10 +25,13 @@ done
 # load it: it runs in the plain configuration (tests/client covers the library under
 # every sanitizer).
 ignore=(--ignore=client/python/tests/vllm)
-[ $# -eq 0 ] || ignore+=(--ignore=client/python/tests/test_native_rpc.py)
-export FERRY_TEST_RPC_LIB=$rpc_lib
+if [ $# -eq 0 ]; then
+  export FERRY_TEST_RPC_LIB=$PWD/bazel-bin/client/native/libferry_rpc.so
+else
+  ignore+=(--ignore=client/python/tests/test_native_rpc.py)
+fi
 env "${test_env[@]}" FERRYD="$PWD/bazel-bin/agent/main/ferryd" .venv/bin/python -m pytest -q -p no:cacheprovider "${ignore[@]}" client/python/tests
 if [ $# -eq 0 ]; then
-  FERRY_RPC_LIB=$rpc_lib FERRYD="$PWD/bazel-bin/agent/main/ferryd" \
+  FERRY_RPC_LIB=$FERRY_TEST_RPC_LIB FERRYD="$PWD/bazel-bin/agent/main/ferryd" \
     .venv/bin/python -m pytest -q -p no:cacheprovider client/python/tests/test_client.py
 fi

@@ -16,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 
 namespace {
@@ -44,9 +45,9 @@ struct ferry_rpc_channel {
     absl::MutexLock lock(&mu);
     if (shut_down) return nullptr;
     in_flight.insert(context);
-    std::unique_ptr<RegisteredMethod>& method = methods[path];
-    if (method == nullptr) method = std::make_unique<RegisteredMethod>(path, channel);
-    return &method->rpc;
+    auto it = methods.find(absl::string_view(path));  // no key made unless the path is new
+    if (it == methods.end()) it = methods.emplace(path, std::make_unique<RegisteredMethod>(path, channel)).first;
+    return &it->second->rpc;
   }
 
   void End(grpc::ClientContext* context) {

@@ -1,6 +1,6 @@
 // libferry_rpc: unary calls of the agent's local API from C, for clients whose own gRPC
 // stack costs more than the call (the Python client loads it through ctypes: grpcio's
-// unary call costs ~2x the C++ library's, tools/bench/RESULTS.md "control path").
+// unary call costs 1.5-3.5x the C++ library's, tools/bench/RESULTS.md "control path").
 //
 // Usage:
 //   ferry_rpc_channel* ch = ferry_rpc_open("unix:/run/ferry/ferry.sock");

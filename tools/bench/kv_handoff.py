@@ -14,9 +14,10 @@ answered it (the producer's responder, or its poll).
 Prints "tokens bytes time_ms GBps submit_ms" per request (after one untimed request per
 size), and with --device=cuda:N "raw_copy_ms" (one contiguous copy of the same bytes on
 that GPU), with --raw_blocks also "raw_blocks_ms" (the request's blocks moved by PyTorch
-in one process: per layer, one gather and one scatter by block ids), and with --phases when the pull was sent, was read by the producer, was answered
-(the batch posted), the producer saw its write complete, and the consumer's notification
-arrived, in ms after the hold. Cache:
+in one process: per layer, one gather and one scatter by block ids), and with --phases
+when the pull was sent, was read by the producer, was answered (the batch posted), the
+producer saw its write complete, and the consumer's notification arrived, in ms after
+the hold. Cache:
 Llama-3-8B-shaped, 32 layers of [2, blocks, 16, 8, 128] bf16, in host memory or on the GPU.
 """
 import argparse

@@ -8,8 +8,8 @@ calls go this way; streams stay on grpcio. Messages travel serialized, so the li
 knows no message types.
 
     lib = load("/path/to/libferry_rpc.so")   # or load(None): $FERRY_RPC_LIB, else None
-    channel = NativeChannel(lib, "/run/ferry/ferry.sock")
-    answer = channel.call("GetStatus", ferry_pb2.GetStatusRequest(), metadata, timeout=30.0)
+    channel = NativeChannel(lib, "/run/ferry/ferry.sock", (("ferry-session", token_hex),))
+    answer = channel.call("GetStatus", ferry_pb2.GetStatusRequest(), timeout=30.0)
     channel.close()
 """
 from __future__ import annotations
@@ -65,24 +65,28 @@ def load(path: Optional[str]) -> Optional[ctypes.CDLL]:
 class NativeChannel:
     """A channel to the agent's socket through libferry_rpc; thread-safe."""
 
-    def __init__(self, lib: ctypes.CDLL, socket: str):
+    def __init__(self, lib: ctypes.CDLL, socket: str, metadata: Tuple[Tuple[str, str], ...] = ()):
+        """``metadata``: sent with every call, at most one (key, value) pair (the session's
+        token)."""
+        if len(metadata) > 1:
+            raise ValueError("native RPC: at most one metadata pair")
         self._lib = lib
+        self._key, self._value = (metadata[0][0].encode(), metadata[0][1].encode()) if metadata else (None, None)
         self._channel = lib.ferry_rpc_open(f"unix:{socket}".encode())
         if not self._channel:
             raise errors.InvalidArgument(f"native RPC: cannot open a channel to {socket!r}")
         self._local = threading.local()  # each thread's out-parameters, made once
 
-    def call(self, method: str, request, metadata: Tuple[Tuple[str, str], ...], timeout: float):
-        """The answer of ``method``, or raises the FerryError of its status. ``metadata``:
-        at most one (key, value) pair (the session's token)."""
+    def call(self, method: str, request, timeout: float):
+        """The answer of ``method``, or raises the FerryError of its status."""
         path, answer_type = _METHODS[method]
         out = getattr(self._local, "out", None)
         if out is None:
             out = self._local.out = (ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_char_p())
-        key, value = (metadata[0][0].encode(), metadata[0][1].encode()) if metadata else (None, None)
         data = request.SerializeToString()
-        code = self._lib.ferry_rpc_call(self._channel, path, data, len(data), key, value, int(timeout * 1e6),
-                                        ctypes.byref(out[0]), ctypes.byref(out[1]), ctypes.byref(out[2]))
+        code = self._lib.ferry_rpc_call(self._channel, path, data, len(data), self._key, self._value,
+                                        int(timeout * 1e6), ctypes.byref(out[0]), ctypes.byref(out[1]),
+                                        ctypes.byref(out[2]))
         if code != 0:
             raise errors.from_code(code, (out[2].value or b"").decode("utf-8", "replace"))
         return answer_type.FromString(ctypes.string_at(out[0].value, out[1].value) if out[1].value else b"")

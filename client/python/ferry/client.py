@@ -300,8 +300,9 @@ class Client:
         self._channel = grpc.insecure_channel(f"unix:{self.socket}", options=[
             ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)])
         self._stub = ferry_pb2_grpc.AgentStub(self._channel)
-        self._native = None if self._rpc_lib is None else _native_rpc.NativeChannel(self._rpc_lib, self.socket)
         self._metadata = (("ferry-session", self._session.token_hex),)
+        self._native = None if self._rpc_lib is None else _native_rpc.NativeChannel(self._rpc_lib, self.socket,
+                                                                                    self._metadata)
         if self.traffic_class is not None:
             self._check_ceiling()
 
@@ -587,7 +588,7 @@ class Client:
         timeout = self.timeout if timeout is None else timeout
         try:
             if self._native is not None:
-                return self._native.call(method, request, self._metadata, timeout)
+                return self._native.call(method, request, timeout)
             return getattr(self._stub, method)(request, metadata=self._metadata, timeout=timeout)
         except (grpc.RpcError, errors.FerryError) as e:
             err = e if isinstance(e, errors.FerryError) else errors.from_rpc_error(e)
