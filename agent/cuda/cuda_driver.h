@@ -28,7 +28,7 @@ namespace ferry {
   X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                                        \
   X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetPCIBusId)                            \
   X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)                            \
-  X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxEnablePeerAccess)                                               \
+  X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxEnablePeerAccess) X(cuCtxCreate) X(cuCtxDestroy)                \
   X(cuMemAlloc) X(cuMemFree) X(cuMemsetD8) X(cuMemcpyHtoD) X(cuMemcpyDtoH)                                     \
   X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemGetAddressRange) X(cuPointerGetAttribute)  \
   X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemAllocAsync) X(cuMemFreeAsync)                                      \

@@ -10,6 +10,11 @@
 // events: what the GPU can do, apart from everything the agent does per request on the
 // host (gpu_bench's paged rows measure that end to end). Every row's destination is
 // checked byte for byte against the source once per form.
+//
+// A second table times one launch from the host's side, from the launch call until its
+// event reads complete, right after this context's own work and right after another
+// context's work on the GPU: what the agent's node-local copy pays when a pod's process
+// (a context of its own) used the GPU last, a switch between contexts.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -104,6 +109,99 @@ absl::Status CheckBlocks(const CudaDriver* cu, CUdeviceptr dst, const std::vecto
   return absl::OkStatus();
 }
 
+// Microseconds from the launch `put` makes on `s` until the event after it reads
+// complete (spinning on cuEventQuery), after `before` ran; median, p10 and p90 of `reps`.
+struct Spread {
+  double p10, p50, p90;
+};
+absl::StatusOr<Spread> TimeToComplete(const CudaDriver* cu, CUstream s, CUevent done, int reps,
+                                      absl::FunctionRef<void()> before, absl::FunctionRef<CUresult()> put) {
+  std::vector<double> us;
+  for (int i = 0; i <= reps; ++i) {
+    before();
+    const absl::Time t0 = absl::Now();
+    FERRY_RETURN_IF_CU_ERROR(cu, put(), "the timed launch");
+    FERRY_RETURN_IF_CU_ERROR(cu, cu->cuEventRecord(done, s), "cuEventRecord");
+    CUresult r;
+    while ((r = cu->cuEventQuery(done)) == CUDA_ERROR_NOT_READY) {
+    }
+    FERRY_RETURN_IF_CU_ERROR(cu, r, "the timed launch");
+    if (i > 0) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));  // the first warms up
+  }
+  std::sort(us.begin(), us.end());
+  return Spread{us[us.size() / 10], us[us.size() / 2], us[us.size() * 9 / 10]};
+}
+
+// The second table: a blocks-form launch of N layers x 64 blocks of 32 KiB, and a
+// raw copy of as many bytes, after this context idled 300 us ("own") and right after
+// another context of this process wrote 1 MiB and waited for it ("other").
+absl::Status ContextSwitchRows(const CudaDriver* cu, CUdevice dev, const Kernel& k, CUdeviceptr src, CUdeviceptr dst,
+                               CUstream s, CUevent done) {
+  CUcontext mine, other;
+  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuCtxGetCurrent(&mine), "cuCtxGetCurrent");
+  FERRY_RETURN_IF_CU_ERROR(cu, cu->cuCtxCreate(&other, 0, dev), "cuCtxCreate");  // also makes it current
+  CUdeviceptr other_buf = 0;
+  absl::Status st = cu->Check(cu->cuMemAlloc(&other_buf, 1 << 20), "cuMemAlloc in the other context");
+  cu->cuCtxSetCurrent(mine);
+  if (!st.ok()) return st;
+  auto idle = [] {
+    for (const absl::Time until = absl::Now() + absl::Microseconds(300); absl::Now() < until;) {
+    }
+  };
+  auto other_worked = [&] {
+    cu->cuCtxSetCurrent(other);
+    cu->cuMemsetD8(other_buf, 1, 1 << 20);
+    cu->cuStreamSynchronize(nullptr);
+    cu->cuCtxSetCurrent(mine);
+  };
+  printf(
+      "\n# one launch timed from the host: from the call until its event reads complete (us, median [p10-p90] of\n"
+      "# 30), after this context idled 300 us (own) and right after another context's work (other: the GPU switches\n"
+      "# contexts, as for the agent's copy after a pod's kernels); kernel = blocks form, N layers x 64 blocks of\n"
+      "# 32 KiB scattered over 1 GiB; raw = one cuMemcpyAsync of as many contiguous bytes\n");
+  printf("%6s %6s %22s %22s %22s %22s\n", "layers", "MiB", "kernel_own", "kernel_other", "raw_own", "raw_other");
+  constexpr uint64_t kBlock = 32 << 10, kBlocks = 64, kLayerStride = 16 << 20;
+  std::mt19937_64 rng(5);
+  for (uint64_t layers : {2, 64}) {
+    std::vector<uint64_t> ids(kLayerStride / kBlock);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<uint64_t> words;
+    for (uint64_t l = 0; l < layers; ++l) {
+      words.push_back(src + l * kLayerStride);
+      words.push_back(dst + l * kLayerStride);
+    }
+    for (uint64_t b = 0; b < kBlocks; ++b) {
+      words.push_back(ids[b] * kBlock);
+      words.push_back(ids[ids.size() - 1 - b] * kBlock);
+    }
+    CUdeviceptr table;
+    FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemAlloc(&table, words.size() * 8), "cuMemAlloc");
+    FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemcpyHtoD(table, words.data(), words.size() * 8), "the block table");
+    const uint64_t bytes = layers * kBlocks * kBlock;
+    CopyKernelArgs args = CopyKernelArgs::Blocks(table, static_cast<uint32_t>(layers), table + layers * 16,
+                                                 static_cast<uint32_t>(kBlocks), kBlock);
+    const unsigned ctas = static_cast<unsigned>(std::min<uint64_t>(args.count, k.resident_ctas));
+    auto kernel = [&] {
+      return cu->cuLaunchKernel(k.fn, ctas, 1, 1, kCopyPiecesThreads, 1, 1, 0, s, args.params().data(), nullptr);
+    };
+    auto raw = [&] { return cu->cuMemcpyAsync(dst, src, bytes, s); };
+    printf("%6lu %6lu", layers, bytes >> 20);
+    for (auto [before, put] : {std::pair<absl::FunctionRef<void()>, absl::FunctionRef<CUresult()>>{idle, kernel},
+                               {other_worked, kernel},
+                               {idle, raw},
+                               {other_worked, raw}}) {
+      absl::StatusOr<Spread> x = TimeToComplete(cu, s, done, 30, before, put);
+      if (!x.ok()) return x.status();
+      printf(" %8.1f [%5.1f-%6.1f]", x->p50, x->p10, x->p90);
+    }
+    printf("\n");
+    cu->cuMemFree(table);
+  }
+  cu->cuCtxDestroy(other);
+  return cu->Check(cu->cuCtxSetCurrent(mine), "cuCtxSetCurrent");
+}
+
 int Main() {
   absl::StatusOr<const CudaDriver*> loaded = CudaDriver::Load();
   if (!loaded.ok()) return Fail(loaded.status());
@@ -193,6 +291,7 @@ int Main() {
     printf("%8lu %10lu %10zu %12.1f %12.1f %8.2f %12.1f %8.2f\n", n, block, pieces.size(), raw, bw, bw / raw, bwb,
            bwb / raw);
   }
+  if (absl::Status c = ContextSwitchRows(cu, dev, *kernel, src, dst, s, a); !c.ok()) return Fail(c);
   return 0;
 }
 
