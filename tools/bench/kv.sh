@@ -9,16 +9,18 @@
 # with 16 in flight, each from and to a distinct block of a buffer the request's size
 # on each side, in random order (fi_write_bench --span: the bytes come from and land in
 # memory, as a request's scattered blocks do, not from one block the CPUs keep cached).
-# Rounds alternate ferry and raw; medians are reported.
-#   tools/bench.sh kv [--tokens=1024,4096,16384] [--rounds=3] [--cpus_a=0 --cpus_b=1]
+# Rounds alternate ferry and raw; medians are reported. --concurrent=N hands off N
+# requests of each size at once (raw: N times the writes), a throughput row.
+#   tools/bench.sh kv [--tokens=1024,4096,16384] [--rounds=3] [--concurrent=1] [--cpus_a=0 --cpus_b=1]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-tokens=1024,4096,16384 rounds=3 cpu_a=0 cpu_b=1
+tokens=1024,4096,16384 rounds=3 concurrent=1 cpu_a=0 cpu_b=1
 [ "$(nproc)" -gt 1 ] || cpu_b=0
 for a in "$@"; do
   case $a in
     --tokens=*) tokens=${a#--tokens=} ;;
     --rounds=*) rounds=${a#--rounds=} ;;
+    --concurrent=*) concurrent=${a#--concurrent=} ;;
     --cpus_a=*) cpu_a=${a#--cpus_a=} ;;
     --cpus_b=*) cpu_b=${a#--cpus_b=} ;;
     *) echo "kv: unknown argument $a" >&2; exit 2 ;;
@@ -33,7 +35,7 @@ source tools/lib.sh
 
 echo "# ferry KV handoff benchmark  $(date -u +%Y-%m-%dT%H:%MZ)  $(nproc) CPUs, $(uname -r)"
 echo "# Llama-3-8B-shaped KV (32 layers x [2, blocks, 16, 8, 128] bf16), host memory, tcp;ofi_rxm 127.0.0.1 -> 127.0.0.2"
-echo "# producer side on CPUs $cpu_a, consumer side on CPUs $cpu_b; $rounds rounds, ferry and raw alternated"
+echo "# producer side on CPUs $cpu_a, consumer side on CPUs $cpu_b; $rounds rounds, ferry and raw alternated; $concurrent request(s) at once"
 # The consumer's agent busy-polls its NIC while busy and 200 ms after, as the raw target
 # spins on fi_cq_read (tcp moves incoming data only while the target progresses), as in
 # tools/bench.sh cross-node.
@@ -45,7 +47,7 @@ for node in a b; do
 done
 wait_for "$work/a.ready" 20; wait_for "$work/b.ready" 20
 raw() {  # raw TOKENS
-  local ops=$(( $1 / 16 * 32 * 2 ))
+  local ops=$(( concurrent * $1 / 16 * 32 * 2 ))
   local span=$((ops * 32768))
   rm -rf "$work/raw" && mkdir -p "$work/raw"
   start_bg taskset -c $cpu_b "$fi_write_bench" target --iface=127.0.0.2 --dir="$work/raw" --size=$span
@@ -62,7 +64,7 @@ for r in $(seq 1 "$rounds"); do
       for t in ${tokens//,/ }; do raw "$t"; done >> "$work/raw.txt"
     else
       taskset -c $cpu_a "$venv/bin/python" tools/bench/kv_handoff.py --producer="$work/a.sock" \
-        --consumer="$work/b.sock" --tokens="$tokens" >> "$work/ferry.txt"
+        --consumer="$work/b.sock" --tokens="$tokens" --concurrent="$concurrent" >> "$work/ferry.txt"
     fi
   done
 done

@@ -11,13 +11,16 @@ answered it (the producer's responder, or its poll).
 
     python kv_handoff.py --producer=A.sock --consumer=B.sock --tokens=1024,4096 --rounds=3
 
-Prints "tokens bytes time_ms GBps submit_ms" per request (after one untimed request per
-size), and with --device=cuda:N "raw_copy_ms" (one contiguous copy of the same bytes on
-that GPU), with --raw_blocks also "raw_blocks_ms" (the request's blocks moved by PyTorch
-in one process: per layer, one gather and one scatter by block ids), and with --phases
-when the pull was sent, was read by the producer, was answered (the batch posted), the
-producer saw its write complete, and the consumer's notification arrived, in ms after
-the hold. Cache:
+With --concurrent=N, N requests of a size at once instead (held in one producer step,
+pulled in one consumer step, as an engine's step finishes and schedules several), timed
+until the last is in finished_recving: a throughput row beside the single request's
+latency. Prints "tokens bytes time_ms GBps submit_ms" per request, or per N requests
+(bytes and submit their totals), after one untimed round per size; with --device=cuda:N
+also "raw_copy_ms" (one contiguous copy of the same bytes on that GPU), with --raw_blocks
+also "raw_blocks_ms" (the request's blocks moved by PyTorch in one process: per layer,
+one gather and one scatter by block ids), and with --phases when the pull was sent, was
+read by the producer, was answered (the batch posted), the producer saw its write
+complete, and the consumer's notification arrived, in ms after the hold. Cache:
 Llama-3-8B-shaped, 32 layers of [2, blocks, 16, 8, 128] bf16, in host memory or on the GPU.
 """
 import argparse
@@ -128,26 +131,29 @@ class PullTimer:
         kvp._on_pull = timed
 
 
-def handoff(producer, consumer, rid, src, dst, step, pulls, timeline=None, seconds=120.0):
+def handoff(producer, consumer, requests, step, pulls, timeline=None, seconds=120.0):
+    """Hands off `requests` ([(request id, producer's block ids, consumer's block ids)])
+    at once; returns the seconds until the consumer reported the last, the producer's
+    time answering pulls, and (with a timeline, one request) the phases."""
     pulls.seconds = 0.0
     t0 = timeline.start() if timeline else time.perf_counter()
-    producer.apply(StepPlan(hold={rid: src}))
-    consumer.apply(StepPlan(pull={rid: Pull(rid, [producer.mailbox], dst, 0)}))
+    producer.apply(StepPlan(hold={rid: src for rid, src, _ in requests}))
+    consumer.apply(StepPlan(pull={rid: Pull(rid, [producer.mailbox], dst, 0) for rid, _, dst in requests}))
     if timeline:
         timeline.marks["pull_sent"] = time.perf_counter()
-    received, sent = None, False
-    while received is None or not sent:
-        r = producer.results()
-        sent |= rid in r.finished_sending
-        if sent and timeline:
+    receiving, sending = {rid for rid, _, _ in requests}, {rid for rid, _, _ in requests}
+    while receiving or sending:
+        sending -= producer.results().finished_sending
+        if not sending and timeline:
             timeline.marks.setdefault("written", time.perf_counter())
         c = consumer.results()
         if c.failed_recving:
-            raise RuntimeError(f"the handoff of {rid} failed")
-        if rid in c.finished_recving:
+            raise RuntimeError(f"the handoff of {sorted(c.failed_recving)} failed")
+        if receiving and not receiving - c.finished_recving:
             received = time.perf_counter()
+        receiving -= c.finished_recving
         if time.perf_counter() - t0 > seconds:
-            raise TimeoutError(f"{rid} did not land in {seconds} s")
+            raise TimeoutError(f"{sorted(receiving | sending)} did not land in {seconds} s")
         time.sleep(step)  # a step of a busy engine is longer; polling faster takes the agent's core
     phases = [(timeline.marks.get(p, float("nan")) - t0) * 1e3 for p in PHASES] if timeline else []
     return received - t0, pulls.seconds, phases
@@ -167,9 +173,13 @@ def main():
                     help="pause between two polls of both workers (a model runner's step); 0 polls back to back")
     ap.add_argument("--phases", action="store_true",
                     help="also print when each step happened, ms after the hold: " + ", ".join(PHASES))
+    ap.add_argument("--concurrent", type=int, default=1,
+                    help="requests handed off at once, timed together (each side's cache holds them all)")
     args = ap.parse_args()
+    if args.concurrent < 1 or (args.phases and args.concurrent > 1):
+        ap.error("--concurrent must be 1 or more, and 1 with --phases")
     sizes = [int(t) for t in args.tokens.split(",")]
-    num_blocks = max(sizes) // BLOCK_TOKENS + 8
+    num_blocks = args.concurrent * max(sizes) // BLOCK_TOKENS + 8
     pcache, ccache = caches(num_blocks, 1, args.device), caches(num_blocks, 2, args.device)
     producer = FerryWorker(args.producer, "bench-prefill", 0, producer=True, consumer=False, lease=300)
     consumer = FerryWorker(args.consumer, "bench-decode", 0, producer=False, consumer=True, timeout=300)
@@ -181,18 +191,22 @@ def main():
     block_bytes = 2 * BLOCK_TOKENS * KV_HEADS * HEAD * 2 * LAYERS  # K and V, every layer
     for tokens in sizes:
         n = tokens // BLOCK_TOKENS
+        total = args.concurrent * n * block_bytes
         for r in range(args.rounds + 1):
-            src, dst = rng.sample(range(num_blocks), n), rng.sample(range(num_blocks), n)
-            seconds, submit, phases = handoff(producer, consumer, f"{tokens}-{r}", src, dst, args.step_ms / 1e3,
-                                              pulls, timeline)
+            src = rng.sample(range(num_blocks), args.concurrent * n)
+            dst = rng.sample(range(num_blocks), args.concurrent * n)
+            requests = [(f"{tokens}-{r}-{i}", src[i * n:(i + 1) * n], dst[i * n:(i + 1) * n])
+                        for i in range(args.concurrent)]
+            seconds, submit, phases = handoff(producer, consumer, requests, args.step_ms / 1e3, pulls, timeline)
             layer = next(iter(pcache))
-            assert torch.equal(ccache[layer][:, dst[-1]].view(torch.int16), pcache[layer][:, src[-1]].view(torch.int16)), \
-                "a block differs"
-            if r:  # the first request of a size warms up (page faults of fresh memory)
-                raw = "" if args.device == "cpu" else f" {raw_copy_seconds(n * block_bytes, args.device) * 1e3:.2f}"
+            for _, s, d in requests:
+                assert torch.equal(ccache[layer][:, d[-1]].view(torch.int16), pcache[layer][:, s[-1]].view(torch.int16)), \
+                    "a block differs"
+            if r:  # the first round of a size warms up (page faults of fresh memory)
+                raw = "" if args.device == "cpu" else f" {raw_copy_seconds(total, args.device) * 1e3:.2f}"
                 if args.raw_blocks:
                     raw += f" {raw_blocks_seconds(pcache, ccache, src, dst, args.device) * 1e3:.2f}"
-                print(tokens, n * block_bytes, f"{seconds * 1e3:.2f}", f"{n * block_bytes / seconds / 1e9:.3f}",
+                print(tokens, total, f"{seconds * 1e3:.2f}", f"{total / seconds / 1e9:.3f}",
                       f"{submit * 1e3:.3f}{raw}", *(f"{p:.2f}" for p in phases), flush=True)
     producer.close()
     consumer.close()
