@@ -373,6 +373,40 @@ TEST_CASE("paged and batch queue entries move a KV mapping for every layer on th
     CHECK(done[0].bytes == kLayers * moved * block);
     REQUIRE(Diff(Download(cu, p.dst), expect) == "");
   }
+
+  // Many requests at once, as a KV producer answers a decode step's pulls: batch entries
+  // of the same layers, each with its own blocks (the GPU lane may put queued ones in
+  // one launch), into disjoint destination blocks; some of 17 blocks, some of one.
+  constexpr uint32_t kRequests = 12;
+  absl::StatusOr<std::unique_ptr<WriteQueue>> many =
+      WriteQueue::Create(*p.writer, {p.d.region()}, 16, 0, v1::TRAFFIC_CLASS_UNSPECIFIED,
+                         kRequests * (kLayers * queue::kPartIds + 2 * 17));
+  REQUIRE(many.ok());
+  const std::vector<uint32_t> free_dst = testing::ShuffledIds(kLayerBlocks, 7);
+  uint32_t table = 0, used = 0;
+  for (uint32_t r = 0; r < kRequests; ++r) {
+    const uint32_t moved = r % 3 == 2 ? 1 : 17;
+    std::vector<uint32_t> src = testing::ShuffledIds(kLayerBlocks, 100 + r);
+    src.resize(moved);
+    const std::vector<uint32_t> dst(free_dst.begin() + used, free_dst.begin() + used + moved);
+    used += moved;
+    REQUIRE((*many)->PostBatch(table, parts, src, dst, {kBlock, /*user_data=*/r}).ok());
+    table += kLayers * queue::kPartIds + 2 * moved;
+    for (uint64_t l = 0; l < kLayers; ++l) {
+      for (uint32_t i = 0; i < moved; ++i) {
+        memcpy(expect.data() + l * kLayer + dst[i] * kBlock, data.data() + l * kLayer + src[i] * kBlock, kBlock);
+      }
+    }
+  }
+  done.clear();
+  while (done.size() < kRequests && absl::Now() < deadline) (*many)->Reap(&done, 16, absl::Seconds(1));
+  REQUIRE(done.size() == kRequests);
+  for (const WriteQueue::Completion& c : done) {
+    INFO("request " << c.user_data << ": " << c.status.ToString());
+    CHECK(c.status.ok());
+    CHECK(c.bytes == kLayers * (c.user_data % 3 == 2 ? 1 : 17) * kBlock);
+  }
+  REQUIRE(Diff(Download(cu, p.dst), expect) == "");
   REQUIRE(agent->Stop() == 0);
 }
 
