@@ -84,6 +84,13 @@ class GpuCopier::Lane {
     queued_.fetch_add(1, std::memory_order_release);
   }
 
+  // Push for jobs[first, last), under one lock.
+  void PushAll(std::vector<std::pair<std::shared_ptr<Transfer>, Done>>& jobs, size_t first, size_t last) {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = first; i < last; ++i) queue_.push_back(Job{std::move(jobs[i].first), std::move(jobs[i].second)});
+    queued_.fetch_add(last - first, std::memory_order_release);
+  }
+
   // Wakes the submitter to look for work for up to kExpectSpin.
   void Expect() {
     absl::MutexLock lock(&mu_);
@@ -573,6 +580,19 @@ void GpuCopier::Submit(std::shared_ptr<Transfer> t, Done done) {
   FERRY_CHECK(device >= 0 && device < cu_->device_count)
       << "GpuCopier got transfer " << t->id << " without a GPU region";
   LaneFor(device)->Push(std::move(t), std::move(done));
+}
+
+void GpuCopier::SubmitAll(std::vector<std::pair<std::shared_ptr<Transfer>, Done>> jobs) {
+  // Runs of parts on one device (a batch's parts usually all are), each pushed at once.
+  for (size_t first = 0; first < jobs.size();) {
+    const int device = LaunchDevice(*jobs[first].first);
+    FERRY_CHECK(device >= 0 && device < cu_->device_count)
+        << "GpuCopier got transfer " << jobs[first].first->id << " without a GPU region";
+    size_t last = first + 1;
+    while (last < jobs.size() && LaunchDevice(*jobs[last].first) == device) ++last;
+    LaneFor(device)->PushAll(jobs, first, last);
+    first = last;
+  }
 }
 
 void GpuCopier::Flush() {

@@ -48,6 +48,9 @@ class GpuCopier : public TransferExecutor {
   ~GpuCopier() override;
 
   void Submit(std::shared_ptr<Transfer> t, Done done) override;
+  // A batch's parts onto their lanes' queues, one lock per lane: the lane's submitter
+  // and completer take the same lock for every transfer they handle.
+  void SubmitAll(std::vector<std::pair<std::shared_ptr<Transfer>, Done>> jobs) override;
   // Wakes the lane that will take `t`: waking a sleeping thread costs 10-100 us
   // (more on a VM-based host), about what planning a batch's other parts takes.
   void Expect(const Transfer& t) override;

@@ -170,6 +170,38 @@ void NotifyRemoteFailure(const Transfer& t, uint64_t incarnation, const absl::St
   });
 }
 
+// What a batch's parts share until the last of them lands: their progress, and what
+// ending the batch takes. Owned by the parts' callbacks together: the last to run ends
+// the batch and deletes it.
+class BatchEnd {
+ public:
+  BatchEnd(std::shared_ptr<Transfer> t, size_t parts, const TransferRouterDeps& deps,
+           std::shared_ptr<std::atomic<bool>> stopping)
+      : t_(std::move(t)), progress_(parts), deps_(deps), stopping_(std::move(stopping)) {}
+
+  void PartDone(const absl::Status& s) {
+    absl::Status result;
+    if (!progress_.Done(s, &result)) return;
+    End(result);
+    delete this;
+  }
+
+ private:
+  // Every part's bytes landed. A local owner is notified by Finish; a remote one through
+  // its agent first, so that the writer's success means "notified".
+  void End(const absl::Status& result) {
+    TransferManager* manager = deps_.transfers;
+    if (!result.ok() && !stopping_->load()) NotifyRemoteFailure(*t_, deps_.incarnation, result);
+    if (!result.ok() || !t_->notify || t_->dst != nullptr) return manager->Finish(*t_, result);
+    deps_.notify_peer(t_, [manager, t = t_](absl::Status notified) { manager->Finish(*t, notified); });
+  }
+
+  const std::shared_ptr<Transfer> t_;
+  BatchProgress progress_;
+  const TransferRouterDeps& deps_;  // the router's, which outlives its transfers
+  const std::shared_ptr<std::atomic<bool>> stopping_;
+};
+
 }  // namespace
 
 void TransferRouter::Flush() const {
@@ -191,19 +223,22 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
     });
     return;
   }
-  auto progress = std::make_shared<BatchProgress>(t->parts.size());
+  // One BatchEnd for all parts: each part's callback holds a plain pointer to it, which
+  // std::function keeps inline (callbacks that captured shared pointers were an
+  // allocation per part, freed on another thread, on the queue poller's path).
+  auto* end = new BatchEnd(t, t->parts.size(), deps_, stopping_);
+  std::vector<std::pair<std::shared_ptr<Transfer>, TransferExecutor::Done>> jobs;
+  jobs.reserve(t->parts.size());
+  TransferExecutor* shared = t->parts.front()->executor;
   for (const std::shared_ptr<Transfer>& part : t->parts) {
     part->id = t->id;
-    part->executor->Submit(part, [manager, t, progress, incarnation, stopping = stopping_,
-                                  notify_peer = &deps_.notify_peer](absl::Status s) {
-      absl::Status result;
-      if (!progress->Done(s, &result)) return;
-      // Every part's bytes landed. A local owner is notified by Finish; a remote one
-      // through its agent first, so that the writer's success means "notified".
-      if (!result.ok() && !stopping->load()) NotifyRemoteFailure(*t, incarnation, result);
-      if (!result.ok() || !t->notify || t->dst != nullptr) return manager->Finish(*t, result);
-      (*notify_peer)(t, [manager, t](absl::Status notified) { manager->Finish(*t, notified); });
-    });
+    if (part->executor != shared) shared = nullptr;
+    jobs.emplace_back(part, [end](absl::Status s) { end->PartDone(s); });
+  }
+  if (shared != nullptr) return shared->SubmitAll(std::move(jobs));
+  for (auto& [part, done] : jobs) {  // parts on several paths
+    TransferExecutor* executor = part->executor;
+    executor->Submit(std::move(part), std::move(done));
   }
 }
 

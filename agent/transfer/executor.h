@@ -10,6 +10,8 @@
 
 #include <functional>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "agent/transfer/transfer.h"
@@ -24,6 +26,11 @@ class TransferExecutor {
   // before Submit returns (HostCopier copies small transfers inline): callers hold no
   // lock `done` may take. Must respect t->deadline (DEADLINE_EXCEEDED, never a hang).
   virtual void Submit(std::shared_ptr<Transfer> t, Done done) = 0;
+  // Submit for each of `jobs` (a batch's parts), in order. An executor whose queue takes
+  // a lock per transfer may take it once for all of them.
+  virtual void SubmitAll(std::vector<std::pair<std::shared_ptr<Transfer>, Done>> jobs) {
+    for (auto& [t, done] : jobs) Submit(std::move(t), std::move(done));
+  }
   // A hint that `t` will be submitted shortly (a batch's first part is planned while
   // the others are still being planned): an executor whose worker sleeps may wake it
   // now, so that the wake-up overlaps the planning. Needs no Submit to follow.
