@@ -164,6 +164,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
   absl::StatusOr<std::shared_ptr<const PagedIds>> ids =
       CheckPagedIds(BlockMapping{e.length, src_ids, dst_ids}, limits_);
   if (!ids.ok()) return ids.status();
+  const TransferBlock block(n);
   std::vector<std::shared_ptr<Transfer>> prepared;
   prepared.reserve(n);
   uint64_t chunks = 0;
@@ -178,7 +179,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
         [&](uint64_t src_size, uint64_t dst_size) {
           return PagedPlan(*ids, part.src_base, part.dst_base, src_size, dst_size);
         },
-        /*cached_only=*/!may_block);
+        /*cached_only=*/!may_block, block.part(i));
     if (!t.ok()) return IsWouldBlock(t.status()) ? t.status() : named(t.status());
     if (i == 0 && n > 1) (*t)->executor->Expect(**t);
     chunks += (*t)->plan.size();

@@ -32,7 +32,8 @@ absl::StatusOr<std::shared_ptr<Region>> OwnedRegion(RegionTable& regions, const 
 
 absl::StatusOr<std::shared_ptr<Transfer>> TransferRouter::Prepare(const std::shared_ptr<Session>& session,
                                                                   const WriteSpec& spec, PlanChunks plan,
-                                                                  bool cached_only) const {
+                                                                  bool cached_only,
+                                                                  std::shared_ptr<Transfer> into) const {
   absl::StatusOr<std::shared_ptr<Region>> src =
       OwnedRegion(*deps_.regions, *session, spec.src_region_id, "src_region_id");
   if (!src.ok()) return src.status();
@@ -43,7 +44,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> TransferRouter::Prepare(const std::sha
   absl::StatusOr<TrafficClass> traffic_class = ResolveClass(session->qos_rule(), spec.traffic_class);
   if (!traffic_class.ok()) return traffic_class.status();
 
-  auto t = std::make_shared<Transfer>();
+  std::shared_ptr<Transfer> t = into != nullptr ? std::move(into) : std::make_shared<Transfer>();
   t->session = session;
   t->share = session->Share(*traffic_class);
   t->src = *src;

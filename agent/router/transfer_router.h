@@ -80,9 +80,11 @@ class TransferRouter {
 
   // Checks a write from `session` (its source region, the destination's descriptor and
   // token, the chunk plan against both regions) and decides its path and executor.
-  // Nothing moves. `cached_only`: see Transfer::cached_only.
+  // Nothing moves. `cached_only`: see Transfer::cached_only. `into`: a fresh Transfer to
+  // fill (a batch's part, from a TransferBlock); null: a new one.
   absl::StatusOr<std::shared_ptr<Transfer>> Prepare(const std::shared_ptr<Session>& session, const WriteSpec& spec,
-                                                    PlanChunks plan, bool cached_only) const;
+                                                    PlanChunks plan, bool cached_only,
+                                                    std::shared_ptr<Transfer> into = nullptr) const;
   // Checks a destination ahead of its writes (a queue's), warming the peer and region
   // caches so that writes to it need no RPC to another agent.
   absl::Status CheckDestination(const std::shared_ptr<const v1::RegionDescriptor>& dst, absl::Time deadline) const;

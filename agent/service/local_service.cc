@@ -161,6 +161,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::
   const ChunkLimits limits{deps_.config->max_chunks_per_write};
   const absl::Duration timeout =
       absl::Milliseconds(req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms);
+  const TransferBlock block(req.parts_size());
   std::vector<std::shared_ptr<Transfer>> parts;
   parts.reserve(req.parts_size());
   uint64_t chunks = 0;
@@ -192,7 +193,8 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::
           return PagedPlan(batch_ids, part.src_base(), part.dst_base(), src_size, dst_size);
       }
     };
-    absl::StatusOr<std::shared_ptr<Transfer>> t = deps_.router->Prepare(session, spec, plan, /*cached_only=*/false);
+    absl::StatusOr<std::shared_ptr<Transfer>> t =
+        deps_.router->Prepare(session, spec, plan, /*cached_only=*/false, block.part(i));
     if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat("parts[", i, "]: ", t.status().message()));
     chunks += (*t)->plan.size();
     if (chunks > limits.max_chunks) {

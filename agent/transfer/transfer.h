@@ -82,6 +82,21 @@ struct Transfer {
   absl::Status Stopped(absl::Time now, absl::string_view when = "") const;
 };
 
+// Storage for a batch's parts, made and freed in one allocation: part(i) shares the
+// block's count instead of having one of its own. A batch's parts are made on the
+// thread that takes its entry and freed on the one that answers them; one allocation
+// per part, each freed across threads, made the allocator's lock a cost of every part.
+class TransferBlock {
+ public:
+  explicit TransferBlock(size_t n) : block_(new Transfer[n]), size_(n) {}
+  size_t size() const { return size_; }
+  std::shared_ptr<Transfer> part(size_t i) const { return std::shared_ptr<Transfer>(block_, &block_[i]); }
+
+ private:
+  std::shared_ptr<Transfer[]> block_;
+  size_t size_;
+};
+
 // The most bytes a Notification's payload may carry (WriteRequest.notify_payload,
 // SendMessageRequest.payload); checked by the writer's agent and again by the receiver's.
 inline constexpr size_t kMaxNotifyPayloadBytes = 4096;
