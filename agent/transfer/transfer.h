@@ -88,13 +88,11 @@ struct Transfer {
 // per part, each freed across threads, made the allocator's lock a cost of every part.
 class TransferBlock {
  public:
-  explicit TransferBlock(size_t n) : block_(new Transfer[n]), size_(n) {}
-  size_t size() const { return size_; }
+  explicit TransferBlock(size_t n) : block_(new Transfer[n]) {}
   std::shared_ptr<Transfer> part(size_t i) const { return std::shared_ptr<Transfer>(block_, &block_[i]); }
 
  private:
   std::shared_ptr<Transfer[]> block_;
-  size_t size_;
 };
 
 // The most bytes a Notification's payload may carry (WriteRequest.notify_payload,

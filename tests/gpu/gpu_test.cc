@@ -375,8 +375,8 @@ TEST_CASE("paged and batch queue entries move a KV mapping for every layer on th
   }
 
   // Many requests at once, as a KV producer answers a decode step's pulls: batch entries
-  // of the same layers, each with its own blocks (the GPU lane may put queued ones in
-  // one launch), into disjoint destination blocks; some of 17 blocks, some of one.
+  // of the same layers, each with its own blocks, posted back to back into disjoint
+  // destination blocks; some of 17 blocks, some of one.
   constexpr uint32_t kRequests = 12;
   absl::StatusOr<std::unique_ptr<WriteQueue>> many =
       WriteQueue::Create(*p.writer, {p.d.region()}, 16, 0, v1::TRAFFIC_CLASS_UNSPECIFIED,
