@@ -85,7 +85,7 @@ class GpuCopier::Lane {
   }
 
   // Push for jobs[first, last), under one lock.
-  void PushAll(std::vector<std::pair<std::shared_ptr<Transfer>, Done>>& jobs, size_t first, size_t last) {
+  void PushAll(Submissions& jobs, size_t first, size_t last) {
     absl::MutexLock lock(&mu_);
     for (size_t i = first; i < last; ++i) queue_.push_back(Job{std::move(jobs[i].first), std::move(jobs[i].second)});
     queued_.fetch_add(last - first, std::memory_order_release);
@@ -574,20 +574,22 @@ GpuCopier::~GpuCopier() {
   lanes_.clear();
 }
 
-void GpuCopier::Submit(std::shared_ptr<Transfer> t, Done done) {
-  const int device = LaunchDevice(*t);
+int GpuCopier::CheckedLaunchDevice(const Transfer& t) const {
+  const int device = LaunchDevice(t);
   // The service routes only transfers with a GPU region here; anything else is a bug.
   FERRY_CHECK(device >= 0 && device < cu_->device_count)
-      << "GpuCopier got transfer " << t->id << " without a GPU region";
-  LaneFor(device)->Push(std::move(t), std::move(done));
+      << "GpuCopier got transfer " << t.id << " without a GPU region";
+  return device;
 }
 
-void GpuCopier::SubmitAll(std::vector<std::pair<std::shared_ptr<Transfer>, Done>> jobs) {
+void GpuCopier::Submit(std::shared_ptr<Transfer> t, Done done) {
+  LaneFor(CheckedLaunchDevice(*t))->Push(std::move(t), std::move(done));
+}
+
+void GpuCopier::SubmitAll(Submissions jobs) {
   // Runs of parts on one device (a batch's parts usually all are), each pushed at once.
   for (size_t first = 0; first < jobs.size();) {
-    const int device = LaunchDevice(*jobs[first].first);
-    FERRY_CHECK(device >= 0 && device < cu_->device_count)
-        << "GpuCopier got transfer " << jobs[first].first->id << " without a GPU region";
+    const int device = CheckedLaunchDevice(*jobs[first].first);
     size_t last = first + 1;
     while (last < jobs.size() && LaunchDevice(*jobs[last].first) == device) ++last;
     LaneFor(device)->PushAll(jobs, first, last);

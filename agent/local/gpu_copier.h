@@ -50,7 +50,7 @@ class GpuCopier : public TransferExecutor {
   void Submit(std::shared_ptr<Transfer> t, Done done) override;
   // A batch's parts onto their lanes' queues, one lock per lane: the lane's submitter
   // and completer take the same lock for every transfer they handle.
-  void SubmitAll(std::vector<std::pair<std::shared_ptr<Transfer>, Done>> jobs) override;
+  void SubmitAll(Submissions jobs) override;
   // Wakes the lane that will take `t`: waking a sleeping thread costs 10-100 us
   // (more on a VM-based host), about what planning a batch's other parts takes.
   void Expect(const Transfer& t) override;
@@ -75,6 +75,8 @@ class GpuCopier : public TransferExecutor {
   // How `t` is moved, and on which device.
   Method Choose(const Transfer& t) const;
   int LaunchDevice(const Transfer& t) const;
+  // LaunchDevice of a transfer the router sent here, which has a GPU region.
+  int CheckedLaunchDevice(const Transfer& t) const;
   void Poisoned(int device, const absl::Status& why);
 
   const CudaDriver* cu_;

@@ -111,25 +111,6 @@ std::shared_ptr<Transfer> TransferRouter::Join(std::vector<std::shared_ptr<Trans
 
 namespace {
 
-// How many of a batch's parts are still moving, and the first error among them.
-class BatchProgress {
- public:
-  explicit BatchProgress(size_t parts) : left_(parts) {}
-  // True for the last part; `result` is then the batch's outcome.
-  bool Done(const absl::Status& status, absl::Status* result) {
-    absl::MutexLock lock(&mu_);
-    if (!status.ok() && error_.ok()) error_ = status;
-    if (--left_ > 0) return false;
-    *result = error_;
-    return true;
-  }
-
- private:
-  absl::Mutex mu_;
-  size_t left_ ABSL_GUARDED_BY(mu_);
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-};
-
 // A notified write whose receiver is on another agent.
 bool NotifiesRemotely(const Transfer& t) {
   return t.notify && t.dst == nullptr && t.peer != nullptr && t.dst_descriptor != nullptr;
@@ -171,18 +152,23 @@ void NotifyRemoteFailure(const Transfer& t, uint64_t incarnation, const absl::St
   });
 }
 
-// What a batch's parts share until the last of them lands: their progress, and what
-// ending the batch takes. Owned by the parts' callbacks together: the last to run ends
-// the batch and deletes it.
+// What a batch's parts share until the last of them lands: how many are still moving,
+// the first error among them, and what ending the batch takes. Owned by the parts'
+// callbacks together: the last to run ends the batch and deletes it.
 class BatchEnd {
  public:
   BatchEnd(std::shared_ptr<Transfer> t, size_t parts, const TransferRouterDeps& deps,
            std::shared_ptr<std::atomic<bool>> stopping)
-      : t_(std::move(t)), progress_(parts), deps_(deps), stopping_(std::move(stopping)) {}
+      : t_(std::move(t)), deps_(deps), stopping_(std::move(stopping)), left_(parts) {}
 
   void PartDone(const absl::Status& s) {
     absl::Status result;
-    if (!progress_.Done(s, &result)) return;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!s.ok() && error_.ok()) error_ = s;
+      if (--left_ > 0) return;
+      result = error_;
+    }
     End(result);
     delete this;
   }
@@ -198,9 +184,11 @@ class BatchEnd {
   }
 
   const std::shared_ptr<Transfer> t_;
-  BatchProgress progress_;
   const TransferRouterDeps& deps_;  // the router's, which outlives its transfers
   const std::shared_ptr<std::atomic<bool>> stopping_;
+  absl::Mutex mu_;
+  size_t left_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -228,7 +216,7 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
   // std::function keeps inline (callbacks that captured shared pointers were an
   // allocation per part, freed on another thread, on the queue poller's path).
   auto* end = new BatchEnd(t, t->parts.size(), deps_, stopping_);
-  std::vector<std::pair<std::shared_ptr<Transfer>, TransferExecutor::Done>> jobs;
+  TransferExecutor::Submissions jobs;
   jobs.reserve(t->parts.size());
   TransferExecutor* shared = t->parts.front()->executor;
   for (const std::shared_ptr<Transfer>& part : t->parts) {

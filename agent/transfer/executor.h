@@ -21,6 +21,7 @@ namespace ferry {
 class TransferExecutor {
  public:
   using Done = std::function<void(absl::Status)>;
+  using Submissions = std::vector<std::pair<std::shared_ptr<Transfer>, Done>>;  // each a Submit's arguments
   virtual ~TransferExecutor() = default;
   // Starts moving `t`'s bytes; calls `done` exactly once, from any thread, possibly
   // before Submit returns (HostCopier copies small transfers inline): callers hold no
@@ -28,7 +29,7 @@ class TransferExecutor {
   virtual void Submit(std::shared_ptr<Transfer> t, Done done) = 0;
   // Submit for each of `jobs` (a batch's parts), in order. An executor whose queue takes
   // a lock per transfer may take it once for all of them.
-  virtual void SubmitAll(std::vector<std::pair<std::shared_ptr<Transfer>, Done>> jobs) {
+  virtual void SubmitAll(Submissions jobs) {
     for (auto& [t, done] : jobs) Submit(std::move(t), std::move(done));
   }
   // A hint that `t` will be submitted shortly (a batch's first part is planned while
