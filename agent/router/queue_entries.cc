@@ -164,32 +164,19 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
   absl::StatusOr<std::shared_ptr<const PagedIds>> ids =
       CheckPagedIds(BlockMapping{e.length, src_ids, dst_ids}, limits_);
   if (!ids.ok()) return ids.status();
-  const TransferBlock block(n);
-  std::vector<std::shared_ptr<Transfer>> prepared;
-  prepared.reserve(n);
-  uint64_t chunks = 0;
+  TransferBatch batch(*router_, session, n, limits_, /*cached_only=*/!may_block);
   for (uint32_t i = 0; i < n; ++i) {
     const queue::TablePart& part = parts[i];
-    auto named = [i](const absl::Status& s) {
+    if (absl::Status s = CheckDestination(q, part.dst_index, "dst_index"); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("parts[", i, "]: ", s.message()));
-    };
-    if (absl::Status s = CheckDestination(q, part.dst_index, "dst_index"); !s.ok()) return named(s);
-    absl::StatusOr<std::shared_ptr<Transfer>> t = router_->Prepare(
-        session, Spec(q, part.src_region, part.dst_index),
-        [&](uint64_t src_size, uint64_t dst_size) {
-          return PagedPlan(*ids, part.src_base, part.dst_base, src_size, dst_size);
-        },
-        /*cached_only=*/!may_block, block.part(i));
-    if (!t.ok()) return IsWouldBlock(t.status()) ? t.status() : named(t.status());
-    if (i == 0 && n > 1) (*t)->executor->Expect(**t);
-    chunks += (*t)->plan.size();
-    if (chunks > limits_.max_chunks) {
-      return absl::ResourceExhaustedError(absl::StrCat("parts: more than ", limits_.max_chunks,
-                                                       " chunks in all (--max_chunks_per_write); split the batch"));
     }
-    prepared.push_back(std::move(*t));
+    absl::Status added = batch.Add(Spec(q, part.src_region, part.dst_index), [&](uint64_t src_size, uint64_t dst_size) {
+      return PagedPlan(*ids, part.src_base, part.dst_base, src_size, dst_size);
+    });
+    if (!added.ok()) return added;
+    if (i == 0 && n > 1) batch.last().executor->Expect(batch.last());
   }
-  return router_->Join(std::move(prepared), whole);
+  return std::move(batch).Join(whole);
 }
 
 }  // namespace ferry

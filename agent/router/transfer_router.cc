@@ -8,34 +8,23 @@
 #include "absl/time/clock.h"
 #include "agent/common/check.h"
 #include "agent/common/log.h"
+#include "agent/common/poll_source.h"
 #include "agent/common/token.h"
 #include "agent/peers/remote_target.h"
 
 namespace ferry {
-namespace {
-
-absl::StatusOr<std::shared_ptr<Region>> OwnedRegion(RegionTable& regions, const Session& session, uint64_t id,
-                                                    const char* field) {
-  if (id == 0) return absl::InvalidArgumentError(absl::StrCat(field, " must be a region id (>= 1), got 0"));
-  absl::StatusOr<std::shared_ptr<Region>> r = regions.Lookup(id);
-  if (!r.ok()) {
-    return absl::NotFoundError(absl::StrCat(field, " ", id, " is not registered with this agent"));
-  }
-  if ((*r)->owner_session() != session.id()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        field, " ", id, " belongs to another session; a session may only write from regions it registered"));
-  }
-  return r;
-}
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<Transfer>> TransferRouter::Prepare(const std::shared_ptr<Session>& session,
                                                                   const WriteSpec& spec, PlanChunks plan,
-                                                                  bool cached_only,
-                                                                  std::shared_ptr<Transfer> into) const {
-  absl::StatusOr<std::shared_ptr<Region>> src =
-      OwnedRegion(*deps_.regions, *session, spec.src_region_id, "src_region_id");
+                                                                  bool cached_only) const {
+  auto t = std::make_shared<Transfer>();
+  if (absl::Status s = PrepareInto(session, spec, plan, cached_only, /*batch=*/nullptr, *t); !s.ok()) return s;
+  return t;
+}
+
+absl::Status TransferRouter::PrepareInto(const std::shared_ptr<Session>& session, const WriteSpec& spec,
+                                         PlanChunks plan, bool cached_only, BatchLookups* batch, Transfer& t) const {
+  absl::StatusOr<std::shared_ptr<Region>> src = Source(*session, spec.src_region_id, batch);
   if (!src.ok()) return src.status();
   if (spec.dst == nullptr) return absl::InvalidArgumentError("dst: the destination RegionDescriptor is missing");
 
@@ -44,26 +33,40 @@ absl::StatusOr<std::shared_ptr<Transfer>> TransferRouter::Prepare(const std::sha
   absl::StatusOr<TrafficClass> traffic_class = ResolveClass(session->qos_rule(), spec.traffic_class);
   if (!traffic_class.ok()) return traffic_class.status();
 
-  std::shared_ptr<Transfer> t = into != nullptr ? std::move(into) : std::make_shared<Transfer>();
-  t->session = session;
-  t->share = session->Share(*traffic_class);
-  t->src = *src;
-  t->notify = spec.notify;
-  t->tag = spec.tag;
-  t->notify_payload = spec.notify_payload;
-  t->submitted = absl::Now();
-  t->cached_only = cached_only;
-  t->deadline = t->submitted + spec.timeout;
-  absl::StatusOr<uint64_t> dst_size = Destination(spec.dst, *t);
+  t.session = session;
+  t.share = session->Share(*traffic_class);
+  t.src = *std::move(src);
+  t.notify = spec.notify;
+  t.tag = spec.tag;
+  t.notify_payload = spec.notify_payload;
+  t.submitted = batch != nullptr ? batch->now : absl::Now();
+  t.cached_only = cached_only;
+  t.deadline = t.submitted + spec.timeout;
+  absl::StatusOr<uint64_t> dst_size = Destination(spec.dst, t, batch);
   if (!dst_size.ok()) return dst_size.status();
-  absl::StatusOr<ChunkPlan> chunks = plan((*src)->size(), *dst_size);
+  absl::StatusOr<ChunkPlan> chunks = plan(t.src->size(), *dst_size);
   if (!chunks.ok()) return chunks.status();
-  t->plan = std::move(*chunks);
-  if (t->dst_descriptor != nullptr) {
-    absl::Status routed = RouteRemote(*t);
-    if (!routed.ok()) return routed;
+  t.plan = std::move(*chunks);
+  return t.dst_descriptor != nullptr ? RouteRemote(t) : absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Region>> TransferRouter::Source(const Session& session, uint64_t id,
+                                                               BatchLookups* batch) const {
+  if (batch != nullptr) {  // newest first: a layer's V half follows its K half
+    for (auto r = batch->sources.rbegin(); r != batch->sources.rend(); ++r) {
+      if ((*r)->id() == id) return *r;  // checked to be the session's when it was added
+    }
   }
-  return t;
+  if (id == 0) return absl::InvalidArgumentError("src_region_id must be a region id (>= 1), got 0");
+  absl::StatusOr<std::shared_ptr<Region>> r = deps_.regions->Lookup(id);
+  if (!r.ok()) return absl::NotFoundError(absl::StrCat("src_region_id ", id, " is not registered with this agent"));
+  if ((*r)->owner_session() != session.id()) {
+    return absl::PermissionDeniedError(absl::StrCat("src_region_id ", id,
+                                                    " belongs to another session; a session may only write from "
+                                                    "regions it registered"));
+  }
+  if (batch != nullptr && batch->sources.size() < BatchLookups::kMax) batch->sources.push_back(*r);
+  return r;
 }
 
 absl::Status TransferRouter::CheckDestination(const std::shared_ptr<const v1::RegionDescriptor>& dst,
@@ -84,29 +87,6 @@ absl::Status TransferRouter::CheckNotifyPayload(bool notify, const std::string& 
     return absl::InvalidArgumentError("notify_payload needs notify: nobody would receive it");
   }
   return absl::OkStatus();
-}
-
-std::shared_ptr<Transfer> TransferRouter::Join(std::vector<std::shared_ptr<Transfer>> parts,
-                                               const WriteSpec& whole) const {
-  FERRY_DCHECK(!parts.empty()) << "a batch of no parts";
-  const Transfer& first = *parts.front();
-  auto t = std::make_shared<Transfer>();
-  t->session = first.session;
-  t->share = first.share;
-  t->path = first.path;
-  t->notify = whole.notify;
-  t->tag = whole.tag;
-  t->notify_payload = whole.notify_payload;
-  t->submitted = first.submitted;
-  t->deadline = first.deadline;
-  // Where the notification goes: parts[0]'s destination.
-  t->dst = first.dst;
-  t->dst_descriptor = first.dst_descriptor;
-  t->peer = first.peer;
-  t->remote_region = first.remote_region;
-  for (const auto& part : parts) t->plan.total_bytes += part->plan.total_bytes;
-  t->parts = std::move(parts);
-  return t;
 }
 
 namespace {
@@ -266,8 +246,21 @@ absl::Status TransferRouter::SendMessage(const std::shared_ptr<const v1::RegionD
 }
 
 absl::StatusOr<uint64_t> TransferRouter::Destination(const std::shared_ptr<const v1::RegionDescriptor>& dst_ptr,
-                                                     Transfer& t) const {
+                                                     Transfer& t, BatchLookups* batch) const {
   const v1::RegionDescriptor& dst = *dst_ptr;
+  if (batch != nullptr) {
+    for (auto known = batch->local_dsts.rbegin(); known != batch->local_dsts.rend(); ++known) {
+      const v1::RegionDescriptor& d = *known->descriptor;
+      // The fields the checks below read, equal to those of a descriptor that passed them.
+      // Both tokens are the writer's own, so comparing them in variable time tells it
+      // nothing.
+      if (&d == &dst || (d.region_id() == dst.region_id() && d.agent_incarnation() == dst.agent_incarnation() &&
+                         d.version() == dst.version() && d.token() == dst.token())) {
+        RouteLocal(known->region, t);
+        return known->region->size();
+      }
+    }
+  }
   if (dst.version() != 1) {
     return absl::InvalidArgumentError(absl::StrCat("dst.version ", dst.version(), " is not supported (expected 1)"));
   }
@@ -284,11 +277,10 @@ absl::StatusOr<uint64_t> TransferRouter::Destination(const std::shared_ptr<const
     if (!(*d)->token().Equals(*token)) {
       return absl::PermissionDeniedError(absl::StrCat("dst.token does not match region ", dst.region_id()));
     }
-    t.dst = *d;
-    t.path = v1::TRANSFER_PATH_LOCAL;
-    const bool gpu = t.dst->kind() == MemoryKind::kCuda || (t.src != nullptr && t.src->kind() == MemoryKind::kCuda);
-    t.executor = gpu ? deps_.gpu_local : deps_.local;
-    return (*d)->size();
+    if (batch != nullptr && batch->local_dsts.size() < BatchLookups::kMax) batch->local_dsts.push_back({dst_ptr, *d});
+    const uint64_t size = (*d)->size();
+    RouteLocal(*std::move(d), t);
+    return size;
   }
   if (dst.agent_address().empty() || dst.agent_address() == deps_.advertise_address) {
     return absl::NotFoundError(
@@ -301,6 +293,13 @@ absl::StatusOr<uint64_t> TransferRouter::Destination(const std::shared_ptr<const
   }
   t.dst_descriptor = dst_ptr;
   return dst.size();
+}
+
+void TransferRouter::RouteLocal(std::shared_ptr<Region> d, Transfer& t) const {
+  t.dst = std::move(d);
+  t.path = v1::TRANSFER_PATH_LOCAL;
+  const bool gpu = t.dst->kind() == MemoryKind::kCuda || (t.src != nullptr && t.src->kind() == MemoryKind::kCuda);
+  t.executor = gpu ? deps_.gpu_local : deps_.local;
 }
 
 absl::Status TransferRouter::RouteRemote(Transfer& t) const {
@@ -335,6 +334,52 @@ absl::Status TransferRouter::RouteRemote(Transfer& t) const {
   t.executor = deps_.staged;
   t.stage_src = src_staged;
   return absl::OkStatus();
+}
+
+TransferBatch::TransferBatch(const TransferRouter& router, std::shared_ptr<Session> session, size_t parts,
+                             ChunkLimits limits, bool cached_only)
+    : router_(router), session_(std::move(session)), limits_(limits), cached_only_(cached_only), block_(parts) {
+  FERRY_DCHECK(parts > 0) << "a batch of no parts";
+  parts_.reserve(parts);
+  lookups_.now = absl::Now();
+}
+
+absl::Status TransferBatch::Add(const WriteSpec& spec, PlanChunks plan) {
+  FERRY_DCHECK(parts_.size() < parts_.capacity()) << "more parts than the batch was made for";
+  FERRY_DCHECK(!spec.notify) << "a part notifies with the whole batch";
+  const size_t i = parts_.size();
+  std::shared_ptr<Transfer> t = block_.part(i);
+  absl::Status s = router_.PrepareInto(session_, spec, plan, cached_only_, &lookups_, *t);
+  if (!s.ok()) return IsWouldBlock(s) ? s : absl::Status(s.code(), absl::StrCat("parts[", i, "]: ", s.message()));
+  chunks_ += t->plan.size();
+  if (chunks_ > limits_.max_chunks) {
+    return absl::ResourceExhaustedError(absl::StrCat("parts: more than ", limits_.max_chunks,
+                                                     " chunks in all (--max_chunks_per_write); split the batch"));
+  }
+  parts_.push_back(std::move(t));
+  return absl::OkStatus();
+}
+
+std::shared_ptr<Transfer> TransferBatch::Join(const WriteSpec& whole) && {
+  FERRY_DCHECK(!parts_.empty()) << "a batch of no parts";
+  const Transfer& first = *parts_.front();
+  auto t = std::make_shared<Transfer>();
+  t->session = first.session;
+  t->share = first.share;
+  t->path = first.path;
+  t->notify = whole.notify;
+  t->tag = whole.tag;
+  t->notify_payload = whole.notify_payload;
+  t->submitted = first.submitted;
+  t->deadline = first.deadline;
+  // Where the notification goes: the first part's destination.
+  t->dst = first.dst;
+  t->dst_descriptor = first.dst_descriptor;
+  t->peer = first.peer;
+  t->remote_region = first.remote_region;
+  for (const auto& part : parts_) t->plan.total_bytes += part->plan.total_bytes;
+  t->parts = std::move(parts_);
+  return t;
 }
 
 }  // namespace ferry

@@ -80,20 +80,13 @@ class TransferRouter {
 
   // Checks a write from `session` (its source region, the destination's descriptor and
   // token, the chunk plan against both regions) and decides its path and executor.
-  // Nothing moves. `cached_only`: see Transfer::cached_only. `into`: a fresh Transfer to
-  // fill (a batch's part, from a TransferBlock); null: a new one.
+  // Nothing moves. `cached_only`: see Transfer::cached_only. A batch's parts: TransferBatch.
   absl::StatusOr<std::shared_ptr<Transfer>> Prepare(const std::shared_ptr<Session>& session, const WriteSpec& spec,
-                                                    PlanChunks plan, bool cached_only,
-                                                    std::shared_ptr<Transfer> into = nullptr) const;
+                                                    PlanChunks plan, bool cached_only) const;
   // Checks a destination ahead of its writes (a queue's), warming the peer and region
   // caches so that writes to it need no RPC to another agent.
   absl::Status CheckDestination(const std::shared_ptr<const v1::RegionDescriptor>& dst, absl::Time deadline) const;
-  // One transfer of prepared parts (each from Prepare, notify off) that share its id,
-  // result and deadline; with `whole.notify` the owner of parts[0]'s destination is
-  // notified (tag, payload, every part's bytes) once every part has landed.
-  // `whole.src_region_id` and `whole.dst` are ignored.
-  std::shared_ptr<Transfer> Join(std::vector<std::shared_ptr<Transfer>> parts, const WriteSpec& whole) const;
-  // Starts a prepared transfer (or a Join of parts) whose id is set;
+  // Starts a prepared transfer (or a TransferBatch's) whose id is set;
   // TransferManager::Finish ends it.
   void Launch(std::shared_ptr<Transfer> t) const;
   // After a burst of Launches on this thread (a queue's entries): lets each executor
@@ -114,15 +107,82 @@ class TransferRouter {
   bool IsLocal(const v1::RegionDescriptor& dst) const { return dst.agent_incarnation() == deps_.incarnation; }
 
  private:
+  friend class TransferBatch;
+  // What the parts of one batch share, looked up for the first part that needs it.
+  struct BatchLookups {
+    // Regions remembered per side, newest first: a batch names its regions in order
+    // (each layer's K and V halves one after the other), and a bound keeps a batch of
+    // many regions from scanning long lists.
+    static constexpr size_t kMax = 64;
+    struct LocalDestination {
+      std::shared_ptr<const v1::RegionDescriptor> descriptor;  // checked against ...
+      std::shared_ptr<Region> region;                          // ... this agent's region
+    };
+    absl::Time now;                                // when the batch was submitted
+    std::vector<std::shared_ptr<Region>> sources;  // the batch's session's
+    std::vector<LocalDestination> local_dsts;
+  };
+  // Prepare's checks and routing into `t`; with `batch`, reusing (and adding to) what
+  // the batch's earlier parts looked up.
+  absl::Status PrepareInto(const std::shared_ptr<Session>& session, const WriteSpec& spec, PlanChunks plan,
+                           bool cached_only, BatchLookups* batch, Transfer& t) const;
+  // `session`'s source region `id`.
+  absl::StatusOr<std::shared_ptr<Region>> Source(const Session& session, uint64_t id, BatchLookups* batch) const;
   // Fills t's destination from its descriptor: this agent's region (path LOCAL), or
   // another agent's (t.dst_descriptor). Returns the size the chunks are planned against.
-  absl::StatusOr<uint64_t> Destination(const std::shared_ptr<const v1::RegionDescriptor>& dst, Transfer& t) const;
+  absl::StatusOr<uint64_t> Destination(const std::shared_ptr<const v1::RegionDescriptor>& dst, Transfer& t,
+                                       BatchLookups* batch = nullptr) const;
+  // t's node-local destination `d` (its token checked): path and executor.
+  void RouteLocal(std::shared_ptr<Region> d, Transfer& t) const;
   // For a remote destination, once the plan is known: resolves it and picks FABRIC or STAGED.
   absl::Status RouteRemote(Transfer& t) const;
 
   const TransferRouterDeps deps_;
   // Shared with the completion callbacks, which may run after the router is gone.
   const std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);
+};
+
+// The parts of one batch (a WriteBatch, a queue's batch entry), each prepared as
+// TransferRouter::Prepare prepares a write, then joined into one transfer whose parts
+// share its id, result and deadline:
+//
+//   TransferBatch batch(router, session, n, limits, /*cached_only=*/false);
+//   for (size_t i = 0; i < n; ++i) {
+//     if (absl::Status s = batch.Add(spec[i], plan[i]); !s.ok()) return s;  // "parts[i]: ..."
+//   }
+//   std::shared_ptr<Transfer> t = std::move(batch).Join(whole);  // then Launch it
+//
+// What the parts share is looked up once: the time they start, and each region they
+// name (a batch over L layers names each layer's two regions in two parts, K and V).
+// A lookup per part took the region table's lock and bounced each region's count
+// between the thread preparing parts and the one freeing them. The parts live in one
+// allocation (TransferBlock). One thread, one batch.
+class TransferBatch {
+ public:
+  // `parts`: how many Add will be called for (at least 1); `limits`: the most chunks
+  // of all parts together.
+  TransferBatch(const TransferRouter& router, std::shared_ptr<Session> session, size_t parts, ChunkLimits limits,
+                bool cached_only);
+  // Prepares the next part (`spec.notify` must be off: the whole batch notifies). A
+  // refusal names the part ("parts[i]: ..."), except a would-block status (see
+  // Transfer::cached_only), which is returned as it is.
+  absl::Status Add(const WriteSpec& spec, PlanChunks plan);
+  // The part last added.
+  Transfer& last() { return *parts_.back(); }
+  // One transfer of every part added; with `whole.notify` the owner of the first
+  // part's destination is notified (tag, payload, every part's bytes) once every part
+  // has landed. `whole.src_region_id` and `whole.dst` are ignored.
+  std::shared_ptr<Transfer> Join(const WriteSpec& whole) &&;
+
+ private:
+  const TransferRouter& router_;
+  const std::shared_ptr<Session> session_;
+  const ChunkLimits limits_;
+  const bool cached_only_;
+  const TransferBlock block_;
+  std::vector<std::shared_ptr<Transfer>> parts_;
+  uint64_t chunks_ = 0;
+  TransferRouter::BatchLookups lookups_;
 };
 
 }  // namespace ferry

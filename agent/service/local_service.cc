@@ -161,10 +161,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::
   const ChunkLimits limits{deps_.config->max_chunks_per_write};
   const absl::Duration timeout =
       absl::Milliseconds(req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms);
-  const TransferBlock block(req.parts_size());
-  std::vector<std::shared_ptr<Transfer>> parts;
-  parts.reserve(req.parts_size());
-  uint64_t chunks = 0;
+  TransferBatch batch(*deps_.router, session, req.parts_size(), limits, /*cached_only=*/false);
   std::shared_ptr<const PagedIds> batch_ids;  // req.blocks, checked at the first part that uses them
   for (int i = 0; i < req.parts_size(); ++i) {
     const v1::WritePart& part = req.parts(i);
@@ -193,21 +190,13 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::
           return PagedPlan(batch_ids, part.src_base(), part.dst_base(), src_size, dst_size);
       }
     };
-    absl::StatusOr<std::shared_ptr<Transfer>> t =
-        deps_.router->Prepare(session, spec, plan, /*cached_only=*/false, block.part(i));
-    if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat("parts[", i, "]: ", t.status().message()));
-    chunks += (*t)->plan.size();
-    if (chunks > limits.max_chunks) {
-      return absl::ResourceExhaustedError(absl::StrCat("parts: more than ", limits.max_chunks,
-                                                       " chunks in all (--max_chunks_per_write); split the batch"));
-    }
-    parts.push_back(std::move(*t));
+    if (absl::Status s = batch.Add(spec, plan); !s.ok()) return s;
   }
   WriteSpec whole;
   whole.notify = req.notify();
   whole.tag = req.tag();
   whole.notify_payload = req.notify_payload();
-  return deps_.router->Join(std::move(parts), whole);
+  return std::move(batch).Join(whole);
 }
 
 absl::Duration LocalService::WaitBudget(const grpc::ServerContext& ctx, uint32_t wait_ms) const {

@@ -405,6 +405,27 @@ TEST_CASE("a batch writes one block mapping into many regions as one transfer, a
   s = producer.client->WriteBatch(bad).status();
   CHECK(s.code() == absl::StatusCode::kPermissionDenied);
   CHECK(std::string(s.message()).find("parts[3]") != std::string::npos);
+  // On one agent a batch looks each region up once; a part that names a region an
+  // earlier part named still passes every check of its own (parts 2 and 3: layer 1's
+  // K and V halves).
+  bad = batch_from(neighbour);
+  std::string forged = bad.parts(3).dst().token();
+  forged[0] ^= 1;
+  bad.mutable_parts(3)->mutable_dst()->set_token(forged);
+  s = neighbour.client->WriteBatch(bad).status();
+  CHECK(s.code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(s.message()).find("parts[3]: dst.token") != std::string::npos);
+  Pod stranger_b = MakePod(b->socket(), 4096);
+  bad = batch_from(neighbour);
+  bad.mutable_parts(3)->set_src_region_id(stranger_b.reg.region_id());
+  s = neighbour.client->WriteBatch(bad).status();
+  CHECK(s.code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(s.message()).find("parts[3]: src_region_id") != std::string::npos);
+  bad = batch_from(neighbour);
+  bad.mutable_parts(3)->set_dst_base(kLayerBytes);
+  s = neighbour.client->WriteBatch(bad).status();
+  CHECK(s.code() == absl::StatusCode::kOutOfRange);
+  CHECK(std::string(s.message()).find("parts[3]") != std::string::npos);
   bad = batch_from(producer);
   bad.set_notify(false);  // a payload without notify
   CHECK(producer.client->WriteBatch(bad).status().code() == absl::StatusCode::kInvalidArgument);
