@@ -24,9 +24,11 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "agent/memory/region_table.h"
 #include "agent/peers/peer_table.h"
 #include "agent/session/session.h"
