@@ -347,10 +347,9 @@ TransferBatch::TransferBatch(const TransferRouter& router, std::shared_ptr<Sessi
 absl::Status TransferBatch::Add(const WriteSpec& spec, PlanChunks plan) {
   FERRY_DCHECK(parts_.size() < parts_.capacity()) << "more parts than the batch was made for";
   FERRY_DCHECK(!spec.notify) << "a part notifies with the whole batch";
-  const size_t i = parts_.size();
-  std::shared_ptr<Transfer> t = block_.part(i);
+  std::shared_ptr<Transfer> t = block_.part(parts_.size());
   absl::Status s = router_.PrepareInto(session_, spec, plan, cached_only_, &lookups_, *t);
-  if (!s.ok()) return IsWouldBlock(s) ? s : absl::Status(s.code(), absl::StrCat("parts[", i, "]: ", s.message()));
+  if (!s.ok()) return IsWouldBlock(s) ? s : NextPartError(s);
   chunks_ += t->plan.size();
   if (chunks_ > limits_.max_chunks) {
     return absl::ResourceExhaustedError(absl::StrCat("parts: more than ", limits_.max_chunks,
@@ -358,6 +357,10 @@ absl::Status TransferBatch::Add(const WriteSpec& spec, PlanChunks plan) {
   }
   parts_.push_back(std::move(t));
   return absl::OkStatus();
+}
+
+absl::Status TransferBatch::NextPartError(const absl::Status& s) const {
+  return absl::Status(s.code(), absl::StrCat("parts[", parts_.size(), "]: ", s.message()));
 }
 
 std::shared_ptr<Transfer> TransferBatch::Join(const WriteSpec& whole) && {

@@ -169,6 +169,9 @@ class TransferBatch {
   // refusal names the part ("parts[i]: ..."), except a would-block status (see
   // Transfer::cached_only), which is returned as it is.
   absl::Status Add(const WriteSpec& spec, PlanChunks plan);
+  // `s` as a refusal of the part Add would prepare next ("parts[i]: ..."), for checks
+  // its caller makes first.
+  absl::Status NextPartError(const absl::Status& s) const;
   // The part last added.
   Transfer& last() { return *parts_.back(); }
   // One transfer of every part added; with `whole.notify` the owner of the first
