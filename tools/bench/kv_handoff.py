@@ -91,12 +91,13 @@ class Timeline:
         self._stamp_inbox(producer.producer._inbox, "pull_at_producer")
         self._stamp_inbox(consumer.consumer._inbox, "notified_consumer")
         kvp = producer.producer
-        on_pull = kvp._on_pull
+        write = kvp._write
 
-        def timed_on_pull(*a, **k):
-            on_pull(*a, **k)
-            self.marks["posted"] = time.perf_counter()  # a long pull is several messages: the last
-        kvp._on_pull = timed_on_pull
+        def timed_write(accepted, progress):
+            write(accepted, progress)
+            if accepted:
+                self.marks["posted"] = time.perf_counter()
+        kvp._write = timed_write
 
     def _stamp_inbox(self, inbox, name):
         drain = inbox.drain
@@ -117,18 +118,21 @@ PHASES = ("pull_sent", "pull_at_producer", "posted", "written", "notified_consum
 
 
 class PullTimer:
-    """Times the producer's answers to pulls (its _on_pull, wrapped from outside)."""
+    """Times the producer's answers to pulls (its _on_pull, which checks one, and its
+    _write, which posts those read together; wrapped from outside)."""
 
     def __init__(self, producer):
         self.seconds = 0.0
         kvp = producer.producer
-        on_pull = kvp._on_pull
+        for name in ("_on_pull", "_write"):
+            setattr(kvp, name, self._timed(getattr(kvp, name)))
 
+    def _timed(self, method):
         def timed(*a, **k):
             t = time.perf_counter()
-            on_pull(*a, **k)
+            method(*a, **k)
             self.seconds += time.perf_counter() - t
-        kvp._on_pull = timed
+        return timed
 
 
 def handoff(producer, consumer, requests, step, pulls, timeline=None, seconds=120.0):

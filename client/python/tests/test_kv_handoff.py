@@ -118,6 +118,106 @@ def test_eight_concurrent_requests_and_a_partial_prefix_hit(pair):
             assert block(clayers[2], cspec, 1, 4 * r + i) == expect
 
 
+@pytest.mark.parametrize("most_blocks, writes", [
+    (4096, [["s0", "s1", "s2", "s4", "s5"]]),
+    (4, [["s0", "s1"], ["s2", "s4"], ["s5"]]),  # at most 4 blocks a write: one more request would pass it
+])
+def test_a_steps_pulls_share_one_write_and_a_cancel_among_them_drops_only_its_own(pair, monkeypatch, most_blocks,
+                                                                                  writes):
+    # A producer that answers in poll() reads a decode step's messages in one pass: the
+    # valid pulls go as one write whose notification names each request; a cancel read
+    # in the same pass drops its request before the write; a bad pull is refused alone.
+    producer, consumer, players, clayers, pspec, cspec = pair
+    monkeypatch.setattr(ferry.kv_handoff, "_MERGED_BLOCKS", most_blocks)
+    for layer in clayers:
+        layer.buffer[:] = bytes(layer.size)
+    posts, post = [], ferry.kv_handoff._ConsumerQueue.post
+    monkeypatch.setattr(ferry.kv_handoff._ConsumerQueue, "post",
+                        lambda q, rids, *a: posts.append(list(rids)) or post(q, rids, *a))
+    stepwise = KVProducer(producer._client, pspec, players, "prefill-step", background=False)
+    try:
+        for r in range(6):
+            stepwise.hold(f"s{r}", [10 + r, 20 + r])
+        for r in range(6):
+            consumer.pull(f"s{r}", stepwise.mailbox, [2 * r, 2 * r + 1])
+        assert not consumer.cancel("s3", stepwise.mailbox)  # pulled: the producer's answer settles it
+        consumer.pull("s9", stepwise.mailbox, [40])  # never held
+        mailbox, deadline = consumer._mailboxes[stepwise.mailbox], time.monotonic() + 10
+        while mailbox._sent and time.monotonic() < deadline:  # every message is in the mailbox
+            mailbox._reap(0.05)
+        assert not mailbox._sent
+        want = {f"s{r}" for r in (0, 1, 2, 4, 5)}
+        p, c = ferry.kv_handoff.Progress(), ferry.kv_handoff.Progress()
+        while (p.done != want or c.done != want or len(c.failed) < 2) and time.monotonic() < deadline:
+            for acc, side in ((p, stepwise), (c, consumer)):
+                got = side.poll()
+                acc.done |= got.done
+                acc.failed.update(got.failed)
+            time.sleep(0.01)
+        assert posts == writes
+        assert (p.done, c.done) == (want, want)
+        assert set(p.failed) == {"s3"} and "cancelled" in p.failed["s3"]
+        assert c.failed["s3"] == "cancelled" and "not held" in c.failed["s9"] and set(c.failed) == {"s3", "s9"}
+        for layer, target in zip(players, clayers):
+            for half in (0, 1):
+                for r in range(6):
+                    for i, src in enumerate((10 + r, 20 + r)):
+                        expect = bytes(BLOCK) if r == 3 else block(layer, pspec, half, src)
+                        assert block(target, cspec, half, 2 * r + i) == expect
+                assert block(target, cspec, half, 40) == bytes(BLOCK)
+    finally:
+        stepwise.close()
+
+
+def test_pulls_read_together_that_name_one_destination_block_are_written_apart(pair, monkeypatch):
+    # Two pulls read in one pass name destination block 21 both (a write may fill a block
+    # once): they go as two writes, in order, as before pulls shared writes.
+    producer, consumer, players, clayers, pspec, cspec = pair
+    posts, post = [], ferry.kv_handoff._ConsumerQueue.post
+    monkeypatch.setattr(ferry.kv_handoff._ConsumerQueue, "post",
+                        lambda q, rids, *a: posts.append(list(rids)) or post(q, rids, *a))
+    stepwise = KVProducer(producer._client, pspec, players, "prefill-step", background=False)
+    try:
+        for rid, src in (("x1", [1, 2]), ("x2", [3, 4]), ("x3", [5])):
+            stepwise.hold(rid, src)
+        for rid, dst in (("x1", [20, 21]), ("x2", [21, 22]), ("x3", [23])):
+            consumer.pull(rid, stepwise.mailbox, dst)
+        mailbox, deadline = consumer._mailboxes[stepwise.mailbox], time.monotonic() + 10
+        while mailbox._sent and time.monotonic() < deadline:  # every pull is in the mailbox
+            mailbox._reap(0.05)
+        want, p, c = {"x1", "x2", "x3"}, ferry.kv_handoff.Progress(), ferry.kv_handoff.Progress()
+        while (p.done != want or c.done != want) and time.monotonic() < deadline:
+            for acc, side in ((p, stepwise), (c, consumer)):
+                got = side.poll()
+                acc.done |= got.done
+                acc.failed.update(got.failed)
+            time.sleep(0.01)
+        assert (p.done, c.done, p.failed, c.failed) == (want, want, {}, {})
+        assert posts == [["x1"], ["x2", "x3"]]
+        for layer, target in zip(players, clayers):
+            assert block(target, cspec, 0, 20) == block(layer, pspec, 0, 1)
+            assert block(target, cspec, 0, 21) in (block(layer, pspec, 0, 2), block(layer, pspec, 0, 3))
+            assert block(target, cspec, 0, 22) == block(layer, pspec, 0, 4)
+            assert block(target, cspec, 0, 23) == block(layer, pspec, 0, 5)
+    finally:
+        stepwise.close()
+
+
+def test_a_write_the_agent_refuses_is_reported_to_the_consumer_at_once(pair):
+    # A pull naming one destination block twice passes both clients' checks; the agent
+    # refuses the write, and the producer tells the consumer rather than letting it wait
+    # for its timeout.
+    producer, consumer, players, clayers, pspec, cspec = pair
+    before = [bytes(r.buffer) for r in clayers]
+    producer.hold("twice", [1, 2])
+    consumer.pull("twice", producer.mailbox, [30, 30])
+    started = time.monotonic()
+    p, c = until(producer, consumer)
+    assert "block 30 appears twice" in p.failed["twice"] and "block 30 appears twice" in c.failed["twice"]
+    assert time.monotonic() - started < consumer._timeout
+    assert [bytes(r.buffer) for r in clayers] == before
+
+
 def test_refusals_reach_both_sides_and_nothing_is_written(pair):
     producer, consumer, players, clayers, pspec, cspec = pair
     before = [bytes(r.buffer) for r in clayers]
