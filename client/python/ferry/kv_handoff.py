@@ -60,6 +60,11 @@ _DONE, _REFUSED, _DROPPED = 1, 2, 3
 # KVConsumer.poll()'s reason for a request given up with cancel(): its blocks may be reused.
 CANCELLED = "cancelled"
 _MAX_PAYLOAD = 4096
+# What a consumer can take, in a word after its HELLO's descriptors (a producer from
+# before it ignores the word; a HELLO from before it has none: 0). SHARED_WRITES: it
+# reads a write's notification naming several requests (_names_payload).
+_SHARED_WRITES = 1
+_FEATURES = _SHARED_WRITES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,10 +132,21 @@ def _unpack_str(body: bytes, at: int):
     return body[at + 2:at + 2 + n].decode(), at + 2 + n
 
 
+def _names_payload(replies: List[bytes]) -> bytes:
+    """A write's notification payload naming ``replies`` (the consumer's ids): one id as
+    it is (as producers did before writes were shared), several after a zero byte
+    (which starts no id of a serving engine's), each with its length."""
+    if len(replies) == 1:
+        return replies[0]
+    return b"\0" + b"".join(struct.pack("<H", len(r)) + r for r in replies)
+
+
 def _unpack_names(payload: bytes) -> List[str]:
-    """The request names a write's payload carries (_pack_str each); those before any
-    malformed tail."""
-    names, at = [], 0
+    """The request ids a write's payload names (_names_payload); of several, those
+    before any malformed tail."""
+    if payload[:1] != b"\0":
+        return [payload.decode(errors="replace")]
+    names, at = [], 1
     try:
         while at + 2 <= len(payload):
             (n,) = struct.unpack_from("<H", payload, at)
@@ -229,7 +245,7 @@ class _Pull:
     held: _Held
     src_ids: array.array
     dst_ids: array.array
-    reply: bytes  # the consumer's id for the request, packed (_pack_str): its part of the payload
+    reply: bytes  # the consumer's id for the request
 
 
 class _ConsumerQueue:
@@ -344,6 +360,7 @@ class KVProducer:
         self.mailbox = self._mailbox_region.descriptor()
         self._consumers: Dict[str, list] = {}  # consumer id -> its layer descriptors
         self._consumer_specs: Dict[str, KVCacheSpec] = {}
+        self._consumer_features: Dict[str, int] = {}  # consumer id -> its HELLO's _FEATURES
         self._queues: Dict[str, Optional[_ConsumerQueue]] = {}  # consumer id -> its queue (None: write_batch)
         self._retired: List[_ConsumerQueue] = []  # replaced queues with writes still in flight
         self._held: Dict[str, _Held] = {}
@@ -461,6 +478,7 @@ class KVProducer:
             (n,) = struct.unpack_from("<H", body, at)
             descriptors.append(RegionDescriptor.from_bytes(body[at + 2:at + 2 + n]))  # parsed once, not per write
             at += 2 + n
+        (features,) = struct.unpack_from("<I", body, at) if at + 4 <= len(body) else (0,)
         if spec.block_bytes != self._spec.block_bytes or spec.halves != self._spec.halves:
             raise ValueError(f"consumer {consumer}'s blocks are {spec.block_bytes} bytes x {spec.halves} halves; "
                              f"this producer's are {self._spec.block_bytes} x {self._spec.halves}")
@@ -469,6 +487,7 @@ class KVProducer:
         slots = self._consumers.setdefault(consumer, [None] * total)
         slots[first:first + count] = descriptors
         self._consumer_specs[consumer] = spec
+        self._consumer_features[consumer] = features
         # New descriptors (a consumer that reconnected): a new queue at the next write; the
         # old one's writes in flight are still reaped.
         old = self._queues.pop(consumer, None)
@@ -528,7 +547,7 @@ class KVProducer:
             return
         held.answer_to = (descriptors[0], reply)
         held.future = _ACCEPTED
-        accepted.append(_Pull(consumer, rid, held, held.src_ids[skip:], dst_ids, _pack_str(reply)))
+        accepted.append(_Pull(consumer, rid, held, held.src_ids[skip:], dst_ids, reply.encode()))
 
     def _write(self, accepted: List[_Pull], progress: Progress) -> None:
         """Writes the pulls read in one pass over the inbox: those of one consumer as one
@@ -539,22 +558,25 @@ class KVProducer:
         256 tokens took a third less time so (tools/bench/RESULTS.md). A pull that names a
         destination block an earlier one in the write names (a write may fill a block
         once) starts a new write, as it was written before pulls shared writes; only one
-        consumer's pulls share a write, so its mistakes fail only its own requests."""
+        consumer's pulls share a write, so its mistakes fail only its own requests. A
+        consumer from before shared writes (no SHARED_WRITES in its HELLO) gets a write
+        per pull."""
         # consumer -> the pulls of its next write, their block count, their destination
         # blocks (while another pull may join), and their names' bytes
         runs: Dict[str, tuple] = {}
         for pull in accepted:
             if self._held.get(pull.rid) is not pull.held:  # cancelled after its PULL, in the same pass
                 continue
-            run, count, blocks, names = runs.get(pull.consumer, ([], 0, set(), 0))
-            if run and (count + len(pull.dst_ids) > _MERGED_BLOCKS or names + len(pull.reply) > _MAX_PAYLOAD or
-                        not blocks.isdisjoint(pull.dst_ids)):
+            run, count, blocks, names = runs.get(pull.consumer, ([], 0, set(), 1))
+            shares = self._consumer_features.get(pull.consumer, 0) & _SHARED_WRITES
+            if run and (not shares or count + len(pull.dst_ids) > _MERGED_BLOCKS or
+                        names + 2 + len(pull.reply) > _MAX_PAYLOAD or not blocks.isdisjoint(pull.dst_ids)):
                 self._write_run(pull.consumer, run, progress)
-                run, count, blocks, names = [], 0, set(), 0
+                run, count, blocks, names = [], 0, set(), 1
             run.append(pull)
-            if count + len(pull.dst_ids) < _MERGED_BLOCKS:
+            if shares and count + len(pull.dst_ids) < _MERGED_BLOCKS:
                 blocks.update(pull.dst_ids)
-            runs[pull.consumer] = (run, count + len(pull.dst_ids), blocks, names + len(pull.reply))
+            runs[pull.consumer] = (run, count + len(pull.dst_ids), blocks, names + 2 + len(pull.reply))
         for consumer, (run, _, _, _) in runs.items():
             self._write_run(consumer, run, progress)
 
@@ -563,7 +585,7 @@ class KVProducer:
         for p in run:
             src_ids.extend(p.src_ids)
             dst_ids.extend(p.dst_ids)
-        rids, payload = [p.rid for p in run], b"".join(p.reply for p in run)
+        rids, payload = [p.rid for p in run], _names_payload([p.reply for p in run])
         descriptors = self._consumers[consumer]
         q = self._queue_for(consumer, descriptors)
         if q is not None and q.post(rids, self._spec.block_bytes, src_ids, dst_ids, payload):
@@ -713,13 +735,14 @@ class KVConsumer:
         head = _pack_str(self.engine_id) + self._spec._pack()
         first = 0
         while first < len(self._descriptors):
-            count, size = 0, 5 + len(head) + 12
+            count, size = 0, 5 + len(head) + 12 + 4
             while first + count < len(self._descriptors) and size + 2 + len(self._descriptors[first + count]) \
                     <= _MAX_PAYLOAD:
                 size += 2 + len(self._descriptors[first + count])
                 count += 1
             body = head + struct.pack("<III", first, len(self._descriptors), count) + b"".join(
-                struct.pack("<H", len(d)) + d for d in self._descriptors[first:first + count])
+                struct.pack("<H", len(d)) + d for d in self._descriptors[first:first + count]) + \
+                struct.pack("<I", _FEATURES)
             mailbox.send(_HELLO, body)
             first += count
         self._introduced.add(producer_mailbox)

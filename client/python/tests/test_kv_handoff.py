@@ -118,17 +118,19 @@ def test_eight_concurrent_requests_and_a_partial_prefix_hit(pair):
             assert block(clayers[2], cspec, 1, 4 * r + i) == expect
 
 
-@pytest.mark.parametrize("most_blocks, writes", [
-    (4096, [["s0", "s1", "s2", "s4", "s5"]]),
-    (4, [["s0", "s1"], ["s2", "s4"], ["s5"]]),  # at most 4 blocks a write: one more request would pass it
+@pytest.mark.parametrize("most_blocks, features, writes", [
+    (256, 1, [["s0", "s1", "s2", "s4", "s5"]]),
+    (4, 1, [["s0", "s1"], ["s2", "s4"], ["s5"]]),  # at most 4 blocks a write: one more request would pass it
+    (256, 0, [["s0"], ["s1"], ["s2"], ["s4"], ["s5"]]),  # a consumer from before shared writes
 ])
 def test_a_steps_pulls_share_one_write_and_a_cancel_among_them_drops_only_its_own(pair, monkeypatch, most_blocks,
-                                                                                  writes):
+                                                                                  features, writes):
     # A producer that answers in poll() reads a decode step's messages in one pass: the
     # valid pulls go as one write whose notification names each request; a cancel read
     # in the same pass drops its request before the write; a bad pull is refused alone.
     producer, consumer, players, clayers, pspec, cspec = pair
     monkeypatch.setattr(ferry.kv_handoff, "_MERGED_BLOCKS", most_blocks)
+    monkeypatch.setattr(ferry.kv_handoff, "_FEATURES", features)  # what the consumer's HELLO says
     for layer in clayers:
         layer.buffer[:] = bytes(layer.size)
     posts, post = [], ferry.kv_handoff._ConsumerQueue.post
