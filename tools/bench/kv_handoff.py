@@ -20,10 +20,14 @@ also "raw_copy_ms" (one contiguous copy of the same bytes on that GPU), with --r
 also "raw_blocks_ms" (the request's blocks moved by PyTorch in one process: per layer,
 one gather and one scatter by block ids), and with --phases when the pull was sent, was
 read by the producer, was answered (the batch posted), the producer saw its write
-complete, and the consumer's notification arrived, in ms after the hold. Cache:
+complete, and the consumer's notification arrived, in ms after the hold. By default
+both workers live in this process (their threads share one GIL); --two_processes puts
+the consumer in a process of its own, as a deployment's decode pod is, told to pull
+over a pipe right after the hold. Cache:
 Llama-3-8B-shaped, 32 layers of [2, blocks, 16, 8, 128] bf16, in host memory or on the GPU.
 """
 import argparse
+import multiprocessing
 import random
 import time
 
@@ -36,12 +40,13 @@ from ferry.vllm.worker import FerryWorker
 LAYERS, BLOCK_TOKENS, KV_HEADS, HEAD = 32, 16, 8, 128
 
 
-def caches(num_blocks, seed, device):
-    """Host tensors from ferry.host.empty, or CUDA tensors from PyTorch's caching allocator (as vLLM's)."""
+def caches(num_blocks, seed, device, layers=LAYERS):
+    """Host tensors from ferry.host.empty, or CUDA tensors from PyTorch's caching allocator
+    (as vLLM's); the first `layers` of them (the same for a seed, whatever `layers`)."""
     g = torch.Generator(device=device).manual_seed(seed)
     out = {}
     shape = (2, num_blocks, BLOCK_TOKENS, KV_HEADS, HEAD)
-    for i in range(LAYERS):
+    for i in range(layers):
         t = ferry.host.empty(shape, torch.bfloat16) if device == "cpu" else \
             torch.empty(shape, dtype=torch.bfloat16, device=device)
         t.view(torch.int16).copy_(torch.randint(-30000, 30000, t.shape, generator=g, dtype=torch.int16, device=device))
@@ -163,6 +168,63 @@ def handoff(producer, consumer, requests, step, pulls, timeline=None, seconds=12
     return received - t0, pulls.seconds, phases
 
 
+def handoff_to_process(producer, conn, requests, step, pulls, seconds=120.0):
+    """handoff() with the consumer in a process of its own (consumer_process): it is told
+    the requests beforehand and to pull them right after the hold (the proxy's hop: one
+    message on a pipe); returns the seconds until it reported the last, and the producer's
+    time answering pulls."""
+    pulls.seconds = 0.0
+    conn.send(requests)
+    t0 = time.perf_counter()
+    producer.apply(StepPlan(hold={rid: src for rid, src, _ in requests}))
+    conn.send_bytes(b"pull")
+    sending = {rid for rid, _, _ in requests}
+    while sending:
+        sending -= producer.results().finished_sending
+        if time.perf_counter() - t0 > seconds:
+            raise TimeoutError(f"{sorted(sending)} were not sent in {seconds} s")
+        time.sleep(step)
+    received, wrong = conn.recv()
+    if wrong:
+        raise RuntimeError(wrong)
+    return received - t0, pulls.seconds
+
+
+def consumer_process(args, num_blocks, conn, seconds=120.0):
+    """--two_processes: the decode side alone in a process (as a deployment's decode pod,
+    with its own GIL), stepped every --step_ms as handoff() steps it. Answers each round
+    with when the last request was in finished_recving (perf_counter: CLOCK_MONOTONIC,
+    one clock for both processes) and what was wrong, if anything."""
+    ccache = caches(num_blocks, 2, args.device)
+    expect = next(iter(caches(num_blocks, 1, args.device, layers=1).values()))  # the producer's first layer
+    layer = next(iter(ccache))
+    consumer = FerryWorker(args.consumer, "bench-decode", 0, producer=False, consumer=True, timeout=300)
+    consumer.register_kv_caches(ccache)
+    mailbox = conn.recv()
+    conn.send("ready")
+    step = args.step_ms / 1e3
+    while (requests := conn.recv()) is not None:
+        conn.recv_bytes()  # the producer holds them now
+        t0 = time.perf_counter()
+        consumer.apply(StepPlan(pull={rid: Pull(rid, [mailbox], dst, 0) for rid, _, dst in requests}))
+        receiving, wrong = {rid for rid, _, _ in requests}, ""
+        while receiving and not wrong:
+            c = consumer.results()
+            if c.failed_recving:
+                wrong = f"the handoff of {sorted(c.failed_recving)} failed"
+            if receiving and not receiving - c.finished_recving:
+                received = time.perf_counter()
+            receiving -= c.finished_recving
+            if time.perf_counter() - t0 > seconds:
+                wrong = f"{sorted(receiving)} did not land in {seconds} s"
+            time.sleep(step)
+        if not wrong and not all(torch.equal(ccache[layer][:, d[-1]].view(torch.int16), expect[:, s[-1]].view(torch.int16))
+                                 for _, s, d in requests):
+            wrong = "a block differs"
+        conn.send((received if not wrong else 0.0, wrong))
+    consumer.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--producer", required=True)
@@ -179,16 +241,30 @@ def main():
                     help="also print when each step happened, ms after the hold: " + ", ".join(PHASES))
     ap.add_argument("--concurrent", type=int, default=1,
                     help="requests handed off at once, timed together (each side's cache holds them all)")
+    ap.add_argument("--two_processes", action="store_true",
+                    help="the consumer in a process of its own, as in a deployment (default: both in this one, "
+                         "sharing its GIL)")
     args = ap.parse_args()
     if args.concurrent < 1 or (args.phases and args.concurrent > 1):
         ap.error("--concurrent must be 1 or more, and 1 with --phases")
+    if args.two_processes and (args.phases or args.raw_blocks):
+        ap.error("--phases and --raw_blocks need both sides in one process")
     sizes = [int(t) for t in args.tokens.split(",")]
     num_blocks = args.concurrent * max(sizes) // BLOCK_TOKENS + 8
-    pcache, ccache = caches(num_blocks, 1, args.device), caches(num_blocks, 2, args.device)
+    if args.two_processes:  # started before this process touches a GPU
+        conn, theirs = multiprocessing.get_context("spawn").Pipe()
+        child = multiprocessing.get_context("spawn").Process(target=consumer_process, args=(args, num_blocks, theirs))
+        child.start()
+    pcache = caches(num_blocks, 1, args.device)
     producer = FerryWorker(args.producer, "bench-prefill", 0, producer=True, consumer=False, lease=300)
-    consumer = FerryWorker(args.consumer, "bench-decode", 0, producer=False, consumer=True, timeout=300)
     producer.register_kv_caches(pcache)
-    consumer.register_kv_caches(ccache)
+    if args.two_processes:
+        conn.send(producer.mailbox)
+        conn.recv()  # ready
+    else:
+        ccache = caches(num_blocks, 2, args.device)
+        consumer = FerryWorker(args.consumer, "bench-decode", 0, producer=False, consumer=True, timeout=300)
+        consumer.register_kv_caches(ccache)
     timeline = Timeline(producer, consumer) if args.phases else None
     pulls = PullTimer(producer)
     rng = random.Random(3)
@@ -201,11 +277,15 @@ def main():
             dst = rng.sample(range(num_blocks), args.concurrent * n)
             requests = [(f"{tokens}-{r}-{i}", src[i * n:(i + 1) * n], dst[i * n:(i + 1) * n])
                         for i in range(args.concurrent)]
-            seconds, submit, phases = handoff(producer, consumer, requests, args.step_ms / 1e3, pulls, timeline)
-            layer = next(iter(pcache))
-            for _, s, d in requests:
-                assert torch.equal(ccache[layer][:, d[-1]].view(torch.int16), pcache[layer][:, s[-1]].view(torch.int16)), \
-                    "a block differs"
+            if args.two_processes:  # the consumer checks the blocks
+                seconds, submit = handoff_to_process(producer, conn, requests, args.step_ms / 1e3, pulls)
+                phases = []
+            else:
+                seconds, submit, phases = handoff(producer, consumer, requests, args.step_ms / 1e3, pulls, timeline)
+                layer = next(iter(pcache))
+                for _, s, d in requests:
+                    assert torch.equal(ccache[layer][:, d[-1]].view(torch.int16),
+                                       pcache[layer][:, s[-1]].view(torch.int16)), "a block differs"
             if r:  # the first round of a size warms up (page faults of fresh memory)
                 raw = "" if args.device == "cpu" else f" {raw_copy_seconds(total, args.device) * 1e3:.2f}"
                 if args.raw_blocks:
@@ -213,7 +293,11 @@ def main():
                 print(tokens, total, f"{seconds * 1e3:.2f}", f"{total / seconds / 1e9:.3f}",
                       f"{submit * 1e3:.3f}{raw}", *(f"{p:.2f}" for p in phases), flush=True)
     producer.close()
-    consumer.close()
+    if args.two_processes:
+        conn.send(None)
+        child.join(30)
+    else:
+        consumer.close()
 
 
 if __name__ == "__main__":
