@@ -567,14 +567,16 @@ class KVProducer:
         for pull in accepted:
             if self._held.get(pull.rid) is not pull.held:  # cancelled after its PULL, in the same pass
                 continue
+            if not self._consumer_features.get(pull.consumer, 0) & _SHARED_WRITES:
+                self._write_run(pull.consumer, [pull], progress)
+                continue
             run, count, blocks, names = runs.get(pull.consumer, ([], 0, set(), 1))
-            shares = self._consumer_features.get(pull.consumer, 0) & _SHARED_WRITES
-            if run and (not shares or count + len(pull.dst_ids) > _MERGED_BLOCKS or
-                        names + 2 + len(pull.reply) > _MAX_PAYLOAD or not blocks.isdisjoint(pull.dst_ids)):
+            if run and (count + len(pull.dst_ids) > _MERGED_BLOCKS or names + 2 + len(pull.reply) > _MAX_PAYLOAD or
+                        not blocks.isdisjoint(pull.dst_ids)):
                 self._write_run(pull.consumer, run, progress)
                 run, count, blocks, names = [], 0, set(), 1
             run.append(pull)
-            if shares and count + len(pull.dst_ids) < _MERGED_BLOCKS:
+            if count + len(pull.dst_ids) < _MERGED_BLOCKS:
                 blocks.update(pull.dst_ids)
             runs[pull.consumer] = (run, count + len(pull.dst_ids), blocks, names + 2 + len(pull.reply))
         for consumer, (run, _, _, _) in runs.items():
