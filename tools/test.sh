@@ -2,8 +2,9 @@
 # Runs every test: `bazel test //...`, then the Python client's pytest suite
 # (tools/pytest.sh) against the same ferryd build, then the deployment checks
 # (tools/deploy_check.sh: helm lint, manifests validated against the Kubernetes API), then,
-# without extra arguments, clang's thread-safety analysis, the formatting check, vLLM's
-# connector tests (tools/vllm_test.sh) and the demo. Extra arguments go to Bazel, e.g.
+# without extra arguments, clang's thread-safety analysis, the formatting check, the agent's
+# image run as the chart runs it (tools/container_test.sh), vLLM's connector tests
+# (tools/vllm_test.sh) and the demo. Extra arguments go to Bazel, e.g.
 #   tools/test.sh --config=asan
 # Prints the logs of failing tests and ends with the line "N passed, N failed".
 set -uo pipefail
@@ -56,6 +57,8 @@ extra_target //deploy:k8s_check bash tools/deploy_check.sh
 if [ "$#" -eq 0 ]; then
   extra_target //tools:check_thread_safety bash tools/check_thread_safety.sh
   extra_target //tools:check_format bash tools/check_format.sh
+  # The image (podman) run as the chart's rendered DaemonSet runs it, per profile.
+  extra_target //deploy:container_test bash tools/container_test.sh
   # FerryConnector with the real vLLM (its cached venv is made on first use, ~6 minutes).
   extra_target //client/python:vllm_test bash tools/vllm_test.sh
   extra_target //tests/demo:demo_test bash tests/demo/demo_test.sh

@@ -47,11 +47,20 @@ absl::Status ClaimSocketPath(const std::string& path) {
 }
 
 absl::Status SetSocketPermissions(const std::string& path, mode_t mode, gid_t gid) {
-  if (chmod(path.c_str(), mode) != 0 ||
-      (gid != static_cast<gid_t>(-1) && chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0)) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot set mode/group of ", path, ": ", strerror(errno)));
+  if (chmod(path.c_str(), mode) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot set the mode of ", path, ": ", strerror(errno)));
   }
-  return absl::OkStatus();
+  if (gid == static_cast<gid_t>(-1) || chown(path.c_str(), static_cast<uid_t>(-1), gid) == 0) return absl::OkStatus();
+  if (errno == EPERM) {
+    // The usual cause in a container: capabilities dropped to IPC_LOCK (no CHOWN) and the
+    // group not among the process's own.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--socket_group=", gid, ": cannot give ", path, " to group ", gid,
+        " (EPERM): the agent is not in that group and lacks CAP_CHOWN. Run it with ", gid,
+        " as a supplemental group (Kubernetes: the pod's securityContext.supplementalGroups, which the ferry chart "
+        "sets from socketGroup), or leave --socket_group empty"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat("cannot set the group of ", path, ": ", strerror(errno)));
 }
 
 absl::StatusOr<int> ListenUnix(const std::string& path, int type, mode_t mode, gid_t gid) {

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The agent's image run as the chart's rendered DaemonSet runs it (podman, as root):
+# tools/image.sh builds the image, then tests/deploy/container/pod_test.py plays each
+# profile's rendered pod with two workload containers. ~1 minute per profile after the
+# image (the first run on a machine also makes the Debian base, ~2 minutes).
+#   tools/container_test.sh [--profile=default|gke-a3-ultra|eks-p5 ...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profiles=()
+for arg in "$@"; do
+  case $arg in
+    --profile=*) profiles+=(--profile "${arg#--profile=}") ;;
+    *) echo "container_test: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+bash tools/setup.sh
+image=$(bash tools/image.sh | tail -n 1)
+bazel build //tests/deploy/container:pod_workload 2>&1 | tail -n 1
+bin=$(bazel info bazel-bin 2>/dev/null)
+python3 tests/deploy/container/pod_test.py --image "$image" --workload "$bin/tests/deploy/container/pod_workload" \
+  --helm "$PWD/tools/go/bin/helm" --health_probe "$PWD/tools/go/bin/grpc-health-probe" "${profiles[@]}"
