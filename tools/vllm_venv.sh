@@ -4,7 +4,8 @@
 # of wheels, a ~9 GB venv, ~6 minutes on 2 cores. Used by tools/vllm_test.sh and
 # tools/bench.sh kv.
 set -euo pipefail
-VLLM_VERSION=0.32.0  # 0.33.0 needs a certifi release newer than the registry here has
+# The release CI tests; the connector supports 0.26 ... 0.33 (VLLM_VERSION=0.26.0 for another).
+VLLM_VERSION=${VLLM_VERSION:-0.33.0}
 venv=${FERRY_CACHE:-$HOME/.cache/ferry}/vllm-$VLLM_VERSION
 if [ ! -f "$venv/.complete" ]; then
   echo "vllm_venv: installing vLLM $VLLM_VERSION into $venv (once per machine, ~6 minutes)" >&2

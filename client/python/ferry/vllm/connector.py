@@ -16,14 +16,29 @@ import dataclasses
 from typing import Any, Optional
 
 import torch
+from vllm.distributed.kv_transfer.kv_connector.v1 import base as vllm_base
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorHandshakeMetadata,
-                                                               KVConnectorMetadata, KVConnectorRole,
-                                                               KVConnectorTransferResults, KVConnectorWorkerMetadata)
+                                                               KVConnectorMetadata, KVConnectorRole)
 
 from ..client import TRAFFIC_CLASSES
 from .params import Layout
 from .scheduler import FerryScheduler, StepPlan
 from .worker import FerryWorker
+
+
+# The hooks below that only newer vLLM releases call use types those releases define; on
+# older ones (0.26 has neither) they are plain stand-ins that nothing in vLLM reads.
+KVConnectorWorkerMetadata = getattr(vllm_base, "KVConnectorWorkerMetadata", object)
+
+
+@dataclasses.dataclass
+class _TransferResults:
+    finished_sending: set
+    finished_recving: set
+    failed_recving: set
+
+
+KVConnectorTransferResults = getattr(vllm_base, "KVConnectorTransferResults", _TransferResults)
 
 
 class FerryConnectorMetadata(KVConnectorMetadata):
@@ -60,8 +75,11 @@ def _layout(vllm_config, kv_cache_config) -> Layout:
         raise ValueError(f"FerryConnector moves one KV cache group; this model has {len(groups)}")
     spec = groups[0].kv_cache_spec
     dtype = str(spec.dtype).replace("torch.", "")
+    # The memory layout vLLM resolved (releases with KVCacheLayout; earlier ones have one).
+    memory = getattr(kv_cache_config, "kv_cache_layout", None) or getattr(vllm_config.cache_config, "kv_cache_layout",
+                                                                          None)
     return Layout(dtype=dtype, num_layers=len(groups[0].layer_names), num_kv_heads=getattr(spec, "num_kv_heads", 1),
-                  head_size=spec.head_size, block_size=spec.block_size)
+                  head_size=spec.head_size, block_size=spec.block_size, memory=memory or "")
 
 
 def _extra_config(extra) -> dict:

@@ -34,9 +34,14 @@ class Layout:
     num_kv_heads: int  # per TP rank
     head_size: int
     block_size: int  # tokens per block
+    # The order of a block's bytes in memory, as vLLM names it (e.g. LBNHC), where the
+    # release says: two sides whose blocks are the same size but ordered differently
+    # would swap heads and tokens.
+    memory: str = ""
 
     def __str__(self) -> str:
-        return f"{self.dtype} L{self.num_layers} H{self.num_kv_heads}x{self.head_size} B{self.block_size}"
+        s = f"{self.dtype} L{self.num_layers} H{self.num_kv_heads}x{self.head_size} B{self.block_size}"
+        return f"{s} {self.memory}" if self.memory else s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +84,7 @@ def parse(params: Optional[Mapping[str, Any]], layout: Layout, tp_size: int, num
     theirs = _field(params, "ferry_layout", str)
     if theirs != str(layout):
         raise BadParams(f"the producer's KV cache layout is '{theirs}', this consumer's is '{layout}' "
-                        "(dtype, layers, KV heads per rank x head size, block size must match)")
+                        "(dtype, layers, KV heads per rank x head size, block size and memory layout must match)")
     their_tp = _field(params, "tp_size", int)
     if their_tp != tp_size:
         raise BadParams(f"the producer runs tensor-parallel size {their_tp}, this consumer {tp_size}: "

@@ -62,6 +62,10 @@ class FerryScheduler:
         self._receiving: Dict[str, params_lib.RemotePrefill] = {}  # consumer: until finished_recving
 
     def set_mailboxes(self, by_rank: Dict[int, bytes]) -> None:
+        """Every rank's producer mailbox, from the workers' handshake metadata. A decode-only
+        engine's workers have none, and vLLM then hands over an empty dict."""
+        if not by_rank and not self.is_producer:
+            return
         if sorted(by_rank) != list(range(self.tp_size)):
             raise ValueError(f"handshake metadata came from ranks {sorted(by_rank)}; "
                              f"tensor-parallel size is {self.tp_size}")

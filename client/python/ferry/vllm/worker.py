@@ -8,8 +8,8 @@ module as it is.
     worker.apply(plan)                     # every step, the scheduler's StepPlan
     r = worker.results()                   # every step: sending, recving, failed, bad blocks
 
-KV tensors: one per layer, FlashAttention's ``[2, num_blocks, block_size, heads, head_dim]``
-or MLA's ``[num_blocks, block_size, latent]``; CUDA tensors from PyTorch's caching
+KV tensors: one per layer, as vLLM's attention backends allocate them (layer_spec: blocks
+outermost in memory, or K and V halves outermost); CUDA tensors from PyTorch's caching
 allocator (legacy IPC handles, so not expandable segments) or ferry.cuda.empty, or CPU
 tensors from ferry.host.empty.
 """
@@ -37,23 +37,62 @@ class StepResults:
     invalid_block_ids: Set[int] = dataclasses.field(default_factory=set)
 
 
+def _physical_dims(t) -> List[int]:
+    """``t``'s dimensions from the outermost in memory to the innermost, size-1 ones left
+    out; raises ValueError unless ``t`` covers its memory densely (a permuted view of a
+    contiguous allocation, as vLLM makes its caches through a backend's stride order)."""
+    dims = sorted((d for d in range(t.dim()) if t.shape[d] > 1), key=lambda d: t.stride(d), reverse=True)
+    expect = 1
+    for d in reversed(dims):
+        if t.stride(d) != expect:
+            raise ValueError(f"a KV cache tensor of shape {tuple(t.shape)} and strides {tuple(t.stride())} has gaps "
+                             "or overlaps in memory (a layout with blocks outside layers, such as vLLM's BLNHC): "
+                             "FerryConnector moves layers that each fill their own memory; use a layer-outermost "
+                             "layout (VLLM_KV_CACHE_LAYOUT=LBNHC, vLLM's default, or LBHNC)")
+        expect *= t.shape[d]
+    return dims
+
+
+def layer_spec(t) -> KVCacheSpec:
+    """How one layer's KV tensor holds its blocks in memory, whatever its logical shape:
+    vLLM allocates each layer's cache contiguously in its backend's stride order and hands
+    the connector a permuted view. Two arrangements can be moved block by block:
+
+    - blocks outermost (FlashAttention's packed ``(num_blocks, heads, block_size, 2 * head_dim)``,
+      MLA's ``(num_blocks, block_size, latent)``, or ``[2, num_blocks, ...]`` allocated blocks
+      first): each block one run of bytes, K and V together (halves 1);
+    - K / V outermost (``[2, num_blocks, block_size, heads, head_dim]`` allocated as shaped):
+      each block a run in the K half and one in the V half (halves 2).
+
+    Raises ValueError for anything else."""
+    dims = _physical_dims(t)
+    if len(dims) < 2:
+        raise ValueError(f"a KV cache tensor of shape {tuple(t.shape)} has no block dimension")
+    outer, elt = dims[0], t.element_size()
+    if outer == 1 and t.shape[0] == 2:  # [2, num_blocks, ...] with its blocks outermost
+        return KVCacheSpec(num_blocks=t.shape[1], block_bytes=t.stride(1) * elt, halves=1)
+    if outer == 0 and t.shape[0] == 2 and t.dim() >= 4 and dims[1] == 1:  # K / V halves outermost
+        return KVCacheSpec(num_blocks=t.shape[1], block_bytes=t.stride(1) * elt, halves=2)
+    if outer == 0:
+        return KVCacheSpec(num_blocks=t.shape[0], block_bytes=t.stride(0) * elt, halves=1)
+    raise ValueError(f"a KV cache tensor of shape {tuple(t.shape)} and strides {tuple(t.stride())}: FerryConnector "
+                     "moves caches whose blocks (or K / V halves) are outermost in memory")
+
+
 def cache_spec(tensors: List) -> KVCacheSpec:
     """The KVCacheSpec of one rank's layer tensors; raises ValueError on what ferry cannot move."""
     if not tensors:
         raise ValueError("no KV cache tensors to register")
-    first = tensors[0]
-    if first.dim() == 5 and first.shape[0] == 2:  # FlashAttention: K and V halves
-        halves, num_blocks = 2, first.shape[1]
-    elif first.dim() == 3:  # MLA: one latent per token
-        halves, num_blocks = 1, first.shape[0]
-    else:
-        raise ValueError(f"KV cache tensors of shape {tuple(first.shape)}: FerryConnector moves FlashAttention's "
-                         "[2, num_blocks, block_size, heads, head_dim] or MLA's [num_blocks, block_size, latent]")
+    spec = layer_spec(tensors[0])
     for t in tensors:
-        if t.shape != first.shape or t.dtype != first.dtype or not t.is_contiguous():
-            raise ValueError("every layer's KV tensor must be contiguous, with one shape and dtype")
-    return KVCacheSpec(num_blocks=num_blocks, block_bytes=first.numel() * first.element_size() // (halves * num_blocks),
-                       halves=halves)
+        if t.shape != tensors[0].shape or t.stride() != tensors[0].stride() or t.dtype != tensors[0].dtype:
+            raise ValueError("every layer's KV tensor must have one shape, layout and dtype")
+    return spec
+
+
+def physical_view(t):
+    """``t``'s whole allocation as a flat contiguous tensor (what the agent registers)."""
+    return t.as_strided((t.numel(),), (1,))
 
 
 class FerryWorker:
@@ -89,7 +128,7 @@ class FerryWorker:
         self._start()
 
     def _start(self) -> None:
-        regions = [self._client.register_tensor(t) for t in self._tensors]
+        regions = [self._client.register_tensor(physical_view(t)) for t in self._tensors]
         if self._roles[0]:
             self.producer = KVProducer(self._client, self._spec, regions, self.engine_id)
         if self._roles[1]:

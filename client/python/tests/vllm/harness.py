@@ -1,7 +1,8 @@
 """Two real vLLM engines' KV side, stepped by hand: each a real vLLM Scheduler (built from
 a VllmConfig over the config.json in model/, no weights or tokenizer) whose connector is
-FerryConnector, and a FerryConnector worker with host-memory KV caches (ferry.host.empty)
-registered with a real ferryd. A step does what vLLM's engine core and model runner do
+FerryConnector, and a FerryConnector worker whose KV caches vLLM's own planning lays out
+and views (one host-memory allocation from ferry.host.empty, a view per layer, in the
+layout vLLM resolves or the one a test asks for), registered with a real ferryd. A step does what vLLM's engine core and model runner do
 around a forward pass (schedule; bind metadata, start_load_kv, wait_for_save,
 get_transfer_results, get_block_ids_with_load_errors; update_from_output); the forward
 pass itself is played by writing nothing: the producer's cache is filled with random
@@ -19,13 +20,17 @@ from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator  
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout  # noqa: E402
+from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec  # noqa: E402
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheGroupSpec, MLAAttentionSpec,  # noqa: E402
+                                        create_kv_cache_views)
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 import ferry.host  # noqa: E402
 from ferry.vllm import FerryConnector  # noqa: E402
+from ferry.vllm.worker import layer_spec, physical_view  # noqa: E402
 
 MODEL = str(pathlib.Path(__file__).parent / "model")
 LAYERS, KV_HEADS, HEAD = 4, 2, 64  # model/config.json: 4 layers, 2 KV heads, hidden 256 / 4 heads
@@ -38,7 +43,7 @@ class Engine:
     outputs combined by vLLM's own KVOutputAggregator when there are several)."""
 
     def __init__(self, role: str, agent_socket: str, engine_id: str, num_blocks: int = 64, policy: str = "fail",
-                 tp: int = 1, latent: int = 0, **extra):
+                 tp: int = 1, latent: int = 0, layout: str = "", **extra):
         self.engine_id = engine_id
         cache = CacheConfig(block_size=BLOCK_TOKENS, enable_prefix_caching=True)
         cache.num_gpu_blocks = num_blocks
@@ -53,23 +58,33 @@ class Engine:
         names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
         if latent:  # an MLA model's cache: one latent vector per token and layer, no K / V halves
             spec = MLAAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=1, head_size=latent, dtype=torch.bfloat16)
-            shape = (num_blocks, BLOCK_TOKENS, latent)
-        else:  # FlashAttention's
+        else:
             spec = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=KV_HEADS, head_size=HEAD,
                                      dtype=torch.bfloat16)
-            shape = (2, num_blocks, BLOCK_TOKENS, KV_HEADS, HEAD)
-        self.halves = 1 if latent else 2
-        self.kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                                             kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+        # vLLM's own planning and allocation, as its GPU model runner does them: the layout
+        # it resolves (or the one asked for), one backing allocation (here ferry.host.empty,
+        # which an agent can map) and a view per layer.
+        if layout:
+            cache.kv_cache_layout = layout
+        else:
+            resolve_kv_cache_layout(self.config, [[m.name for m in get_supported_kv_cache_layouts([])]], [spec])
+        cache.num_gpu_blocks_override = num_blocks
+        self.kv_cache_config = get_kv_cache_config_from_groups(self.config, [KVCacheGroupSpec(names, spec)],
+                                                               available_memory=1 << 40)
+        resolved = cache.get_resolved_kv_cache_layout()
         self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=self.kv_cache_config,
                                    structured_output_manager=_structured(self.config), block_size=BLOCK_TOKENS,
                                    log_stats=False)
         assert isinstance(self.scheduler.connector, FerryConnector)
         # What the model runner does at start-up: allocate the caches, register them,
         # and hand every worker's handshake metadata to the scheduler's connector.
-        self.rank_caches, self.workers, handshake = [], [], {}
+        self.rank_caches, self.raws, self.workers, handshake = [], [], [], {}
         for rank in range(tp):
-            caches = {n: ferry.host.empty(shape, torch.bfloat16) for n in names}
+            caches = {}
+            for tensor in self.kv_cache_config.kv_cache_tensors:
+                raw = ferry.host.empty((tensor.size,), torch.int8)
+                self.raws.append(raw)
+                caches.update(zip(tensor.layers, create_kv_cache_views(raw, spec, num_blocks, resolved, tensor)))
             worker = _worker_of_rank(rank, self.config, self.kv_cache_config)
             worker.register_kv_caches(caches)
             meta = worker.get_handshake_metadata()
@@ -77,8 +92,8 @@ class Engine:
                 handshake[rank] = meta
             self.rank_caches.append(caches)
             self.workers.append(worker)
-        if handshake:
-            self.scheduler.connector.set_xfer_handshake_metadata(handshake)
+        # As vLLM does, also when no worker has metadata (a decode-only engine's).
+        self.scheduler.connector.set_xfer_handshake_metadata(handshake)
         self.worker, self.caches = self.workers[0], self.rank_caches[0]
         self.aggregator = KVOutputAggregator(expected_finished_count=tp) if tp > 1 else None
         self.outputs = {}  # request id -> EngineCoreOutput (the last one)
@@ -127,10 +142,26 @@ class Engine:
     def blocks(self, rid: str):
         return list(self.scheduler.kv_cache_manager.get_block_ids(rid)[0])
 
+    def block_pieces(self, block_id: int, rank: int = 0):
+        """Every layer's bytes of one block in one rank's cache, as byte tensors: a piece per
+        layer, or two (K and V) where a layout keeps the halves apart."""
+        pieces = []
+        for t in self.rank_caches[rank].values():
+            spec = layer_spec(t)
+            flat = physical_view(t).view(torch.uint8)
+            half = spec.num_blocks * spec.block_bytes
+            for h in range(spec.halves):
+                start = h * half + block_id * spec.block_bytes
+                pieces.append(flat[start:start + spec.block_bytes])
+        return pieces
+
     def block_bytes(self, block_id: int, rank: int = 0):
-        """Every layer's K and V (or MLA's latent) of one block, in one rank's cache."""
-        return [(t[h, block_id] if self.halves == 2 else t[block_id]).contiguous().view(torch.uint8).numpy().tobytes()
-                for t in self.rank_caches[rank].values() for h in range(self.halves)]
+        return [piece.numpy().tobytes() for piece in self.block_pieces(block_id, rank)]
+
+    def mark_block(self, block_id: int, value: int) -> None:
+        for rank in range(len(self.rank_caches)):
+            for piece in self.block_pieces(block_id, rank):
+                piece.fill_(value)
 
     def free_blocks(self) -> int:
         return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()

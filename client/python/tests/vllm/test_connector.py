@@ -17,9 +17,8 @@ FREE = 63  # an idle engine's free blocks: 64 less vLLM's null block
 
 def fill(engine, seed):
     g = torch.Generator().manual_seed(seed)
-    for caches in engine.rank_caches:
-        for t in caches.values():
-            t.view(-1).copy_(torch.randn(t.numel(), generator=g).to(t.dtype))
+    for raw in engine.raws:
+        raw.copy_(torch.randint(-128, 128, raw.shape, dtype=torch.int8, generator=g))
 
 
 @pytest.fixture
@@ -81,6 +80,40 @@ def test_one_request_moves_every_layer_byte_for_byte(pd):
     for s, t in zip(src, seen["dst"]):
         assert d.block_bytes(t) == p.block_bytes(s)
     run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
+
+
+@pytest.mark.parametrize("layout, latent", [("LBHNC", 0), ("LBHNC", 576), ("LBNHC", 576)])
+def test_each_layer_outermost_layout_moves_byte_for_byte(pd, layout, latent):
+    # vLLM's default (LBNHC, FlashAttention's packed K and V, a permuted view of its layer)
+    # is every other test's; here the other layer-outermost layout, and MLA in both.
+    p, d = pd(p_extra={"layout": layout, "latent": latent}, d_extra={"layout": layout, "latent": latent})
+    prompt = [random.Random(6).randrange(1000) for _ in range(PROMPT)]
+    params = prefill(p, "p-1", prompt)
+    assert params["ferry_layout"].endswith(layout)
+    dst = handoff(p, d, "d-1", prompt, params)
+    for s, t in zip(params["remote_block_ids"], dst):
+        assert d.block_bytes(t) == p.block_bytes(s)
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
+
+
+def test_blocks_of_one_size_in_another_memory_order_are_refused(pd, caplog):
+    # LBNHC and LBHNC blocks have the same bytes in another order: copied as bytes, heads
+    # and tokens would swap.
+    p, d = pd(p_extra={"layout": "LBHNC"})
+    prompt = list(range(PROMPT))
+    params = prefill(p, "p-1", prompt)
+    before = [d.block_bytes(b) for b in range(64)]
+    d.add("d-1", prompt, 2, params)
+    run(p, d, until=lambda: "d-1" in d.outputs and d.outputs["d-1"].finished)
+    assert "'bfloat16 L4 H2x64 B16 LBHNC', this consumer's is 'bfloat16 L4 H2x64 B16 LBNHC'" in caplog.text
+    assert d.outputs["d-1"].finish_reason.name == "ERROR"
+    assert [d.block_bytes(b) for b in range(64)] == before
+
+
+def test_a_layout_with_blocks_outside_layers_is_refused_naming_the_fix(node_agents):
+    with pytest.raises(ValueError) as e:
+        Engine("kv_producer", node_agents[0].socket, "prefill-0", layout="BLNHC")
+    assert "VLLM_KV_CACHE_LAYOUT=LBNHC" in str(e.value)
 
 
 def test_handoffs_run_in_the_configured_traffic_class(pd, node_agents):
@@ -151,8 +184,7 @@ def test_partial_prefix_hit_moves_only_the_missing_blocks(pd):
     d.abort("probe")
     assert len(cached) == 2
     for b in cached:
-        for t in d.caches.values():
-            t[:, b].fill_(3.0)
+        d.mark_block(b, 3)
     marked = [d.block_bytes(b) for b in cached]
     dst = handoff(p, d, "d-b", second, params)
     assert dst[:2] == cached
@@ -275,7 +307,7 @@ def test_an_mla_models_latent_cache_moves_byte_for_byte(pd, caplog):
     p, d = pd(p_extra={"latent": 576}, d_extra={"latent": 576})
     prompt = [random.Random(5).randrange(1000) for _ in range(PROMPT)]
     params = prefill(p, "p-1", prompt)
-    assert params["ferry_layout"] == "bfloat16 L4 H1x576 B16"
+    assert params["ferry_layout"] == "bfloat16 L4 H1x576 B16 LBNHC"
     dst = handoff(p, d, "d-1", prompt, params)
     assert len(p.block_bytes(0)) == 4 and len(p.block_bytes(0)[0]) == BLOCK_TOKENS * 576 * 2
     for s, t in zip(params["remote_block_ids"], dst):
@@ -291,7 +323,7 @@ def test_an_mla_producer_and_a_flashattention_consumer_are_refused_naming_both(p
     before = [d.block_bytes(b) for b in range(64)]
     d.add("d-1", prompt, 2, params)
     run(p, d, until=lambda: "d-1" in d.outputs and d.outputs["d-1"].finished)
-    assert "'bfloat16 L4 H1x576 B16', this consumer's is 'bfloat16 L4 H2x64 B16'" in caplog.text
+    assert "'bfloat16 L4 H1x576 B16 LBNHC', this consumer's is 'bfloat16 L4 H2x64 B16 LBNHC'" in caplog.text
     assert d.outputs["d-1"].finish_reason.name == "ERROR"
     assert [d.block_bytes(b) for b in range(64)] == before
 
