@@ -10,6 +10,8 @@
 #                                           the local API's round trips vs a bare gRPC echo and raw fi_write
 #   tools/bench.sh kv [--tokens=T,T..] [--rounds=R] [--cpus_a=LIST --cpus_b=LIST]
 #                                           one request's KV handoff through FerryConnector vs raw fi_write
+#   tools/bench.sh kv --device[=BUNDLE] [--rounds=R]
+#                                           the same on GPUs, same GPU and GPU0 -> GPU1, vs raw copies
 #   tools/bench.sh qos [--seconds=T] [--ferryd_flags='...'] [--cpus_a=LIST --cpus_b=LIST]
 #                                           tenants sharing a NIC: traffic classes vs first in first out, weights
 #
@@ -49,7 +51,8 @@ case $mode in
   cross-node) ;;
   gpu) exec bash tools/bench/gpu.sh "$@" ;;
   control) exec bash tools/bench/control.sh "$@" ;;
-  kv) exec bash tools/bench/kv.sh "$@" ;;
+  kv) case " $* " in *" --device"*) exec bash tools/bench/kv_gpu.sh "$@" ;; esac
+      exec bash tools/bench/kv.sh "$@" ;;
   qos) exec bash tools/bench/qos.sh "$@" ;;
   *) echo "usage: tools/bench.sh cross-node [--count=N] [--rounds=R] [--row_mib=M] [--sizes=B,B..] [--cpus_a=LIST --cpus_b=LIST] [--bundle=DIR] [--ferryd_flags=..] [--queue_flags=..] | gpu [--bundle=DIR] | control [--iters=N] | kv [--tokens=T,T..] | qos [--seconds=T]" >&2
      exit 2 ;;

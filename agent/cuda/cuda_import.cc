@@ -16,6 +16,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "agent/common/log.h"
 
 namespace ferry {
 namespace {
@@ -34,11 +35,52 @@ class IpcImport : public CudaImport {
     device_ = device;
   }
   ~IpcImport() override {
+    for (const auto& [device, base] : peers_) {
+      if (UseDevice(*cu_, device).ok()) BestEffort(*cu_, cu_->cuIpcCloseMemHandle(base), "cuIpcCloseMemHandle");
+    }
     if (UseDevice(*cu_, device_).ok()) BestEffort(*cu_, cu_->cuIpcCloseMemHandle(base_), "cuIpcCloseMemHandle");
   }
 
+  // Opens `h` again in the context of every other device that can reach this one (with
+  // lazily enabled peer access): a legacy IPC mapping serves only the context that opened
+  // it, and a GPU-to-GPU copy's kernel runs on one end and dereferences both. Without
+  // these, such copies went to the copy engines a chunk at a time (a KV handoff between
+  // two GPUs at ~2 GB/s). Best effort: a device whose open fails is left out, and copies
+  // it would have run use the copy engines. Returns the devices mapped.
+  int OpenOnPeers(const CUipcMemHandle& h) {
+    for (int d = 0; d < cu_->device_count; ++d) {
+      int can = 0;
+      if (d == device_ || cu_->cuDeviceCanAccessPeer(&can, d, device_) != CUDA_SUCCESS || !can) continue;
+      CUdeviceptr ptr = 0;
+      absl::Status opened = UseDevice(*cu_, d);
+      if (opened.ok()) {
+        opened = cu_->Check(cu_->cuIpcOpenMemHandle(&ptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                            "cuIpcOpenMemHandle on a peer device");
+      }
+      if (!opened.ok()) {
+        FERRY_LOG(WARNING) << "cuda_ipc: device " << device_ << "'s allocation stays unmapped on device " << d << ": "
+                           << opened.message() << " (copies between them use the copy engines)";
+        continue;
+      }
+      peers_.emplace_back(d, ptr);
+    }
+    (void)UseDevice(*cu_, device_);
+    return static_cast<int>(peers_.size());
+  }
+
+  bool AccessibleFrom(int device) const override { return device == device_ || Peer(device) != 0; }
+  CUdeviceptr BaseOn(int device) const override { return device == device_ ? base_ : Peer(device); }
+
  private:
+  CUdeviceptr Peer(int device) const {
+    for (const auto& [d, base] : peers_) {
+      if (d == device) return base;
+    }
+    return 0;
+  }
+
   const CudaDriver* cu_;
+  std::vector<std::pair<int, CUdeviceptr>> peers_;  // (device, the mapping in its context)
 };
 
 class VmmImport : public CudaImport {
@@ -129,6 +171,7 @@ class CudaBacking : public MemoryBacking {
       : import_(std::move(import)), offset_(offset), size_(size) {}
   MemoryKind kind() const override { return MemoryKind::kCuda; }
   void* data() const override { return reinterpret_cast<void*>(import_->base() + offset_); }
+  void* DataOn(int device) const override { return reinterpret_cast<void*>(import_->BaseOn(device) + offset_); }
   uint64_t size() const override { return size_; }
   int device() const override { return import_->device(); }
   bool AccessibleFrom(int device) const override { return import_->AccessibleFrom(device); }
@@ -220,7 +263,9 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> CudaMemory::ImportIpc(const v1::C
         size_t bytes = 0;
         FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuMemGetAddressRange(&base, &bytes, ptr), "cuMemGetAddressRange");
         std::move(close).Cancel();
-        return std::make_shared<IpcImport>(cu_, ptr, bytes, *device);
+        auto import = std::make_shared<IpcImport>(cu_, ptr, bytes, *device);
+        import->OpenOnPeers(h);
+        return import;
       },
       &hit);
   if (!import.ok()) return import.status();

@@ -40,10 +40,13 @@ class CudaImport {
   CUdeviceptr base() const { return base_; }
   uint64_t size() const { return size_; }
   int device() const { return device_; }
-  // Whether a kernel running on `device` may dereference this mapping. A legacy IPC
-  // mapping is usable only in the context it was opened in (its own device's); a VMM
-  // mapping grants access to every peer device.
+  // Whether a kernel running on `device` may dereference this mapping (at BaseOn(device)):
+  // a VMM mapping grants every peer device access; a legacy IPC handle is opened in each
+  // peer device's context too.
   virtual bool AccessibleFrom(int device) const { return device == device_; }
+  // The mapping's address for a kernel on `device` (one AccessibleFrom): base() but for
+  // a legacy IPC handle, which has a mapping of its own in each context that opened it.
+  virtual CUdeviceptr BaseOn(int device) const { return base_; }
   // Whether this import was made from the same open file as `fd` (fd handles only).
   virtual bool SameFile(int fd) const { return false; }
 

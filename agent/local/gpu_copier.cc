@@ -26,7 +26,7 @@ constexpr uint64_t kCopyEngineAverage = 4 << 20;
 int DeviceOf(const Region& r) { return r.kind() == MemoryKind::kCuda ? r.device() : -1; }
 
 // Whether a kernel on `device` can dereference both regions: its own memory, or a
-// mapping that granted it access (a legacy IPC mapping only serves its own device).
+// mapping that granted it access (a legacy IPC handle opened in its context too).
 bool Reaches(const Transfer& t, int device) {
   return t.src->backing().AccessibleFrom(device) && t.dst->backing().AccessibleFrom(device);
 }
@@ -287,8 +287,8 @@ class GpuCopier::Lane {
     words_.resize(2 * (parts + n));
     uint64_t* w = words_.data();
     for (const Transfer* t : launch_) {
-      *w++ = reinterpret_cast<CUdeviceptr>(t->src->data()) + t->plan.src_base;
-      *w++ = reinterpret_cast<CUdeviceptr>(t->dst->data()) + t->plan.dst_base;
+      *w++ = reinterpret_cast<CUdeviceptr>(t->src->backing().DataOn(device_)) + t->plan.src_base;
+      *w++ = reinterpret_cast<CUdeviceptr>(t->dst->backing().DataOn(device_)) + t->plan.dst_base;
     }
     for (size_t i = 0; i < n; ++i) {
       *w++ = ids.src[i] * bs;
@@ -304,8 +304,8 @@ class GpuCopier::Lane {
   // a braced temporary goes through the stack and stalls on store forwarding (it was
   // most of a 16,384-block plan's time in the chunk planner).
   void AppendPieces(const Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_) {
-    const CUdeviceptr src = reinterpret_cast<CUdeviceptr>(t.src->data());
-    const CUdeviceptr dst = reinterpret_cast<CUdeviceptr>(t.dst->data());
+    const CUdeviceptr src = reinterpret_cast<CUdeviceptr>(t.src->backing().DataOn(device_));
+    const CUdeviceptr dst = reinterpret_cast<CUdeviceptr>(t.dst->backing().DataOn(device_));
     const size_t first = pieces_.size();
     size_t n = first;
     for (size_t i = 0; i < t.plan.size(); ++i) n += (t.plan.chunk(i).length + kCopyPieceBytes - 1) / kCopyPieceBytes;

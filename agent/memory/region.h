@@ -36,8 +36,10 @@ class MemoryBacking {
   virtual uint64_t size() const = 0;
   // CUDA device ordinal, or -1 for host memory.
   virtual int device() const { return -1; }
-  // Whether a GPU kernel on `device` may dereference data() (CUDA memory only).
+  // Whether a GPU kernel on `device` may dereference the region (CUDA memory only), at
+  // DataOn(device): data() but for memory mapped separately in each device's context.
   virtual bool AccessibleFrom(int device) const { return false; }
+  virtual void* DataOn(int device) const { return data(); }
   // Called once when the region goes, before its transport registrations are closed:
   // afterwards a write a provider is still receiving into data() must neither fault nor
   // reach the client's memory. The backing keeps (or hands to RetiredMemory) whatever

@@ -16,7 +16,8 @@ pulled in one consumer step, as an engine's step finishes and schedules several)
 until the last is in finished_recving: a throughput row beside the single request's
 latency. Prints "tokens bytes time_ms GBps submit_ms" per request, or per N requests
 (bytes and submit their totals), after one untimed round per size; with --device=cuda:N
-also "raw_copy_ms" (one contiguous copy of the same bytes on that GPU), with --raw_blocks
+also "raw_copy_ms" (one contiguous copy of the same bytes on that GPU, or to the
+consumer's with --consumer_device=cuda:M: the two GPUs' link), with --raw_blocks
 also "raw_blocks_ms" (the request's blocks moved by PyTorch in one process: per layer,
 one gather and one scatter by block ids), and with --phases when the pull was sent, was
 read by the producer, was answered (the batch posted), the producer saw its write
@@ -71,16 +72,18 @@ def raw_blocks_seconds(pcache, ccache, src, dst, device):
     return sorted(times[1:])[2]
 
 
-def raw_copy_seconds(nbytes, device):
-    """The GPU's lower bound: one contiguous copy of the same bytes (median of 5)."""
+def raw_copy_seconds(nbytes, device, dst_device=None):
+    """The GPUs' lower bound: one contiguous copy of the same bytes (median of 5), on one
+    GPU or from `device` to `dst_device` (a peer copy, over NVLink where there is one)."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=dst_device or device)
     times = []
     for _ in range(6):
-        torch.cuda.synchronize()
+        for d in {src.device, dst.device}:
+            torch.cuda.synchronize(d)
         t0 = time.perf_counter()
         dst.copy_(src)
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(dst.device)
         times.append(time.perf_counter() - t0)
     return sorted(times[1:])[2]
 
@@ -195,8 +198,8 @@ def consumer_process(args, num_blocks, conn, seconds=120.0):
     with its own GIL), stepped every --step_ms as handoff() steps it. Answers each round
     with when the last request was in finished_recving (perf_counter: CLOCK_MONOTONIC,
     one clock for both processes) and what was wrong, if anything."""
-    ccache = caches(num_blocks, 2, args.device)
-    expect = next(iter(caches(num_blocks, 1, args.device, layers=1).values()))  # the producer's first layer
+    ccache = caches(num_blocks, 2, args.consumer_device)
+    expect = next(iter(caches(num_blocks, 1, args.device, layers=1).values())).to(args.consumer_device)
     layer = next(iter(ccache))
     consumer = FerryWorker(args.consumer, "bench-decode", 0, producer=False, consumer=True, timeout=300)
     consumer.register_kv_caches(ccache)
@@ -233,6 +236,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--device", default="cpu",
                     help="cpu (ferry.host memory) or cuda:N (also prints raw_copy_ms)")
+    ap.add_argument("--consumer_device", default=None,
+                    help="the consumer's cache on another GPU (cuda:M; default: --device); raw_copy_ms is then a "
+                         "peer copy from --device")
     ap.add_argument("--raw_blocks", action="store_true",
                     help="with cuda:N, also the blocks moved by PyTorch indexing (raw_blocks_ms)")
     ap.add_argument("--step_ms", type=float, default=1.0,
@@ -245,6 +251,11 @@ def main():
                     help="the consumer in a process of its own, as in a deployment (default: both in this one, "
                          "sharing its GIL)")
     args = ap.parse_args()
+    args.consumer_device = args.consumer_device or args.device
+    if (args.device == "cpu") != (args.consumer_device == "cpu"):
+        ap.error("--device and --consumer_device must both be cpu or both cuda:N")
+    if args.raw_blocks and args.consumer_device != args.device:
+        ap.error("--raw_blocks needs both caches on one device")
     if args.concurrent < 1 or (args.phases and args.concurrent > 1):
         ap.error("--concurrent must be 1 or more, and 1 with --phases")
     if args.two_processes and (args.phases or args.raw_blocks):
@@ -262,7 +273,7 @@ def main():
         conn.send(producer.mailbox)
         conn.recv()  # ready
     else:
-        ccache = caches(num_blocks, 2, args.device)
+        ccache = caches(num_blocks, 2, args.consumer_device)
         consumer = FerryWorker(args.consumer, "bench-decode", 0, producer=False, consumer=True, timeout=300)
         consumer.register_kv_caches(ccache)
     timeline = Timeline(producer, consumer) if args.phases else None
@@ -284,10 +295,11 @@ def main():
                 seconds, submit, phases = handoff(producer, consumer, requests, args.step_ms / 1e3, pulls, timeline)
                 layer = next(iter(pcache))
                 for _, s, d in requests:
-                    assert torch.equal(ccache[layer][:, d[-1]].view(torch.int16),
-                                       pcache[layer][:, s[-1]].view(torch.int16)), "a block differs"
+                    assert torch.equal(ccache[layer][:, d[-1]].view(torch.int16).cpu(),
+                                       pcache[layer][:, s[-1]].view(torch.int16).cpu()), "a block differs"
             if r:  # the first round of a size warms up (page faults of fresh memory)
-                raw = "" if args.device == "cpu" else f" {raw_copy_seconds(total, args.device) * 1e3:.2f}"
+                raw = "" if args.device == "cpu" else \
+                    f" {raw_copy_seconds(total, args.device, args.consumer_device) * 1e3:.2f}"
                 if args.raw_blocks:
                     raw += f" {raw_blocks_seconds(pcache, ccache, src, dst, args.device) * 1e3:.2f}"
                 print(tokens, total, f"{seconds * 1e3:.2f}", f"{total / seconds / 1e9:.3f}",

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# tools/bench.sh kv --device[=BUNDLE]: KV handoffs through FerryConnector's worker core
+# (tools/bench/kv_handoff.py, the consumer in a process of its own, both stepped every
+# 0.1 ms) on a GPU host, in every placement the host has, each beside its raw bound from
+# the same run:
+#   same GPU        one agent, both caches on GPU0; raw: one contiguous copy on GPU0
+#   GPU0 -> GPU1    one agent, the consumer's cache on GPU1 (two GPUs or more); raw: one
+#                   contiguous peer copy GPU0 -> GPU1 (NVLink where the GPUs have it)
+# Single requests of 1k / 4k / 16k tokens, then 16 x 1k and 64 x 256 at once. Llama-3-8B
+# shape (32 layers x [2, blocks, 16, 8, 128] bf16), PyTorch-allocator tensors (legacy IPC
+# handles). Columns: tokens, bytes, time_ms, GBps, submit_ms (the producer answering the
+# pull), raw_copy_ms. Rows are rounds (the first of each size is a warm-up, not printed).
+# The staged placement (two agents) is not here yet: tools/bench.sh gpu has its raw rows.
+# BUNDLE: tests/gpu/bundle.sh's folder (default .gpu-bundle, built if missing); the Python
+# client from PYTHONPATH (tests/gpu/python_bundle.sh on a host without pip).
+#   tools/bench.sh kv --device[=BUNDLE] [--rounds=R]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bundle=.gpu-bundle rounds=5
+for a in "$@"; do
+  case $a in
+    --device) ;;
+    --device=*) bundle=${a#--device=} ;;
+    --rounds=*) rounds=${a#--rounds=} ;;
+    *) echo "kv --device: unknown argument $a" >&2; exit 2 ;;
+  esac
+done
+[ -x "$bundle/bin/ferryd" ] || bash tests/gpu/bundle.sh "$bundle"
+bundle=$(realpath "$bundle")
+source tools/lib.sh
+
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+echo "# ferry KV handoff on GPUs  $(date -u +%Y-%m-%dT%H:%MZ)  $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sort | uniq -c | xargs)"
+echo "# Llama-3-8B-shaped KV (32 layers x [2, blocks, 16, 8, 128] bf16), PyTorch's allocator, one agent; $rounds rounds"
+LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/a.sock" --metrics_address=127.0.0.1:0 \
+  --ready_file="$work/a.ready" --log_level=warning 2>"$work/a.log"
+wait_for "$work/a.ready" 30
+placements=("same GPU:cuda:0")
+[ "$gpus" -gt 1 ] && placements+=("GPU0 -> GPU1:cuda:1")
+for p in "${placements[@]}"; do
+  name=${p%%:cuda*} consumer=cuda:${p##*:cuda:}
+  for shape in "1024,4096,16384 1" "1024 16" "256 64"; do
+    set -- $shape
+    echo "# $name, $2 request(s) at once"
+    echo "# tokens bytes time_ms GBps submit_ms raw_copy_ms"
+    python3 tools/bench/kv_handoff.py --producer="$work/a.sock" --consumer="$work/a.sock" --tokens="$1" \
+      --concurrent="$2" --rounds="$rounds" --device=cuda:0 --consumer_device="$consumer" --two_processes \
+      --step_ms=0.1 || { cat "$work/a.log" >&2; exit 1; }
+  done
+done
+[ "$gpus" -gt 1 ] || echo "# one GPU: no GPU0 -> GPU1 rows"
