@@ -83,7 +83,11 @@ class SharedRing:
         self._words[waiting_at // 4] = want
         store_load_fence()
         if ready() < want:
-            select.select([doorbell], [], [], max(0.0, min(deadline - time.monotonic(), 1.0)))
+            # poll, not select: a serving process often has more than FD_SETSIZE (1024) fds,
+            # and select() refuses a doorbell numbered past it.
+            poller = select.poll()
+            poller.register(doorbell, select.POLLIN)
+            poller.poll(max(0.0, min(deadline - time.monotonic(), 1.0)) * 1000)
             try:
                 os.read(doorbell, 256)  # each ring is a byte
             except BlockingIOError:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import array
 import dataclasses
+import logging
 import queue
 import struct
 import threading
@@ -53,6 +54,7 @@ from .client import Client, Region, RegionDescriptor, TransferFuture
 from .write_queue import _words
 
 _MAGIC = b"FYKV"
+logger = logging.getLogger("ferry.kv_handoff")
 _HELLO, _PULL, _CANCEL = 1, 2, 3
 # Message tags, producer -> consumer: the request needed no write / the producer refused
 # its pull / the producer dropped it on the consumer's cancel. Its write carries _DONE too.
@@ -386,11 +388,18 @@ class KVProducer:
             self._held[request_id] = _Held(ids, time.monotonic() + lease)
 
     def _respond(self) -> None:
-        """The responder thread: waits on the inbox's doorbell, answers what arrived."""
+        """The responder thread: waits on the inbox's doorbell, answers what arrived. An
+        error it did not foresee is reported (under the empty id) and the thread goes on:
+        the producer must keep answering its other consumers."""
         while not self._stopping.is_set():
-            self._inbox.wait(0.05)  # bounded: close() stops it within 50 ms
-            with self._lock:
-                self._answer(self._answered, early=True)
+            try:
+                self._inbox.wait(0.05)  # bounded: close() stops it within 50 ms
+                with self._lock:
+                    self._answer(self._answered, early=True)
+            except Exception as e:  # noqa: BLE001 - anything a message can provoke
+                logger.exception("KVProducer: answering messages failed")
+                with self._lock:
+                    self._answered.failed.setdefault("", f"answering messages failed: {e!r}")
 
     def _answer(self, progress: Progress, early: bool = False) -> None:
         """Handles the messages that arrived, in order; ``early`` (the responder) stops at
@@ -482,6 +491,12 @@ class KVProducer:
         if spec.block_bytes != self._spec.block_bytes or spec.halves != self._spec.halves:
             raise ValueError(f"consumer {consumer}'s blocks are {spec.block_bytes} bytes x {spec.halves} halves; "
                              f"this producer's are {self._spec.block_bytes} x {self._spec.halves}")
+        # The block count sets every write's destination offsets: it must fit the regions
+        # the consumer registered (their descriptors carry the agent's sizes).
+        for d in descriptors:
+            if not 0 < spec.num_blocks or d.size < spec.region_bytes:
+                raise ValueError(f"consumer {consumer}'s HELLO claims {spec.num_blocks} blocks ({spec.region_bytes} "
+                                 f"bytes a layer), but its layer region has {d.size} bytes")
         if total != len(self._layers):
             raise ValueError(f"consumer {consumer} has {total} layers; this producer has {len(self._layers)}")
         slots = self._consumers.setdefault(consumer, [None] * total)
@@ -598,7 +613,7 @@ class KVProducer:
         try:
             future = self._client.write_batch(parts, self._spec.block_bytes, src_ids, dst_ids, notify=True, tag=_DONE,
                                               notify_payload=payload)
-        except errors.FerryError as e:
+        except (errors.FerryError, ValueError, OverflowError, struct.error) as e:
             for p in run:
                 del self._held[p.rid]
                 progress.failed[p.rid] = f"writing the blocks failed: {e}"

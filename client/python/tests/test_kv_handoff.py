@@ -261,6 +261,34 @@ def test_block_ids_out_of_range_are_named_on_both_sides(pair):
         assert all(block(r, cspec, h, 5) == old[(h * cspec.num_blocks + 5) * BLOCK:][:BLOCK] for h in (0, 1))
 
 
+def test_a_hello_claiming_more_blocks_than_its_regions_hold_is_refused_and_the_producer_goes_on(pair, fabric_agents):
+    # A hostile pod's HELLO: 2**63 blocks over regions of a few. Before, the producer took
+    # it, its write's offsets overflowed, and the exception killed its responder thread
+    # (or came out of poll() into the engine), leaving the request held for good.
+    producer, consumer, players, clayers, pspec, cspec = pair
+    with ferry.Client(fabric_agents[1].socket) as cc:
+        small = [cc.register_host(cspec.region_bytes) for _ in range(LAYERS)]
+        evil = KVConsumer(cc, cspec, small, "evil", timeout=1.0)
+        evil._spec = KVCacheSpec(num_blocks=2**63, block_bytes=BLOCK)  # past the constructor's own check
+        producer.hold("victim-of-evil", [1, 2])
+        evil.pull("victim-of-evil", producer.mailbox, [3, 4])
+        (p,) = until(producer)
+        assert "consumer evil's HELLO claims 9223372036854775808 blocks" in p.failed[""]
+        # Its pull is refused and the held request let go; the producer has no descriptor
+        # of a consumer whose HELLO it refused to answer to: that one waits for its timeout.
+        if "victim-of-evil" not in p.failed:
+            p = until(producer)[0]
+        assert "not introduced itself" in p.failed["victim-of-evil"]
+        assert producer._responder.is_alive()
+        # The producer still answers an honest consumer.
+        producer.hold("after", [5])
+        consumer.pull("after", producer.mailbox, [6])
+        p, c = until(producer, consumer)
+        assert "after" in p.done and c.done == {"after"}
+        assert block(clayers[0], cspec, 0, 6) == block(players[0], pspec, 0, 5)
+        evil.close()
+
+
 def test_a_lease_expires_and_a_consumer_times_out(pair):
     producer, consumer, players, _, pspec, _ = pair
     producer.hold("nobody-pulls", [5], lease=0.2)

@@ -338,3 +338,26 @@ def test_a_pod_that_makes_its_doorbells_blocking_stalls_only_itself(agent, monke
         inbox.close()
         for fd in kept:
             os.close(fd)
+
+
+def test_a_process_with_more_than_1024_fds_waits_on_its_rings(agent):
+    # A serving process often holds more than FD_SETSIZE fds, so its doorbells are numbered
+    # past 1024: select() refused them ("filedescriptor out of range").
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 1200:
+        pytest.skip(f"RLIMIT_NOFILE's hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with ferry.Client(agent.socket) as c:
+            src, dst = c.register_host(1 << 16), c.register_host(1 << 16)
+            with c.create_queue([dst.descriptor()], entries=8) as q:
+                assert q.reap(timeout=0.05) == []  # sleeps on a doorbell numbered past 1024
+                q.post(src, 4096, user_data=1)
+                assert [d.user_data for d in reap_all(q, 1)] == [1]
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
