@@ -43,8 +43,11 @@ void ferry_rpc_shutdown(ferry_rpc_channel* channel);
 void ferry_rpc_free(ferry_rpc_channel* channel);
 
 // One unary call of `method` (a full path, "/package.Service/Method") with metadata
-// `md_key`: `md_value` (both NULL: none) and a deadline `timeout_us` from now (<= 0: none).
-// Returns the gRPC status code.
+// `md_key`: `md_value` (both NULL: none) and a deadline `timeout_us` from now (<= 0: none;
+// clamped to a year). Returns the gRPC status code. Arguments gRPC would not take (a key
+// with capitals or spaces, a value with control characters unless the key ends in "-bin",
+// a malformed path) are refused with INVALID_ARGUMENT and a message saying which; NULL
+// `response`, `response_len` or `message` with INVALID_ARGUMENT alone.
 int ferry_rpc_call(ferry_rpc_channel* channel, const char* method, const char* request, size_t request_len,
                    const char* md_key, const char* md_value, int64_t timeout_us, const char** response,
                    size_t* response_len, const char** message);

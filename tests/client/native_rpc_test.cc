@@ -123,6 +123,48 @@ TEST_CASE("bad arguments are refused with INVALID_ARGUMENT and a message") {
   ferry_rpc_free(ch);
 }
 
+TEST_CASE("arguments gRPC would abort or crash on are refused, and the process lives") {
+  // Before, bad metadata made gRPC abort the caller's process, NULL out-parameters
+  // segfaulted, and a timeout near 2^63 overflowed into an immediate DEADLINE_EXCEEDED.
+  Server server;
+  ferry_rpc_channel* ch = ferry_rpc_open(server.target().c_str());
+  const std::string req = Request("x");
+  const char* resp = nullptr;
+  const char* message = nullptr;
+  size_t len = 0;
+  auto call = [&](const char* method, const char* key, const char* value) {
+    return ferry_rpc_call(ch, method, req.data(), req.size(), key, value, 5000000, &resp, &len, &message);
+  };
+  CHECK(call(kEcho, "Who", "x") == 3);
+  CHECK(std::string(message).find("md_key may hold only lowercase") != std::string::npos);
+  CHECK(call(kEcho, "who am i", "x") == 3);
+  CHECK(call(kEcho, "", "x") == 3);
+  CHECK(call(kEcho, "grpc-timeout", "1S") == 3);
+  CHECK(call(kEcho, "who", "line\nbreak") == 3);
+  CHECK(std::string(message).find("md_value must be printable ASCII") != std::string::npos);
+  CHECK(call(kEcho, "who-bin", "line\nbreak") == 0);  // binary metadata takes any bytes
+  CHECK(call("/ferry.bench.Echo/Echo\n", nullptr, nullptr) == 3);
+  CHECK(call("/no-service-part", nullptr, nullptr) == 3);
+  CHECK(std::string(message).find("/package.Service/Method") != std::string::npos);
+  CHECK(ferry_rpc_call(ch, kEcho, req.data(), req.size(), nullptr, nullptr, 0, nullptr, &len, &message) == 3);
+  CHECK(ferry_rpc_call(ch, kEcho, req.data(), req.size(), nullptr, nullptr, 0, &resp, nullptr, &message) == 3);
+  CHECK(ferry_rpc_call(ch, kEcho, req.data(), req.size(), nullptr, nullptr, 0, &resp, &len, nullptr) == 3);
+  CHECK(Call(ch, "far", nullptr, INT64_MAX).code == 0);  // clamped, not overflowed
+  CHECK(Call(ch, "far", nullptr, INT64_MAX - 5).data == "far");
+  ferry_rpc_free(ch);
+}
+
+TEST_CASE("made-up method paths do not grow the channel's table without bound") {
+  Server server;
+  ferry_rpc_channel* ch = ferry_rpc_open(server.target().c_str());
+  for (int i = 0; i < 600; ++i) {
+    const std::string path = "/ferry.bench.Echo/Made" + std::to_string(i);
+    REQUIRE(Call(ch, "x", nullptr, 5000000, path.c_str()).code == 12);  // UNIMPLEMENTED, every time
+  }
+  CHECK(Call(ch, "still").data == "still");
+  ferry_rpc_free(ch);
+}
+
 TEST_CASE("a deadline ends a call with DEADLINE_EXCEEDED; a dead socket is UNAVAILABLE") {
   Server server;
   ferry_rpc_channel* ch = ferry_rpc_open(server.target().c_str());
