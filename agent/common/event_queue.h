@@ -6,7 +6,9 @@
 //   q.Close();                                    // wakes every Pop; later Pops return nullopt
 //
 // Producers are agent threads that must never block on a slow client, so a full queue
-// drops the event and counts it (dropped()); consumers see the count in GetStatus.
+// drops the event and counts it (dropped()); with a `mark_lost` function, the next event
+// the queue takes is marked with how many were dropped just before it, so that the
+// consumer learns of the loss in order.
 //
 // A consumer that can take an event without blocking (a ring in the client's shared
 // memory) attaches a sink instead of popping: the producer's own thread hands it each
@@ -21,6 +23,7 @@
 #define FERRY_AGENT_COMMON_EVENT_QUEUE_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -36,8 +39,11 @@ class EventQueue {
   // Takes one event, or returns false when it cannot now. Runs under the queue's lock,
   // on whichever thread pushes: it must not block.
   using Sink = std::function<bool(const T&)>;
+  // Marks `event` as following `lost` dropped events.
+  using MarkLost = std::function<void(T& event, uint64_t lost)>;
 
-  explicit EventQueue(size_t capacity) : capacity_(capacity) {}
+  explicit EventQueue(size_t capacity, MarkLost mark_lost = nullptr)
+      : capacity_(capacity), mark_lost_(std::move(mark_lost)) {}
 
   // Returns false when the event was dropped (queue full or closed).
   bool Push(T event) {
@@ -47,12 +53,14 @@ class EventQueue {
       return false;
     }
     // Straight to the sink only when nothing waits before it: events keep their order.
-    if (sink_ && events_.empty() && sink_(event)) return true;
-    if (events_.size() >= capacity_) {
-      ++dropped_;
-      return false;
+    const bool sink_first = sink_ && events_.empty();
+    if (!sink_first && events_.size() >= capacity_) return Lost();
+    if (lost_since_taken_ > 0 && mark_lost_) mark_lost_(event, lost_since_taken_);
+    if (!(sink_first && sink_(event))) {
+      if (events_.size() >= capacity_) return Lost();  // the sink refused it, and no room
+      events_.push_back(std::move(event));
     }
-    events_.push_back(std::move(event));
+    lost_since_taken_ = 0;
     return true;
   }
 
@@ -100,12 +108,20 @@ class EventQueue {
   }
 
  private:
+  bool Lost() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++dropped_;
+    ++lost_since_taken_;
+    return false;
+  }
+
   const size_t capacity_;
+  const MarkLost mark_lost_;
   mutable absl::Mutex mu_;
   std::deque<T> events_ ABSL_GUARDED_BY(mu_);
   Sink sink_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   size_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t lost_since_taken_ ABSL_GUARDED_BY(mu_) = 0;  // dropped since the last event taken
 };
 
 }  // namespace ferry

@@ -47,6 +47,7 @@ struct AgentConfig {
   uint64_t max_chunks_per_write = 1 << 20;
   size_t max_pending_fds = 64;
   size_t max_inflight_transfers = 4096;
+  size_t max_queued_notifications = 65536;  // per session; more are dropped and counted
   size_t max_regions_per_session = 4096;
   size_t max_queues = 256;           // shared-memory transfer queues, all sessions together
   bool queues_on_nic_worker = true;  // the first NIC worker takes queue submissions

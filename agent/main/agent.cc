@@ -61,6 +61,7 @@ absl::Status Agent::Init() {
   SessionLimits limits;
   limits.max_pending_fds = config_.max_pending_fds;
   limits.max_inflight_transfers = config_.max_inflight_transfers;
+  limits.event_queue_capacity = config_.max_queued_notifications;
   sessions_ = std::make_unique<SessionRegistry>(
       limits,
       /*on_close=*/

@@ -79,6 +79,9 @@ ABSL_FLAG(uint64_t, max_chunks_per_write, 1 << 20, "Most chunks (or paged blocks
 ABSL_FLAG(uint64_t, max_pending_fds, 64, "Most fds a session may hold before registering them.");
 ABSL_FLAG(uint64_t, max_regions_per_session, 4096, "Most regions one session may have registered.");
 ABSL_FLAG(uint64_t, max_inflight_transfers, 4096, "Most transfers one session may have in flight.");
+ABSL_FLAG(uint64_t, max_queued_notifications, 65536,
+          "Most notifications one session's queue holds unread; more are dropped, counted, and the session's next "
+          "notification says how many (lost_before).");
 ABSL_FLAG(uint64_t, max_queues, 256, "Most shared-memory transfer queues (CreateQueue), all sessions together.");
 ABSL_FLAG(bool, queues_on_nic_worker, true,
           "Take shared-memory queue submissions on the first NIC worker's thread (no hand-off between threads); "
@@ -189,6 +192,10 @@ absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
   config.max_pending_fds = absl::GetFlag(FLAGS_max_pending_fds);
   config.max_regions_per_session = absl::GetFlag(FLAGS_max_regions_per_session);
   config.max_inflight_transfers = absl::GetFlag(FLAGS_max_inflight_transfers);
+  config.max_queued_notifications = absl::GetFlag(FLAGS_max_queued_notifications);
+  if (config.max_queued_notifications == 0) {
+    return absl::InvalidArgumentError("--max_queued_notifications must be at least 1");
+  }
   config.max_queues = absl::GetFlag(FLAGS_max_queues);
   config.queues_on_nic_worker = absl::GetFlag(FLAGS_queues_on_nic_worker);
   config.transfer_timeout_ms = absl::GetFlag(FLAGS_transfer_timeout_ms);

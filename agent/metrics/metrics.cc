@@ -107,6 +107,12 @@ Metrics::Metrics()
                          .Help("Notifications delivered to local region owners")
                          .Register(*registry_)
                          .Add({})),
+      notifications_dropped_(BuildCounter()
+                                 .Name("ferry_notifications_dropped_total")
+                                 .Help("Notifications dropped because their receiver's queue was full (the next one "
+                                       "it gets says how many: Notification.lost_before)")
+                                 .Register(*registry_)
+                                 .Add({})),
       peer_notifications_(BuildCounter()
                               .Name("ferry_peer_notifications_total")
                               .Help("Notifications peer agents sent for this agent's regions, by how they came "

@@ -85,6 +85,7 @@ class Metrics {
   prometheus::Gauge& peers(const std::string& state) { return peers_.Add({{"state", state}}); }
   prometheus::Gauge& staging_buffers() { return staging_buffers_; }
   prometheus::Counter& notifications() { return notifications_; }
+  prometheus::Counter& notifications_dropped() { return notifications_dropped_; }
   prometheus::Counter& peer_notifications(const std::string& via) { return peer_notifications_.Add({{"via", via}}); }
   // Node-local GPU transfers by how the GPU moved them: copy_engine (a copy call per
   // chunk), kernel (one gather/scatter launch), kernel_batched (one launch shared with
@@ -120,6 +121,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& peers_;
   prometheus::Gauge& staging_buffers_;
   prometheus::Counter& notifications_;
+  prometheus::Counter& notifications_dropped_;
   prometheus::Family<prometheus::Counter>& peer_notifications_;
   prometheus::Family<prometheus::Counter>& gpu_transfers_;
   prometheus::Family<prometheus::Counter>& errors_;

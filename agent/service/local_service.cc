@@ -403,6 +403,7 @@ grpc::Status LocalService::GetStatus(grpc::ServerContext*, const v1::GetStatusRe
   resp->set_transfers_inflight(deps_.transfers->inflight());
   resp->set_transfers_completed(deps_.transfers->completed());
   resp->set_transfers_failed(deps_.transfers->failed());
+  resp->set_notifications_lost(deps_.transfers->notifications_lost());
   if (deps_.cuda != nullptr) {
     const CudaDriver* cu = *CudaDriver::Load();
     resp->set_cuda(absl::StrCat("driver ", cu->version, ", ", cu->device_count, " devices"));

@@ -98,6 +98,8 @@ absl::Status TransferManager::Notify(const Region& region, const v1::Notificatio
     return absl::UnavailableError(absl::StrCat("the owner of region ", region.id(), " has ended its session"));
   }
   if (!owner->notifications().Push(n)) {
+    metrics_->notifications_dropped().Increment();
+    notifications_lost_.fetch_add(1, std::memory_order_relaxed);
     return absl::ResourceExhaustedError(
         absl::StrCat("the owner of region ", region.id(), " is not reading its notifications and its queue is full"));
   }

@@ -117,6 +117,8 @@ class TransferManager {
   uint64_t inflight() const { return inflight_.load(); }
   uint64_t completed() const { return completed_.load(); }
   uint64_t failed() const { return failed_.load(); }
+  // Notifications Notify dropped because their receiver's queue was full.
+  uint64_t notifications_lost() const { return notifications_lost_.load(); }
 
  private:
   const uint64_t incarnation_;
@@ -137,6 +139,7 @@ class TransferManager {
   std::atomic<uint64_t> inflight_{0};
   std::atomic<uint64_t> completed_{0};
   std::atomic<uint64_t> failed_{0};
+  std::atomic<uint64_t> notifications_lost_{0};
 };
 
 }  // namespace ferry

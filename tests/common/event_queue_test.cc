@@ -20,6 +20,28 @@ TEST_CASE("EventQueue drops past its capacity and after Close, and counts what i
   CHECK(q.dropped() == 2);
 }
 
+TEST_CASE("EventQueue marks the next event it takes with how many it dropped before it") {
+  // Events are (value, lost before it); a sink that refuses while full, then takes.
+  using Event = std::pair<int, uint64_t>;
+  EventQueue<Event> q(2, [](Event& e, uint64_t lost) { e.second = lost; });
+  for (int i = 0; i < 5; ++i) q.Push({i, 0});  // 0 and 1 queued, 2..4 dropped
+  CHECK(q.Pop(absl::ZeroDuration()) == Event{0, 0});
+  CHECK(q.Push({5, 0}));  // the first taken after the drops
+  CHECK(q.Push({6, 0}) == false);
+  CHECK(q.Pop(absl::ZeroDuration()) == Event{1, 0});
+  CHECK(q.Pop(absl::ZeroDuration()) == Event{5, 3});
+  CHECK(q.Push({7, 0}));
+  CHECK(q.Pop(absl::ZeroDuration()) == Event{7, 1});  // 6
+  std::vector<Event> got;
+  q.SetSink([&](const Event& e) {
+    got.push_back(e);
+    return true;
+  });
+  CHECK(q.Push({8, 0}));  // straight to the sink, nothing lost since 7
+  CHECK(got == std::vector<Event>{{8, 0}});
+  CHECK(q.dropped() == 4);
+}
+
 // A sink with room for `room` events at a time, like an inbox ring the client empties.
 struct Ring {
   size_t room;

@@ -158,6 +158,9 @@ class Notification:
     # failed after it started, and some of its bytes may be in the region.
     code: int = 0
     message: str = ""
+    # How many of this session's notifications the agent dropped just before this one
+    # (its queue was full: the client read too slowly); 0 normally.
+    lost_before: int = 0
 
     @property
     def ok(self) -> bool:
@@ -167,7 +170,7 @@ class Notification:
 def _notification(n: ferry_pb2.Notification) -> Notification:
     kind = "message" if n.kind == ferry_pb2.NOTIFICATION_KIND_MESSAGE else "write"
     return Notification(n.region_id, n.tag, n.transfer_id, n.bytes, n.source_incarnation, n.payload, kind, n.code,
-                        n.message)
+                        n.message, n.lost_before)
 
 
 class NotificationStream:

@@ -1,6 +1,7 @@
 """ferry.Inbox (notifications through shared memory) against live ferryd processes."""
 import os
 import threading
+import urllib.request
 
 import pytest
 
@@ -83,3 +84,27 @@ def test_notifications_from_another_agent(fabric_agents):
             (w, m) = sorted(poll_all(inbox, 2), key=lambda n: n.kind != "write")
             assert (w.kind, w.tag, w.bytes, m.kind, m.payload) == ("write", 3, 1 << 16, "message", b"hello from a")
             assert dst.buffer == src.buffer
+
+
+def test_notifications_a_full_queue_drops_are_counted_and_announced(agent_factory):
+    # Before, a receiver that did not keep up lost its notified writes' notifications
+    # without a trace: no marker, no metric, no status field (the writers all got OK, as
+    # they still do: their bytes landed). A message finds the full queue at once instead.
+    agent = agent_factory("--max_queued_notifications=16")
+    with ferry.Client(agent.socket) as reader, ferry.Client(agent.socket) as writer:
+        region = reader.register_host(4096)
+        src = writer.register_host(4096)
+        for i in range(50):
+            writer.write(src, region.descriptor(), [(0, 0, 64)], notify=True, tag=i).result(timeout=10)
+        with pytest.raises(ferry.errors.ResourceExhausted, match="not reading its notifications"):
+            writer.send_message(region.descriptor(), b"refused", tag=1000)
+        assert writer.status().notifications_lost == 35  # the refused message too
+        with reader.open_inbox(slots=16) as inbox:
+            got = poll_all(inbox, 16)
+            assert [n.tag for n in got] == list(range(16)) and not any(n.lost_before for n in got)
+            writer.write(src, region.descriptor(), [(0, 0, 64)], notify=True, tag=99).result(timeout=10)
+            writer.send_message(region.descriptor(), b"next", tag=100)
+            assert [(n.tag, n.lost_before) for n in poll_all(inbox, 2)] == [(99, 35), (100, 0)]
+        port = agent.ready()["metrics_port"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            assert "\nferry_notifications_dropped_total 35\n" in r.read().decode()
