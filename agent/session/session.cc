@@ -26,8 +26,8 @@ Session::Session(uint64_t id, PeerCredentials creds, const SessionLimits& limits
       limits_(limits),
       rule_(std::move(rule)),
       completions_(limits.event_queue_capacity),
-      notifications_(limits.event_queue_capacity,
-                     [](v1::Notification& n, uint64_t lost) { n.set_lost_before(lost); }) {}
+      notifications_(limits.event_queue_capacity, [](v1::Notification& n, uint64_t lost) { n.set_lost_before(lost); }) {
+}
 
 absl::StatusOr<uint64_t> Session::AddFd(UniqueFd fd) {
   absl::MutexLock lock(&mu_);
