@@ -72,6 +72,13 @@ def requests(seed):
     return out
 
 
+def secret(rid):
+    """A request's secret, the same in both processes (the script plays the params' trip)."""
+    import hashlib
+
+    return hashlib.sha256(rid.encode()).digest()[:16]
+
+
 def wait_for(path, seconds=30.0):
     deadline = time.monotonic() + seconds
     while not os.path.exists(path):
@@ -107,7 +114,7 @@ def producer(args):
     w = FerryWorker(args.socket, "prefill", 0, producer=True, consumer=False, lease=60)
     w.register_kv_caches({f"model.layers.{i}.self_attn.attn": t for i, t in enumerate(layers)})
     reqs = requests(args.seed)
-    w.apply(StepPlan(hold={rid: src for rid, src, _, _ in reqs}))
+    w.apply(StepPlan(hold={rid: src for rid, src, _, _ in reqs}, secrets={r[0]: secret(r[0]) for r in reqs}))
     with open(f"{args.dir}/mailbox.tmp", "wb") as f:
         f.write(w.mailbox)
     os.rename(f"{args.dir}/mailbox.tmp", f"{args.dir}/mailbox")
@@ -131,7 +138,7 @@ def consumer(args):
     mailbox = open(f"{args.dir}/mailbox", "rb").read()
     reqs = requests(args.seed)
     t0 = time.monotonic()
-    w.apply(StepPlan(pull={rid: Pull(rid, [mailbox], dst, skip) for rid, _, dst, skip in reqs}))
+    w.apply(StepPlan(pull={rid: Pull(rid, [mailbox], dst, skip, secret(rid)) for rid, _, dst, skip in reqs}))
     done, failed = run_worker(w, reqs, "finished_recving")
     elapsed = time.monotonic() - t0
     torch.cuda.synchronize()

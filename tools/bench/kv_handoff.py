@@ -28,6 +28,7 @@ over a pipe right after the hold. Cache:
 Llama-3-8B-shaped, 32 layers of [2, blocks, 16, 8, 128] bf16, in host memory or on the GPU.
 """
 import argparse
+import hashlib
 import multiprocessing
 import random
 import time
@@ -39,6 +40,11 @@ from ferry.vllm.scheduler import Pull, StepPlan
 from ferry.vllm.worker import FerryWorker
 
 LAYERS, BLOCK_TOKENS, KV_HEADS, HEAD = 32, 16, 8, 128
+
+
+def secret(rid):
+    """A request's secret, the same in both processes (the bench plays the params' trip)."""
+    return hashlib.sha256(rid.encode()).digest()[:16]
 
 
 def caches(num_blocks, seed, device, layers=LAYERS):
@@ -149,8 +155,8 @@ def handoff(producer, consumer, requests, step, pulls, timeline=None, seconds=12
     time answering pulls, and (with a timeline, one request) the phases."""
     pulls.seconds = 0.0
     t0 = timeline.start() if timeline else time.perf_counter()
-    producer.apply(StepPlan(hold={rid: src for rid, src, _ in requests}))
-    consumer.apply(StepPlan(pull={rid: Pull(rid, [producer.mailbox], dst, 0) for rid, _, dst in requests}))
+    producer.apply(StepPlan(hold={rid: src for rid, src, _ in requests}, secrets={r: secret(r) for r, _, _ in requests}))
+    consumer.apply(StepPlan(pull={rid: Pull(rid, [producer.mailbox], dst, 0, secret(rid)) for rid, _, dst in requests}))
     if timeline:
         timeline.marks["pull_sent"] = time.perf_counter()
     receiving, sending = {rid for rid, _, _ in requests}, {rid for rid, _, _ in requests}
@@ -179,7 +185,7 @@ def handoff_to_process(producer, conn, requests, step, pulls, seconds=120.0):
     pulls.seconds = 0.0
     conn.send(requests)
     t0 = time.perf_counter()
-    producer.apply(StepPlan(hold={rid: src for rid, src, _ in requests}))
+    producer.apply(StepPlan(hold={rid: src for rid, src, _ in requests}, secrets={r: secret(r) for r, _, _ in requests}))
     conn.send_bytes(b"pull")
     sending = {rid for rid, _, _ in requests}
     while sending:
@@ -209,7 +215,7 @@ def consumer_process(args, num_blocks, conn, seconds=120.0):
     while (requests := conn.recv()) is not None:
         conn.recv_bytes()  # the producer holds them now
         t0 = time.perf_counter()
-        consumer.apply(StepPlan(pull={rid: Pull(rid, [mailbox], dst, 0) for rid, _, dst in requests}))
+        consumer.apply(StepPlan(pull={rid: Pull(rid, [mailbox], dst, 0, secret(rid)) for rid, _, dst in requests}))
         receiving, wrong = {rid for rid, _, _ in requests}, ""
         while receiving and not wrong:
             c = consumer.results()

@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import array
 import dataclasses
+import hmac
 import logging
 import queue
+import secrets
 import struct
 import threading
 import time
@@ -124,6 +126,11 @@ def _unpack_ids(body: bytes, at: int):
     return ids, at + 4 + 4 * n
 
 
+def new_request_secret() -> bytes:
+    """A request's secret (KVProducer.hold): 16 random bytes."""
+    return secrets.token_bytes(16)
+
+
 def _pack_str(s: str) -> bytes:
     b = s.encode()
     return struct.pack("<H", len(b)) + b
@@ -132,6 +139,23 @@ def _pack_str(s: str) -> bytes:
 def _unpack_str(body: bytes, at: int):
     (n,) = struct.unpack_from("<H", body, at)
     return body[at + 2:at + 2 + n].decode(), at + 2 + n
+
+
+def _unpack_secret(body: bytes, at: int) -> bytes:
+    """The request secret after a PULL's or CANCEL's reply id (empty from consumers
+    before secrets)."""
+    if at >= len(body):
+        return b""
+    (n,) = struct.unpack_from("<B", body, at)
+    return body[at + 1:at + 1 + n]
+
+
+def _pack_secret(secret: bytes) -> bytes:
+    return struct.pack("<B", len(secret)) + secret
+
+
+def _secret_matches(held: "_Held", secret: bytes) -> bool:
+    return hmac.compare_digest(held.secret, secret)
 
 
 def _names_payload(replies: List[bytes]) -> bytes:
@@ -223,6 +247,7 @@ class _Inbox:
 class _Held:
     src_ids: array.array
     expires: float
+    secret: bytes  # what a PULL or CANCEL of this request must carry (hold's return value)
     future: Optional[object] = None  # the write in flight: a TransferFuture, or _QUEUED
     dst_ids: Optional[array.array] = None  # a long pull's ids, as its messages arrive
     dst_pieces: Optional[Dict[int, int]] = None  # which of them arrived: first id -> count
@@ -378,14 +403,22 @@ class KVProducer:
             self._responder = threading.Thread(target=self._respond, name=f"ferry-kv-{engine_id}", daemon=True)
             self._responder.start()
 
-    def hold(self, request_id: str, src_block_ids: Sequence[int], lease: float = 30.0) -> None:
+    def hold(self, request_id: str, src_block_ids: Sequence[int], lease: float = 30.0,
+             secret: Optional[bytes] = None) -> bytes:
         """Keeps ``src_block_ids`` (this request's blocks, in token order) for a consumer
-        to pull within ``lease`` seconds."""
+        to pull within ``lease`` seconds. Returns the request's secret (``secret``, or a
+        new random one): only a PULL or CANCEL that carries it is answered, so whoever else
+        holds this producer's mailbox cannot take or drop the request. Hand it to the
+        consumer with the request (FerryConnector: kv_transfer_params)."""
         ids = _block_ids(src_block_ids, self._spec.num_blocks)
         if ids is src_block_ids:  # the caller's own array, which it may change: keep a copy
             ids = array.array("I", ids)
+        secret = secret if secret is not None else new_request_secret()
+        if not 16 <= len(secret) <= 64:
+            raise ValueError(f"a request secret has 16..64 bytes, got {len(secret)}")
         with self._lock:
-            self._held[request_id] = _Held(ids, time.monotonic() + lease)
+            self._held[request_id] = _Held(ids, time.monotonic() + lease, secret)
+        return secret
 
     def _respond(self) -> None:
         """The responder thread: waits on the inbox's doorbell, answers what arrived. An
@@ -516,9 +549,20 @@ class KVProducer:
         rid, at = _unpack_str(body, at)
         skip, total, first = struct.unpack_from("<III", body, at)
         chunk, at = _unpack_ids(body, at + 12)
-        reply, _ = _unpack_str(body, at)  # the consumer's own id for the request
+        reply, at = _unpack_str(body, at)  # the consumer's own id for the request
+        secret = _unpack_secret(body, at)
         held = self._held.get(rid)
         descriptors = self._consumers.get(consumer)
+        if held is not None and not _secret_matches(held, secret):
+            # Not the request's consumer (or one from before secrets): the request stays
+            # held for the one that has it.
+            progress.failed.setdefault("", f"a pull of request {rid} by consumer {consumer} without the "
+                                           "request's secret was refused")
+            if descriptors is not None and all(d is not None for d in descriptors):
+                refuse(self._client, (descriptors[0], reply),
+                       f"request {rid}'s pull lacks its secret (kv_transfer_params' ferry_request_secret); "
+                       "a consumer older than this producer's ferry must be upgraded")
+            return
         if held is not None and held.future is None and total == len(held.src_ids) - skip and \
                 first + len(chunk) <= total:
             # A long request's block ids come in several messages: gather them.
@@ -665,8 +709,12 @@ class KVProducer:
     def _on_cancel(self, body: bytes, progress: Progress) -> None:
         consumer, at = _unpack_str(body, 0)
         rid, at = _unpack_str(body, at)
-        reply, _ = _unpack_str(body, at)
+        reply, at = _unpack_str(body, at)
         held = self._held.get(rid)
+        if held is not None and not _secret_matches(held, _unpack_secret(body, at)):
+            progress.failed.setdefault("", f"a cancel of request {rid} by consumer {consumer} without the "
+                                           "request's secret was refused")
+            return
         if held is not None and held.future is not None and held.future is not _ACCEPTED:
             return  # being written: the write's own notification answers the consumer
         if held is not None:
@@ -707,6 +755,10 @@ class KVConsumer:
             if r.size < spec.region_bytes:
                 raise ValueError(f"layer {i}'s region has {r.size} bytes; the spec needs {spec.region_bytes}")
         self._client, self._spec, self.engine_id, self._timeout = client, spec, engine_id, timeout
+        # Its name in messages: the engine id and a random suffix, so that another pod
+        # cannot introduce itself (HELLO) under this consumer's name and have its
+        # requests written into that pod's regions.
+        self._wire_name = f"{engine_id}#{secrets.token_hex(8)}"
         self._descriptors = [r.descriptor() for r in layers]
         self._mailboxes: Dict[bytes, _Mailbox] = {}  # producer mailbox -> the queue to it
         self._introduced: set = set()
@@ -715,15 +767,16 @@ class KVConsumer:
         self._inbox = _Inbox(client, layers)
 
     def pull(self, request_id: str, producer_mailbox: bytes, dst_block_ids: Sequence[int], skip: int = 0,
-             producer_request_id: Optional[str] = None) -> None:
+             producer_request_id: Optional[str] = None, secret: bytes = b"") -> None:
         """Asks the producer behind ``producer_mailbox`` to write its request's blocks,
         after the first ``skip`` (already cached here), into ``dst_block_ids``. The
-        producer knows the request as ``producer_request_id`` (default: the same id)."""
+        producer knows the request as ``producer_request_id`` (default: the same id) and
+        answers only a pull with the request's ``secret`` (its hold's)."""
         dst_block_ids = _block_ids(dst_block_ids, self._spec.num_blocks)
         mailbox = self._mailbox(producer_mailbox)
         self._introduce(producer_mailbox, mailbox)
-        head = _pack_str(self.engine_id) + _pack_str(producer_request_id or request_id)
-        tail = _pack_str(request_id)
+        head = _pack_str(self._wire_name) + _pack_str(producer_request_id or request_id)
+        tail = _pack_str(request_id) + _pack_secret(secret)
         per_message = (_MAX_PAYLOAD - 5 - len(head) - len(tail) - 16) // 4
         self._waiting[request_id] = time.monotonic() + self._timeout
         first = 0
@@ -749,7 +802,7 @@ class KVConsumer:
         descriptors (HELLO), once; as many descriptors per message as fit in a payload."""
         if producer_mailbox in self._introduced:
             return
-        head = _pack_str(self.engine_id) + self._spec._pack()
+        head = _pack_str(self._wire_name) + self._spec._pack()
         first = 0
         while first < len(self._descriptors):
             count, size = 0, 5 + len(head) + 12 + 4
@@ -764,14 +817,16 @@ class KVConsumer:
             first += count
         self._introduced.add(producer_mailbox)
 
-    def cancel(self, request_id: str, producer_mailbox: bytes, producer_request_id: Optional[str] = None) -> bool:
+    def cancel(self, request_id: str, producer_mailbox: bytes, producer_request_id: Optional[str] = None,
+               secret: bytes = b"") -> bool:
         """Tells the producer to drop ``request_id``. Returns True when nothing can be
         written into its blocks any more; False when a pull is out: poll() then reports the
         request (done or failed) once the producer's write or its answer arrives, and only
         then may the blocks be reused."""
         mailbox = self._mailbox(producer_mailbox)
         self._introduce(producer_mailbox, mailbox)
-        body = _pack_str(self.engine_id) + _pack_str(producer_request_id or request_id) + _pack_str(request_id)
+        body = _pack_str(self._wire_name) + _pack_str(producer_request_id or request_id) + _pack_str(request_id) + \
+            _pack_secret(secret)
         mailbox.send(_CANCEL, body, request_id)
         if request_id in self._waiting:
             self._cancelled.add(request_id)

@@ -10,6 +10,7 @@ import ferry
 from ferry.kv_handoff import KVCacheSpec, KVConsumer, KVProducer
 
 LAYERS, BLOCK = 4, 4096
+S = b"request-secret-1"  # every request's secret here (KVProducer.hold); tests of secrets make their own
 
 
 def until(*sides, seconds=10.0):
@@ -53,8 +54,8 @@ def test_one_request_lands_in_every_layer_and_both_sides_hear_of_it(pair, monkey
     # The consumer's HELLO and PULL go as message entries of a write queue, not by RPC.
     monkeypatch.setattr(consumer._client, "send_message", lambda *a, **k: pytest.fail("a message by RPC"))
     src, dst = random.Random(1).sample(range(64), 10), random.Random(2).sample(range(48), 10)
-    producer.hold("req-1", src)
-    consumer.pull("req-1", producer.mailbox, dst)
+    producer.hold("req-1", src, secret=S)
+    consumer.pull("req-1", producer.mailbox, dst, secret=S)
     p, c = until(producer, consumer)
     assert (p.done, p.failed, c.done, c.failed) == ({"req-1"}, {}, {"req-1"}, {})
     assert [q is not None for q in producer._queues.values()] == [True]  # as a write queue's batch entry
@@ -66,12 +67,12 @@ def test_one_request_lands_in_every_layer_and_both_sides_hear_of_it(pair, monkey
 
 def test_a_pull_to_a_mailbox_that_is_gone_fails_on_the_consumer(pair):
     producer, consumer, players, clayers, pspec, cspec = pair
-    producer.hold("req-8", [5])
-    consumer.pull("req-8", producer.mailbox, [6])  # the consumer's queue to the mailbox is made here
+    producer.hold("req-8", [5], secret=S)
+    consumer.pull("req-8", producer.mailbox, [6], secret=S)  # the consumer's queue to the mailbox is made here
     assert until(producer, consumer)[1].done == {"req-8"}
-    producer.hold("req-9", [1, 2])
+    producer.hold("req-9", [1, 2], secret=S)
     producer._mailbox_region.deregister()
-    consumer.pull("req-9", producer.mailbox, [3, 4])  # queued: the refusal comes back through poll()
+    consumer.pull("req-9", producer.mailbox, [3, 4], secret=S)  # queued: the refusal comes back through poll()
     (c,) = until(consumer)
     assert not c.done and "asking the producer failed" in c.failed["req-9"] and "not registered" in c.failed["req-9"]
     for layer in range(LAYERS):
@@ -82,8 +83,8 @@ def test_a_write_the_queue_cannot_take_goes_by_write_batch(pair, monkeypatch):
     producer, consumer, players, clayers, pspec, cspec = pair
     monkeypatch.setattr(ferry.kv_handoff._ConsumerQueue, "post", lambda *args: False)  # as if full
     src, dst = random.Random(3).sample(range(64), 7), random.Random(4).sample(range(48), 7)
-    producer.hold("req-2", src)
-    consumer.pull("req-2", producer.mailbox, dst)
+    producer.hold("req-2", src, secret=S)
+    consumer.pull("req-2", producer.mailbox, dst, secret=S)
     p, c = until(producer, consumer)
     assert (p.done, p.failed, c.done, c.failed) == ({"req-2"}, {}, {"req-2"}, {})
     for layer in range(LAYERS):
@@ -97,10 +98,10 @@ def test_eight_concurrent_requests_and_a_partial_prefix_hit(pair):
     for layer in clayers:
         layer.buffer[:] = bytes(layer.size)
     for r in range(8):  # request r: producer blocks 8r..8r+3 into consumer blocks 4r..4r+3
-        producer.hold(f"r{r}", list(range(8 * r, 8 * r + 4)))
+        producer.hold(f"r{r}", list(range(8 * r, 8 * r + 4)), secret=S)
     for r in range(8):
         skip = 2 if r == 7 else 0  # r7: the consumer has its first two blocks cached
-        consumer.pull(f"r{r}", producer.mailbox, list(range(4 * r + skip, 4 * r + 4)), skip=skip)
+        consumer.pull(f"r{r}", producer.mailbox, list(range(4 * r + skip, 4 * r + 4)), skip=skip, secret=S)
     want = {f"r{r}" for r in range(8)}
     got_p, got_c = set(), set()
     deadline = time.monotonic() + 15
@@ -139,11 +140,11 @@ def test_a_steps_pulls_share_one_write_and_a_cancel_among_them_drops_only_its_ow
     stepwise = KVProducer(producer._client, pspec, players, "prefill-step", background=False)
     try:
         for r in range(6):
-            stepwise.hold(f"s{r}", [10 + r, 20 + r])
+            stepwise.hold(f"s{r}", [10 + r, 20 + r], secret=S)
         for r in range(6):
-            consumer.pull(f"s{r}", stepwise.mailbox, [2 * r, 2 * r + 1])
-        assert not consumer.cancel("s3", stepwise.mailbox)  # pulled: the producer's answer settles it
-        consumer.pull("s9", stepwise.mailbox, [40])  # never held
+            consumer.pull(f"s{r}", stepwise.mailbox, [2 * r, 2 * r + 1], secret=S)
+        assert not consumer.cancel("s3", stepwise.mailbox, secret=S)  # pulled: the producer's answer settles it
+        consumer.pull("s9", stepwise.mailbox, [40], secret=S)  # never held
         mailbox, deadline = consumer._mailboxes[stepwise.mailbox], time.monotonic() + 10
         while mailbox._sent and time.monotonic() < deadline:  # every message is in the mailbox
             mailbox._reap(0.05)
@@ -181,9 +182,9 @@ def test_pulls_read_together_that_name_one_destination_block_are_written_apart(p
     stepwise = KVProducer(producer._client, pspec, players, "prefill-step", background=False)
     try:
         for rid, src in (("x1", [1, 2]), ("x2", [3, 4]), ("x3", [5])):
-            stepwise.hold(rid, src)
+            stepwise.hold(rid, src, secret=S)
         for rid, dst in (("x1", [20, 21]), ("x2", [21, 22]), ("x3", [23])):
-            consumer.pull(rid, stepwise.mailbox, dst)
+            consumer.pull(rid, stepwise.mailbox, dst, secret=S)
         mailbox, deadline = consumer._mailboxes[stepwise.mailbox], time.monotonic() + 10
         while mailbox._sent and time.monotonic() < deadline:  # every pull is in the mailbox
             mailbox._reap(0.05)
@@ -211,8 +212,8 @@ def test_a_write_the_agent_refuses_is_reported_to_the_consumer_at_once(pair):
     # for its timeout.
     producer, consumer, players, clayers, pspec, cspec = pair
     before = [bytes(r.buffer) for r in clayers]
-    producer.hold("twice", [1, 2])
-    consumer.pull("twice", producer.mailbox, [30, 30])
+    producer.hold("twice", [1, 2], secret=S)
+    consumer.pull("twice", producer.mailbox, [30, 30], secret=S)
     started = time.monotonic()
     p, c = until(producer, consumer)
     assert "block 30 appears twice" in p.failed["twice"] and "block 30 appears twice" in c.failed["twice"]
@@ -226,12 +227,12 @@ def test_refusals_reach_both_sides_and_nothing_is_written(pair):
     # Garbage in the mailbox: refused, attributed to no request.
     consumer._client.send_message(producer.mailbox, b"not a handoff message")
     # A pull for a request the producer never held, and one with the wrong block count.
-    producer.hold("held", [1, 2, 3])
-    consumer.pull("unknown", producer.mailbox, [0])
+    producer.hold("held", [1, 2, 3], secret=S)
+    consumer.pull("unknown", producer.mailbox, [0], secret=S)
     p, c = until(producer, consumer)
     assert "" in p.failed and "not a ferry" in p.failed[""]
     assert "not held" in c.failed["unknown"]
-    consumer.pull("held", producer.mailbox, [0, 1])
+    consumer.pull("held", producer.mailbox, [0, 1], secret=S)
     p, c = until(producer, consumer)
     assert "3" in p.failed["held"] and "held" in c.failed
     assert [bytes(r.buffer) for r in clayers] == before
@@ -241,19 +242,19 @@ def test_block_ids_out_of_range_are_named_on_both_sides(pair):
     producer, consumer, _, clayers, pspec, cspec = pair
     for bad in (pspec.num_blocks, -1, 2**40):
         with pytest.raises(ValueError, match=f"block id {bad} is outside 0..{pspec.num_blocks - 1}"):
-            producer.hold("bad", [0, bad])
+            producer.hold("bad", [0, bad], secret=S)
     with pytest.raises(ValueError, match=f"block id {cspec.num_blocks} is outside 0..{cspec.num_blocks - 1}"):
-        consumer.pull("bad", producer.mailbox, [1, cspec.num_blocks])
+        consumer.pull("bad", producer.mailbox, [1, cspec.num_blocks], secret=S)
     # A pull that passed no consumer-side check (sent by hand after a HELLO) asks for a
     # block past the consumer's cache: the producer refuses it, nothing is written.
     before = [bytes(r.buffer) for r in clayers]
-    producer.hold("first", [1])
-    consumer.pull("first", producer.mailbox, [2])
+    producer.hold("first", [1], secret=S)
+    consumer.pull("first", producer.mailbox, [2], secret=S)
     assert until(producer, consumer)[1].done == {"first"}
     kh = ferry.kv_handoff
-    producer.hold("forged", [3, 4])
-    body = kh._pack_str("decode-0") + kh._pack_str("forged") + kh.struct.pack("<III", 0, 2, 0) + \
-        kh._pack_ids(kh.array.array("I", [5, cspec.num_blocks])) + kh._pack_str("forged")
+    producer.hold("forged", [3, 4], secret=S)
+    body = kh._pack_str(consumer._wire_name) + kh._pack_str("forged") + kh.struct.pack("<III", 0, 2, 0) + \
+        kh._pack_ids(kh.array.array("I", [5, cspec.num_blocks])) + kh._pack_str("forged") + kh._pack_secret(S)
     consumer._client.send_message(producer.mailbox, kh._message(kh._PULL, body))
     (p,) = until(producer)
     assert f"destination block id {cspec.num_blocks} is outside the consumer's" in p.failed["forged"]
@@ -270,10 +271,10 @@ def test_a_hello_claiming_more_blocks_than_its_regions_hold_is_refused_and_the_p
         small = [cc.register_host(cspec.region_bytes) for _ in range(LAYERS)]
         evil = KVConsumer(cc, cspec, small, "evil", timeout=1.0)
         evil._spec = KVCacheSpec(num_blocks=2**63, block_bytes=BLOCK)  # past the constructor's own check
-        producer.hold("victim-of-evil", [1, 2])
-        evil.pull("victim-of-evil", producer.mailbox, [3, 4])
+        producer.hold("victim-of-evil", [1, 2], secret=S)
+        evil.pull("victim-of-evil", producer.mailbox, [3, 4], secret=S)
         (p,) = until(producer)
-        assert "consumer evil's HELLO claims 9223372036854775808 blocks" in p.failed[""]
+        assert "'s HELLO claims 9223372036854775808 blocks" in p.failed[""] and "consumer evil#" in p.failed[""]
         # Its pull is refused and the held request let go; the producer has no descriptor
         # of a consumer whose HELLO it refused to answer to: that one waits for its timeout.
         if "victim-of-evil" not in p.failed:
@@ -281,23 +282,48 @@ def test_a_hello_claiming_more_blocks_than_its_regions_hold_is_refused_and_the_p
         assert "not introduced itself" in p.failed["victim-of-evil"]
         assert producer._responder.is_alive()
         # The producer still answers an honest consumer.
-        producer.hold("after", [5])
-        consumer.pull("after", producer.mailbox, [6])
+        producer.hold("after", [5], secret=S)
+        consumer.pull("after", producer.mailbox, [6], secret=S)
         p, c = until(producer, consumer)
         assert "after" in p.done and c.done == {"after"}
         assert block(clayers[0], cspec, 0, 6) == block(players[0], pspec, 0, 5)
         evil.close()
 
 
+def test_only_the_request_secret_pulls_or_cancels_and_a_hello_cannot_take_a_consumers_name(pair, fabric_agents):
+    # Before, any pod holding the producer's mailbox descriptor (it travels in
+    # kv_transfer_params) could PULL another consumer's request into its own regions,
+    # CANCEL it, or HELLO under that consumer's name and receive its later requests.
+    producer, consumer, players, clayers, pspec, cspec = pair
+    secret = producer.hold("victim", [1, 2])  # a fresh random secret
+    with ferry.Client(fabric_agents[1].socket) as cc:
+        regions = [cc.register_host(cspec.region_bytes) for _ in range(LAYERS)]
+        thief = KVConsumer(cc, cspec, regions, "decode-0", timeout=1.0)  # the victim's engine id, too
+        before = [bytes(r.buffer) for r in regions]
+        thief.pull("victim", producer.mailbox, [3, 4])  # no secret
+        thief.pull("victim", producer.mailbox, [3, 4], secret=bytes(16))  # a guessed one
+        thief.cancel("victim", producer.mailbox, secret=S)  # another request's secret
+        (p,) = until(producer)
+        assert "without the request's secret was refused" in p.failed[""]
+        assert "victim" not in p.failed and "victim" not in p.done  # still held for its consumer
+        # The honest consumer, whose engine id the thief also used, gets its blocks.
+        consumer.pull("victim", producer.mailbox, [7, 8], secret=secret)
+        p, c = until(producer, consumer)
+        assert "victim" in p.done and c.done == {"victim"}
+        assert block(clayers[0], cspec, 1, 8) == block(players[0], pspec, 1, 2)
+        assert [bytes(r.buffer) for r in regions] == before  # nothing reached the thief
+        thief.close()
+
+
 def test_a_lease_expires_and_a_consumer_times_out(pair):
     producer, consumer, players, _, pspec, _ = pair
-    producer.hold("nobody-pulls", [5], lease=0.2)
+    producer.hold("nobody-pulls", [5], lease=0.2, secret=S)
     (p,) = until(producer)
     assert "lease expired" in p.failed["nobody-pulls"]
     consumer._timeout = 0.3
     silent = KVProducer(producer._client, pspec, players, "prefill-silent", background=False)  # answers in poll()
-    silent.hold("never-answered", [6])
-    consumer.pull("never-answered", silent.mailbox, [7])  # and it is never polled
+    silent.hold("never-answered", [6], secret=S)
+    consumer.pull("never-answered", silent.mailbox, [7], secret=S)  # and it is never polled
     (c,) = until(consumer)
     assert "nothing heard" in c.failed["never-answered"]
     silent.close()
@@ -305,8 +331,8 @@ def test_a_lease_expires_and_a_consumer_times_out(pair):
 
 def test_the_producer_answers_a_pull_before_its_next_poll(pair):
     producer, consumer, players, clayers, pspec, cspec = pair
-    producer.hold("eager", [9, 4])
-    consumer.pull("eager", producer.mailbox, [1, 2])
+    producer.hold("eager", [9, 4], secret=S)
+    consumer.pull("eager", producer.mailbox, [1, 2], secret=S)
     (c,) = until(consumer)  # only the consumer is polled: the producer's responder wrote
     assert c.done == {"eager"} and not c.failed
     for layer, target in zip(players, clayers):
@@ -321,9 +347,9 @@ def test_a_pull_that_comes_before_the_hold_waits_for_it(pair):
     # A consumer can be faster than the producer engine's next step (which holds the
     # request): the producer's responder must not refuse the pull meanwhile.
     producer, consumer, players, clayers, pspec, cspec = pair
-    consumer.pull("early", producer.mailbox, [3])
+    consumer.pull("early", producer.mailbox, [3], secret=S)
     time.sleep(0.2)  # the responder has seen the pull
-    producer.hold("early", [8])
+    producer.hold("early", [8], secret=S)
     p, c = until(producer, consumer)
     assert (p.done, c.done, p.failed, c.failed) == ({"early"}, {"early"}, {}, {})
     assert block(clayers[0], cspec, 1, 3) == block(players[0], pspec, 1, 8)
@@ -332,21 +358,21 @@ def test_a_pull_that_comes_before_the_hold_waits_for_it(pair):
 def test_cancel_before_and_after_the_write_and_ids_that_differ_per_side(pair):
     producer, consumer, players, clayers, pspec, cspec = pair
     # Not pulled yet: the producer lets the blocks go at once, nothing to wait for.
-    producer.hold("p-1", [1, 2])
-    assert consumer.cancel("d-1", producer.mailbox, producer_request_id="p-1")
+    producer.hold("p-1", [1, 2], secret=S)
+    assert consumer.cancel("d-1", producer.mailbox, producer_request_id="p-1", secret=S)
     (p,) = until(producer)
     assert "cancelled" in p.failed["p-1"]
     # Pulled under the consumer's own id, then cancelled: the consumer hears the outcome
     # (here the write had started or the drop) under its id, reported as cancelled.
-    producer.hold("p-2", [3, 4])
-    consumer.pull("d-2", producer.mailbox, [5, 6], producer_request_id="p-2")
-    assert not consumer.cancel("d-2", producer.mailbox, producer_request_id="p-2")
+    producer.hold("p-2", [3, 4], secret=S)
+    consumer.pull("d-2", producer.mailbox, [5, 6], producer_request_id="p-2", secret=S)
+    assert not consumer.cancel("d-2", producer.mailbox, producer_request_id="p-2", secret=S)
     p, c = until(producer, consumer)
     assert c.failed == {"d-2": "cancelled"} and not c.done
     assert p.done == {"p-2"} or "cancelled" in p.failed["p-2"]
     # A pull under other ids lands where asked and is reported under the consumer's id.
-    producer.hold("p-3", [7])
-    consumer.pull("d-3", producer.mailbox, [8], producer_request_id="p-3")
+    producer.hold("p-3", [7], secret=S)
+    consumer.pull("d-3", producer.mailbox, [8], producer_request_id="p-3", secret=S)
     p, c = until(producer, consumer)
     assert (p.done, c.done) == ({"p-3"}, {"d-3"})
     assert block(clayers[0], cspec, 0, 8) == block(players[0], pspec, 0, 7)
@@ -362,8 +388,8 @@ def test_a_request_with_more_block_ids_than_one_message_holds(fabric_agents):
         consumer = KVConsumer(cb, spec, [dst_region], "c", timeout=10.0)
         try:
             src, dst = random.Random(7).sample(range(3000), 2500), random.Random(8).sample(range(3000), 2500)
-            producer.hold("long", src)
-            consumer.pull("long", producer.mailbox, dst[1:], skip=1)  # 2,499 ids: three messages
+            producer.hold("long", src, secret=S)
+            consumer.pull("long", producer.mailbox, dst[1:], skip=1, secret=S)  # 2,499 ids: three messages
             p, c = until(producer, consumer)
             assert (p.done, c.done) == ({"long"}, {"long"})
             half = spec.num_blocks * 64
@@ -382,8 +408,8 @@ def test_a_consumer_with_other_block_sizes_is_refused(fabric_agents):
         producer = KVProducer(ca, KVCacheSpec(16, 4096), [ca.register_host(2 * 16 * 4096)], "p")
         consumer = KVConsumer(cb, KVCacheSpec(16, 8192), [cb.register_host(2 * 16 * 8192)], "c", timeout=2.0)
         try:
-            producer.hold("r", [1])
-            consumer.pull("r", producer.mailbox, [1])
+            producer.hold("r", [1], secret=S)
+            consumer.pull("r", producer.mailbox, [1], secret=S)
             p, c = until(producer, consumer)
             assert "8192" in p.failed.get("", "") or "8192" in p.failed.get("r", "")
             assert "r" in c.failed
@@ -404,8 +430,8 @@ def test_one_client_as_producer_and_consumer_shares_its_inbox(agent):
         consumer = KVConsumer(client, spec, dst, "both-0", timeout=5.0)
         try:
             for i in range(3):
-                producer.hold(f"r{i}", [i, i + 3])
-                consumer.pull(f"r{i}", producer.mailbox, [i + 8, i + 11])
+                producer.hold(f"r{i}", [i, i + 3], secret=S)
+                consumer.pull(f"r{i}", producer.mailbox, [i + 8, i + 11], secret=S)
                 p, c = until(producer, consumer)
                 assert (p.done, c.done, p.failed, c.failed) == ({f"r{i}"}, {f"r{i}"}, {}, {})
                 assert block(dst[1], spec, 1, i + 11) == block(src[1], spec, 1, i + 3)

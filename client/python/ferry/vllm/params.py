@@ -7,11 +7,13 @@ A producer's ``request_finished`` returns::
      "remote_engine_id": "prefill-0", "remote_request_id": "cmpl-1",
      "remote_block_ids": [...], "remote_num_tokens": 40,
      "tp_size": 1, "ferry_mailboxes": ["<hex descriptor>", ...],   # one per producer TP rank
-     "ferry_layout": "bfloat16 L4 H2x64 B16"}
+     "ferry_layout": "bfloat16 L4 H2x64 B16 LBNHC", "ferry_request_secret": "<32 hex digits>"}
 
 The mailboxes are small regions the producer's workers registered: holding one's
 descriptor lets the consumer send messages to that worker, nothing more. The consumer
-never writes; it tells the producer which of its own blocks to fill.
+never writes; it tells the producer which of its own blocks to fill, and its pull (or
+cancel) carries the request's secret: a pod that holds the mailbox but not the params
+of this request cannot take or drop it (SECURITY.md, "KV handoff").
 """
 from __future__ import annotations
 
@@ -51,10 +53,11 @@ class RemotePrefill:
     request_id: str
     block_ids: List[int]
     mailboxes: List[bytes]
+    secret: bytes
 
 
 def producer_params(engine_id: str, request_id: str, block_ids: List[int], num_tokens: int, tp_size: int,
-                    mailboxes: List[bytes], layout: Layout) -> dict:
+                    mailboxes: List[bytes], layout: Layout, secret: bytes) -> dict:
     return {
         "do_remote_prefill": True,
         "do_remote_decode": False,
@@ -65,6 +68,7 @@ def producer_params(engine_id: str, request_id: str, block_ids: List[int], num_t
         "tp_size": tp_size,
         "ferry_mailboxes": [m.hex() for m in mailboxes],
         "ferry_layout": str(layout),
+        "ferry_request_secret": secret.hex(),
     }
 
 
@@ -108,6 +112,12 @@ def parse(params: Optional[Mapping[str, Any]], layout: Layout, tp_size: int, num
                         f"{expected} blocks of {layout.block_size} tokens")
     if not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in block_ids):
         raise BadParams("remote_block_ids must be non-negative integers")
+    try:
+        secret = bytes.fromhex(_field(params, "ferry_request_secret", str))
+    except ValueError:
+        secret = b""
+    if not 16 <= len(secret) <= 64:
+        raise BadParams("kv_transfer_params['ferry_request_secret'] must be 32..128 hex digits")
     return RemotePrefill(engine_id=_field(params, "remote_engine_id", str),
                          request_id=_field(params, "remote_request_id", str), block_ids=list(block_ids),
-                         mailboxes=decoded)
+                         mailboxes=decoded, secret=secret)

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 from typing import Dict, List, Optional, Set, Tuple
 
+from ..kv_handoff import new_request_secret
 from . import params as params_lib
 
 logger = logging.getLogger("ferry.vllm")
@@ -35,6 +36,7 @@ class Pull:
     mailboxes: List[bytes]
     dst_ids: List[int]
     skip: int
+    secret: bytes = b""  # the producer's for the request (params: ferry_request_secret)
 
 
 @dataclasses.dataclass
@@ -45,6 +47,9 @@ class StepPlan:
     # consumer: request -> (producer request id, its mailboxes, whether a pull is out)
     cancel: Dict[str, Tuple[str, List[bytes], bool]] = dataclasses.field(default_factory=dict)
     fail: Dict[str, Tuple[List[int], str]] = dataclasses.field(default_factory=dict)  # consumer: blocks, why
+    # request -> its secret: the producer's for a request it holds, the consumer's copy
+    # for one it cancels (a pull carries its own)
+    secrets: Dict[str, bytes] = dataclasses.field(default_factory=dict)
 
     def empty(self) -> bool:
         return not (self.hold or self.pull or self.cancel or self.fail)
@@ -108,7 +113,8 @@ class FerryScheduler:
             self._plan.fail[rid] = (new_ids, str(e))
             return
         self._receiving[rid] = remote
-        self._plan.pull[rid] = Pull(remote.request_id, remote.mailboxes, new_ids, len(all_ids) - len(new_ids))
+        self._plan.pull[rid] = Pull(remote.request_id, remote.mailboxes, new_ids, len(all_ids) - len(new_ids),
+                                    remote.secret)
 
     # ---------------------------------------------------------------- both
 
@@ -130,8 +136,9 @@ class FerryScheduler:
             return False, None
         self._held.add(rid)
         self._plan.hold[rid] = list(block_ids)
+        secret = self._plan.secrets[rid] = new_request_secret()
         return True, params_lib.producer_params(self.engine_id, rid, block_ids, request.num_computed_tokens,
-                                                self.tp_size, self._mailboxes, self.layout)
+                                                self.tp_size, self._mailboxes, self.layout, secret)
 
     def _cancel(self, rid: str, p: dict, num_prompt_tokens: int) -> None:
         # A pulled request stays in _receiving until the worker reports it (finished_recving).
@@ -144,6 +151,7 @@ class FerryScheduler:
             except params_lib.BadParams:
                 return  # nothing a producer could be holding for us
         self._plan.cancel[rid] = (remote.request_id, remote.mailboxes, pulled)
+        self._plan.secrets[rid] = remote.secret
 
     def build_plan(self) -> StepPlan:
         plan, self._plan = self._plan, StepPlan()

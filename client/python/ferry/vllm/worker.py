@@ -146,7 +146,7 @@ class FerryWorker:
                 self._pending.finished_sending.add(rid)
                 continue
             self._held.add(rid)
-            self.producer.hold(rid, blocks, lease=self._lease)
+            self.producer.hold(rid, blocks, lease=self._lease, secret=plan.secrets.get(rid))
         for rid, pull in plan.pull.items():
             self._pulled[rid] = pull.dst_ids
             if self.consumer is None:
@@ -154,7 +154,7 @@ class FerryWorker:
                 continue
             try:
                 self.consumer.pull(rid, pull.mailboxes[self.tp_rank], pull.dst_ids, skip=pull.skip,
-                                   producer_request_id=pull.producer_request_id)
+                                   producer_request_id=pull.producer_request_id, secret=pull.secret)
             except (errors.FerryError, ValueError) as e:  # e.g. the producer's mailbox is gone
                 self._fail(rid, f"asking the producer failed: {e}")
         for rid, (producer_rid, mailboxes, pulled) in plan.cancel.items():
@@ -163,7 +163,8 @@ class FerryWorker:
                     self._pending.finished_recving.add(rid)
                 continue
             try:
-                settled = self.consumer.cancel(rid, mailboxes[self.tp_rank], producer_request_id=producer_rid)
+                settled = self.consumer.cancel(rid, mailboxes[self.tp_rank], producer_request_id=producer_rid,
+                                               secret=plan.secrets.get(rid, b""))
             except errors.FerryError as e:
                 logger.warning("FerryConnector: telling the producer that %s was aborted failed: %s", rid, e)
                 settled = True  # it will let the blocks go when its lease expires

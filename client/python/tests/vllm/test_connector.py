@@ -338,6 +338,7 @@ def test_an_mla_producer_and_a_flashattention_consumer_are_refused_naming_both(p
     ({"remote_block_ids": [1, 2, 3, 4]}, "the producer holds 4 blocks; a 40-token prompt fills 3"),
     ({"remote_block_ids": [1, -2, 3]}, "remote_block_ids must be non-negative integers"),
     ({"tp_size": "1"}, "kv_transfer_params['tp_size'] is str, not int"),
+    ({"ferry_request_secret": "00"}, "ferry_request_secret'] must be 32..128 hex digits"),
 ])
 def test_garbage_and_foreign_params_fail_the_load_and_write_nothing(pd, caplog, params, why):
     p, d = pd()
