@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The deployment checks (issue: Kubernetes deployment), offline: helm lint of the chart
+# The deployment checks, offline: helm lint of the chart
 # with each profile, then tests/deploy/k8s (go test): every object the chart renders, and
 # every example, decoded strictly into the Kubernetes API types (an unknown or misspelled
 # field fails), deploy/manifests equal to the chart's rendering, and the invariants

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Scale and churn (issue 25): N agents in network namespaces on this machine, one bridge,
+# Scale and churn: N agents in network namespaces on this machine, one bridge,
 # a pod on each writing checksummed blocks to every other agent's pod, and churn — every
 # few seconds an agent SIGKILLed and restarted, a pod SIGKILLed and started again, or a
 # new agent joining. Reports writes lost, corrupted and hung (all must be 0), the first

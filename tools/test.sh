@@ -62,7 +62,7 @@ if [ "$#" -eq 0 ]; then
   # FerryConnector with the real vLLM (its cached venv is made on first use, ~6 minutes).
   extra_target //client/python:vllm_test bash tools/vllm_test.sh
   extra_target //tests/demo:demo_test bash tests/demo/demo_test.sh
-  # Scale and churn, short: 16 agents in network namespaces for a minute (issue 25).
+  # Scale and churn, short: 16 agents in network namespaces for a minute.
   extra_target //tools:scale_short bash tools/scale.sh --agents=16 --minutes=1
 fi
 

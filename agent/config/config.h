@@ -50,6 +50,7 @@ struct AgentConfig {
   size_t max_queued_notifications = 65536;  // per session; more are dropped and counted
   size_t max_regions_per_session = 4096;
   size_t max_queues = 256;           // shared-memory transfer queues, all sessions together
+  size_t max_queues_per_uid = 64;    // of which one pod (uid) may have
   bool queues_on_nic_worker = true;  // the first NIC worker takes queue submissions
   uint32_t transfer_timeout_ms = 30000;
   uint32_t max_wait_ms = 60000;

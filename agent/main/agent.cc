@@ -67,6 +67,7 @@ absl::Status Agent::Init() {
       /*on_close=*/
       [this, m, regions](Session& s) {
         if (queue_poller_) queue_poller_->RemoveSession(s.id());
+        if (inboxes_) inboxes_->RemoveSession(s.id());
         size_t n = regions->RemoveSession(s.id());
         m->sessions().Decrement();
         FERRY_LOG(INFO) << "session " << s.id() << " (pid " << s.creds().pid << ") ended; reclaimed " << n

@@ -83,6 +83,8 @@ ABSL_FLAG(uint64_t, max_queued_notifications, 65536,
           "Most notifications one session's queue holds unread; more are dropped, counted, and the session's next "
           "notification says how many (lost_before).");
 ABSL_FLAG(uint64_t, max_queues, 256, "Most shared-memory transfer queues (CreateQueue), all sessions together.");
+ABSL_FLAG(uint64_t, max_queues_per_uid, 64,
+          "Most of those one pod (its sessions' uid) may have, so that one pod cannot take every pod's queues.");
 ABSL_FLAG(bool, queues_on_nic_worker, true,
           "Take shared-memory queue submissions on the first NIC worker's thread (no hand-off between threads); "
           "false: on a thread of their own. Without a fabric they always have their own thread.");
@@ -197,6 +199,7 @@ absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--max_queued_notifications must be at least 1");
   }
   config.max_queues = absl::GetFlag(FLAGS_max_queues);
+  config.max_queues_per_uid = absl::GetFlag(FLAGS_max_queues_per_uid);
   config.queues_on_nic_worker = absl::GetFlag(FLAGS_queues_on_nic_worker);
   config.transfer_timeout_ms = absl::GetFlag(FLAGS_transfer_timeout_ms);
   config.max_wait_ms = absl::GetFlag(FLAGS_max_wait_ms);

@@ -102,6 +102,23 @@ Inboxes::~Inboxes() {
   inboxes_.clear();  // joins each
 }
 
+void Inboxes::RemoveSession(uint64_t session_id) {
+  std::vector<std::unique_ptr<Inbox>> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = inboxes_.begin(); it != inboxes_.end();) {
+      if ((*it)->session_id() == session_id) {
+        (*it)->Stop();
+        gone.push_back(std::move(*it));
+        it = inboxes_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  gone.clear();  // joins each pump outside the lock (~200 ms at most)
+}
+
 void Inboxes::Add(std::unique_ptr<Inbox> inbox) {
   absl::MutexLock lock(&mu_);
   // Those whose session ended have nothing more to pump.

@@ -46,6 +46,7 @@ class Inbox {
   void Stop() { stopping_.store(true); }
   // The pump has exited (its session ended, or Stop).
   bool done() const { return done_.load(); }
+  uint64_t session_id() const { return session_->id(); }
 
  private:
   Inbox(std::shared_ptr<Session> session, SharedMapping map, UniqueFd doorbell, uint32_t slots);
@@ -72,6 +73,9 @@ class Inboxes {
   // Stops every pump, then joins them (all within ~200 ms).
   ~Inboxes();
   void Add(std::unique_ptr<Inbox> inbox);
+  // Stops and frees the inboxes of session `session_id` (its ring's mapping, doorbell and
+  // pump thread) when the session ends, rather than when another inbox opens.
+  void RemoveSession(uint64_t session_id);
 
  private:
   absl::Mutex mu_;

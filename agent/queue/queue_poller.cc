@@ -52,12 +52,19 @@ void QueuePoller::Wake() {
   (void)ignored;
 }
 
-absl::Status QueuePoller::Add(std::shared_ptr<TransferQueue> queue, size_t max_queues) {
+absl::Status QueuePoller::Add(std::shared_ptr<TransferQueue> queue, size_t max_queues, size_t max_per_uid) {
   {
     absl::MutexLock lock(&mu_);
     if (queues_.size() >= max_queues) {
       return absl::ResourceExhaustedError(absl::StrCat("the agent already serves ", queues_.size(),
                                                        " queues (--max_queues); close some sessions' queues"));
+    }
+    const uint32_t uid = queue->owner_uid();
+    const size_t own = std::count_if(queues_.begin(), queues_.end(),
+                                     [uid](const std::shared_ptr<TransferQueue>& q) { return q->owner_uid() == uid; });
+    if (own >= max_per_uid) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("uid ", uid, " already has ", own, " queues (--max_queues_per_uid); close some of its queues"));
     }
     // Edge-triggered: each ring of the doorbell wakes us once, and we never read it (a
     // read could block: CheckEventFd says why).

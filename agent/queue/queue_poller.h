@@ -5,7 +5,7 @@
 //     return true;   // or false when !may_block and it would have to wait
 //   }, [] { ... the entries handled since the last call were a burst: start them ... });
 //   poller.Start(QueuePoller::Mode::kOwnThread);  // or kDriven: a NIC worker calls Poll()
-//   poller.Add(queue, max_queues);                // from CreateQueue
+//   poller.Add(queue, max_queues, max_per_uid);   // from CreateQueue
 //   poller.RemoveSession(session_id);             // when the session ends
 //
 // kOwnThread: one thread polls while submissions keep coming and sleeps on the queues'
@@ -47,8 +47,9 @@ class QueuePoller : public PollSource {
   // Handles every entry still deferred, then joins the thread. In kDriven mode the
   // driver must have stopped calling Poll() before.
   void Stop();
-  // RESOURCE_EXHAUSTED past `max_queues` in total.
-  absl::Status Add(std::shared_ptr<TransferQueue> queue, size_t max_queues);
+  // RESOURCE_EXHAUSTED past `max_queues` in total, or past `max_per_uid` of the queue's
+  // owner_uid (so that one pod cannot take every queue of the node).
+  absl::Status Add(std::shared_ptr<TransferQueue> queue, size_t max_queues, size_t max_per_uid);
   void RemoveSession(uint64_t session_id);
   size_t size() const;
 

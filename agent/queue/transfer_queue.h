@@ -50,6 +50,9 @@ class TransferQueue {
   // The class of every entry (checked against the session's ceiling at CreateQueue).
   v1::TrafficClass traffic_class() const { return traffic_class_; }
   void set_traffic_class(v1::TrafficClass c) { traffic_class_ = c; }
+  // The uid of the pod that created it (SO_PEERCRED): queues are budgeted per pod.
+  uint32_t owner_uid() const { return owner_uid_; }
+  void set_owner_uid(uint32_t uid) { owner_uid_ = uid; }
 
   // The polling thread only (a NIC worker, or the poller's own). Copies up to `max`
   // submitted entries out of shared memory. Returns 0 once the queue is broken (the
@@ -87,6 +90,7 @@ class TransferQueue {
   std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations_;
   uint32_t timeout_ms_ = 0;
   v1::TrafficClass traffic_class_ = v1::TRAFFIC_CLASS_UNSPECIFIED;
+  uint32_t owner_uid_ = 0;
   UniqueFd submit_doorbell_, complete_doorbell_;
   SharedMapping map_;  // the ring, its header first
   queue::RingHeader* header_ = nullptr;

@@ -308,7 +308,8 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
   if (!q.ok()) return q.status();
   (*q)->set_timeout_ms(timeout_ms);
   (*q)->set_traffic_class(req.traffic_class());
-  absl::Status added = deps_.queues->Add(*q, deps_.config->max_queues);
+  (*q)->set_owner_uid(session->creds().uid);
+  absl::Status added = deps_.queues->Add(*q, deps_.config->max_queues, deps_.config->max_queues_per_uid);
   if (!added.ok()) return added;
   return id;
 }

@@ -97,7 +97,7 @@ TEST_CASE("the flush hook runs on the handler's thread after each burst it took"
       });
   PodRing pod;
   poller.Start(QueuePoller::Mode::kOwnThread);
-  REQUIRE(poller.Add(pod.queue(), 4).ok());
+  REQUIRE(poller.Add(pod.queue(), 4, 4).ok());
 
   auto wait_for = [&](size_t entries, size_t flushes) {
     const absl::Time end = absl::Now() + absl::Seconds(10);
@@ -122,6 +122,27 @@ TEST_CASE("the flush hook runs on the handler's thread after each burst it took"
   CHECK(handled_at_flush[0] == 5);  // after the burst, not after each entry
   CHECK(handled_at_flush[1] == 8);
   CHECK(flush_thread == handler_thread);
+}
+
+TEST_CASE("one pod (uid) gets at most its share of the node's queues") {
+  QueuePoller poller([](const std::shared_ptr<TransferQueue>&, const queue::SubmitEntry&, bool) { return true; },
+                     [] {});
+  std::vector<std::unique_ptr<PodRing>> pods;
+  auto add = [&](uint32_t uid) {
+    pods.push_back(std::make_unique<PodRing>());
+    pods.back()->queue()->set_owner_uid(uid);
+    return poller.Add(pods.back()->queue(), /*max_queues=*/5, /*max_per_uid=*/2);
+  };
+  CHECK(add(1000).ok());
+  CHECK(add(1000).ok());
+  absl::Status third = add(1000);
+  CHECK(third.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(std::string(third.message()).find("uid 1000 already has 2 queues (--max_queues_per_uid)") != std::string::npos);
+  CHECK(add(1001).ok());  // another pod still gets queues
+  CHECK(add(1001).ok());
+  CHECK(add(1002).ok());
+  CHECK(add(1003).code() == absl::StatusCode::kResourceExhausted);  // --max_queues for the node
+  CHECK(poller.size() == 5);
 }
 
 }  // namespace

@@ -114,7 +114,7 @@ for key, label in names:
         print(f"{label:<48} {rows[key][0]:>8.1f} {rows[key][1]:>8.1f}")
 def ratio(a, b, k=1.0):
     return rows[a][0] / (k * rows[b][0])
-print("\ngoals (p50 ratios; issue 23):")
+print("\ngoals (p50 ratios):")
 print(f"  Write+Wait node-local / 2 x echo        {ratio('local', 'echo', 2):5.2f}  (goal <= 1.2)")
 print(f"  notified / un-notified cross-agent      {ratio('remote_notify', 'remote'):5.2f}  (goal <= 1.2)")
 print(f"    (notified by RPC / un-notified        {ratio('remote_notify_rpc', 'remote'):5.2f})")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `tools/bench.sh qos [--seconds=T] [--ferryd_flags='...'] [--cpus_a=LIST --cpus_b=LIST --cpus_pods=LIST]
 #                    [--bundle=DIR]`:
-# tenants sharing agent A's NIC, in one run (issue 24):
+# tenants sharing agent A's NIC, in one run:
 #   tenant B saturates with 64 MiB writes, 16 in flight (bulk), while tenant A writes
 #   64 KiB one at a time (Write + Wait, latency class): A's p50 / p99 with traffic
 #   classes, with first-in-first-out order (an agent run with --qos=false), with
@@ -120,7 +120,7 @@ for label, bw in [("alone", b_alone), ("beside A, traffic classes", cls_b), ("be
     print(f"{label:<52} {bw:>9.3f}")
 print(f"\n{'two bulk tenants, weights 3:1 (gid 2001, 2002)':<52} {'GB/s':>9}")
 print(f"{'weight 3':<52} {w3:>9.3f}\n{'weight 1':<52} {w1:>9.3f}")
-print("\ngoals (issue 24):")
+print("\ngoals:")
 print(f"  A's p99 beside B / A's p99 alone, classes   {cls_a[2] / alone[2]:6.2f}  (goal <= 2; first in first out: "
       f"{fifo_a[2] / alone[2]:.2f})")
 print(f"    with latency lanes (over A alone there)   {lanes_a[2] / alone_l[2]:6.2f}")

@@ -1,4 +1,4 @@
-"""The scale and churn harness behind `tools/scale.sh` (issue 25).
+"""The scale and churn harness behind `tools/scale.sh`.
 
 N agents, each in its own network namespace with one veth on one bridge, a pod process
 on each (tools/scale/scale_pod.cc) writing random checksummed blocks to the pods of the

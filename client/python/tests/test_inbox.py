@@ -1,6 +1,7 @@
 """ferry.Inbox (notifications through shared memory) against live ferryd processes."""
 import os
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -108,3 +109,31 @@ def test_notifications_a_full_queue_drops_are_counted_and_announced(agent_factor
         port = agent.ready()["metrics_port"]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             assert "\nferry_notifications_dropped_total 35\n" in r.read().decode()
+
+
+def test_an_inbox_is_freed_when_its_session_ends(agent):
+    # Before, a dead session's inbox kept its ring mapping, doorbell and pump thread until
+    # another pod opened an inbox (4,031 fds after 2,000 inbox sessions had ended).
+    pid = int(agent.ready()["pid"])
+
+    def fds():
+        return len(os.listdir(f"/proc/{pid}/fd"))
+
+    def threads():
+        return len(os.listdir(f"/proc/{pid}/task"))
+
+    with ferry.Client(agent.socket) as warm:  # the agent's own lazily made fds and threads
+        with warm.open_inbox(slots=8):
+            pass
+    time.sleep(0.5)
+    base_fds, base_threads = fds(), threads()
+    clients = [ferry.Client(agent.socket) for _ in range(20)]
+    for c in clients:
+        c.open_inbox(slots=8)
+    for c in clients:
+        c.close()  # each session ends with its inbox open, and no other inbox opens after
+    deadline = time.monotonic() + 5
+    while (fds() > base_fds + 2 or threads() > base_threads + 1) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert fds() <= base_fds + 2, f"{fds()} fds, {base_fds} before 20 inbox sessions"
+    assert threads() <= base_threads + 1, f"{threads()} threads, {base_threads} before"

@@ -1,6 +1,6 @@
 """Per-peer state stays bounded with real agents: a peer agent that restarts leaves its
 old connection retired, and once no op or transfer to it is left, the old connection
-(address-vector entries, key caches, staging slots) is released (issue 25)."""
+(address-vector entries, key caches, staging slots) is released."""
 import socket
 import time
 import urllib.request
