@@ -96,20 +96,6 @@ def test_each_layer_outermost_layout_moves_byte_for_byte(pd, layout, latent):
     run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
 
 
-def test_blocks_of_one_size_in_another_memory_order_are_refused(pd, caplog):
-    # LBNHC and LBHNC blocks have the same bytes in another order: copied as bytes, heads
-    # and tokens would swap.
-    p, d = pd(p_extra={"layout": "LBHNC"})
-    prompt = list(range(PROMPT))
-    params = prefill(p, "p-1", prompt)
-    before = [d.block_bytes(b) for b in range(64)]
-    d.add("d-1", prompt, 2, params)
-    run(p, d, until=lambda: "d-1" in d.outputs and d.outputs["d-1"].finished)
-    assert "'bfloat16 L4 H2x64 B16 LBHNC', this consumer's is 'bfloat16 L4 H2x64 B16 LBNHC'" in caplog.text
-    assert d.outputs["d-1"].finish_reason.name == "ERROR"
-    assert [d.block_bytes(b) for b in range(64)] == before
-
-
 def test_a_layout_with_blocks_outside_layers_is_refused_naming_the_fix(node_agents):
     with pytest.raises(ValueError) as e:
         Engine("kv_producer", node_agents[0].socket, "prefill-0", layout="BLNHC")
@@ -316,14 +302,20 @@ def test_an_mla_models_latent_cache_moves_byte_for_byte(pd, caplog):
     run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
 
 
-def test_an_mla_producer_and_a_flashattention_consumer_are_refused_naming_both(pd, caplog):
-    p, d = pd(p_extra={"latent": 576})
+@pytest.mark.parametrize("p_extra, theirs", [
+    ({"latent": 576}, "bfloat16 L4 H1x576 B16 LBNHC"),  # an MLA producer
+    # LBHNC blocks have LBNHC's size and bytes in another order: copied as bytes, heads and
+    # tokens would swap.
+    ({"layout": "LBHNC"}, "bfloat16 L4 H2x64 B16 LBHNC"),
+])
+def test_a_producer_with_another_cache_layout_is_refused_naming_both(pd, caplog, p_extra, theirs):
+    p, d = pd(p_extra=p_extra)
     prompt = list(range(PROMPT))
     params = prefill(p, "p-1", prompt)
     before = [d.block_bytes(b) for b in range(64)]
     d.add("d-1", prompt, 2, params)
     run(p, d, until=lambda: "d-1" in d.outputs and d.outputs["d-1"].finished)
-    assert "'bfloat16 L4 H1x576 B16 LBNHC', this consumer's is 'bfloat16 L4 H2x64 B16 LBNHC'" in caplog.text
+    assert f"'{theirs}', this consumer's is 'bfloat16 L4 H2x64 B16 LBNHC'" in caplog.text
     assert d.outputs["d-1"].finish_reason.name == "ERROR"
     assert [d.block_bytes(b) for b in range(64)] == before
 
