@@ -46,8 +46,8 @@ class IpcImport : public CudaImport {
   // it, and a GPU-to-GPU copy's kernel runs on one end and dereferences both. Without
   // these, such copies went to the copy engines a chunk at a time (a KV handoff between
   // two GPUs at ~2 GB/s). Best effort: a device whose open fails is left out, and copies
-  // it would have run use the copy engines. Returns the devices mapped.
-  int OpenOnPeers(const CUipcMemHandle& h) {
+  // it would have run use the copy engines.
+  void OpenOnPeers(const CUipcMemHandle& h) {
     for (int d = 0; d < cu_->device_count; ++d) {
       int can = 0;
       if (d == device_ || cu_->cuDeviceCanAccessPeer(&can, d, device_) != CUDA_SUCCESS || !can) continue;
@@ -65,7 +65,6 @@ class IpcImport : public CudaImport {
       peers_.emplace_back(d, ptr);
     }
     (void)UseDevice(*cu_, device_);
-    return static_cast<int>(peers_.size());
   }
 
   bool AccessibleFrom(int device) const override { return device == device_ || Peer(device) != 0; }
