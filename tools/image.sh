@@ -58,5 +58,13 @@ if [ "$target" = prebuilt ]; then
   bin=$(bazel info -c opt bazel-bin 2>/dev/null)
   cp "$bin/agent/main/ferryd" "$bin/tools/ferryctl/ferryctl" .image-bin/
 fi
-podman build --quiet --pull=never --network=host -f deploy/Dockerfile --target "$target" -t "$image" . >&2
+# The build stage fetches cuda.h from PyPI: behind a proxy that re-signs TLS it must trust
+# the CAs this machine added (the stage's ca-certificates takes them from there when it is
+# installed, so its cached layer is not reused).
+extra_ca=()
+if [ "$target" = runtime ] && [ -n "$(ls /usr/local/share/ca-certificates/*.crt 2>/dev/null)" ]; then
+  extra_ca=(--no-cache --volume /usr/local/share/ca-certificates:/usr/local/share/ca-certificates:ro)
+fi
+podman build --quiet --pull=never --network=host "${extra_ca[@]}" -f deploy/Dockerfile --target "$target" \
+  -t "$image" . >&2
 echo "$image"
