@@ -526,8 +526,10 @@ class KVProducer:
                              f"this producer's are {self._spec.block_bytes} x {self._spec.halves}")
         # The block count sets every write's destination offsets: it must fit the regions
         # the consumer registered (their descriptors carry the agent's sizes).
+        if spec.num_blocks <= 0:
+            raise ValueError(f"consumer {consumer}'s HELLO claims {spec.num_blocks} blocks")
         for d in descriptors:
-            if not 0 < spec.num_blocks or d.size < spec.region_bytes:
+            if d.size < spec.region_bytes:
                 raise ValueError(f"consumer {consumer}'s HELLO claims {spec.num_blocks} blocks ({spec.region_bytes} "
                                  f"bytes a layer), but its layer region has {d.size} bytes")
         if total != len(self._layers):

@@ -75,7 +75,7 @@ def _layout(vllm_config, kv_cache_config) -> Layout:
         raise ValueError(f"FerryConnector moves one KV cache group; this model has {len(groups)}")
     spec = groups[0].kv_cache_spec
     dtype = str(spec.dtype).replace("torch.", "")
-    # The memory layout vLLM resolved (releases with KVCacheLayout; earlier ones have one).
+    # The memory layout vLLM resolved, in releases that name one (KVCacheLayout).
     memory = getattr(kv_cache_config, "kv_cache_layout", None) or getattr(vllm_config.cache_config, "kv_cache_layout",
                                                                           None)
     return Layout(dtype=dtype, num_layers=len(groups[0].layer_names), num_kv_heads=getattr(spec, "num_kv_heads", 1),

@@ -112,8 +112,9 @@ def parse(params: Optional[Mapping[str, Any]], layout: Layout, tp_size: int, num
                         f"{expected} blocks of {layout.block_size} tokens")
     if not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in block_ids):
         raise BadParams("remote_block_ids must be non-negative integers")
+    secret_hex = _field(params, "ferry_request_secret", str)  # its absence named, not its form
     try:
-        secret = bytes.fromhex(_field(params, "ferry_request_secret", str))
+        secret = bytes.fromhex(secret_hex)
     except ValueError:
         secret = b""
     if not 16 <= len(secret) <= 64:
