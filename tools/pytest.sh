@@ -18,7 +18,11 @@ fi
 # reach Bazel's tests.
 test_env=()
 for arg in "$@"; do
-  case $arg in --test_env=*=*) test_env+=("${arg#--test_env=}") ;; esac
+  case $arg in
+    --test_env=*=*) test_env+=("${arg#--test_env=}") ;;
+    # Tests that measure the agent's memory or fds skip those checks under a sanitizer.
+    --config=*san) test_env+=("FERRY_TEST_SANITIZER=${arg#--config=}") ;;
+  esac
 done
 # test_native_rpc.py loads libferry_rpc into pytest's own process, which under
 # --config=tsan has TSan's Abseil on LD_LIBRARY_PATH (meant for ferryd) and could not

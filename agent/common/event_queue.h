@@ -5,10 +5,14 @@
 //   std::optional<Notification> e = q.Pop(absl::Milliseconds(200));
 //   q.Close();                                    // wakes every Pop; later Pops return nullopt
 //
+//   // Bounded in bytes too, by what each event costs:
+//   EventQueue<Notification> q({4096, 1 << 20}, [](const Notification& n) { return n.ByteSizeLong(); });
+//
 // Producers are agent threads that must never block on a slow client, so a full queue
-// drops the event and counts it (dropped()); with a `mark_lost` function, the next event
-// the queue takes is marked with how many were dropped just before it, so that the
-// consumer learns of the loss in order.
+// (too many events, or with a cost function too many bytes) drops the event and counts
+// it (dropped()); with a `mark_lost` function, the next event the queue takes is marked
+// with how many were dropped just before it, so that the consumer learns of the loss in
+// order.
 //
 // A consumer that can take an event without blocking (a ring in the client's shared
 // memory) attaches a sink instead of popping: the producer's own thread hands it each
@@ -42,8 +46,17 @@ class EventQueue {
   // Marks `event` as following `lost` dropped events.
   using MarkLost = std::function<void(T& event, uint64_t lost)>;
 
+  // What an event holds in memory, for the byte bound.
+  using Cost = std::function<size_t(const T&)>;
+  struct Bounds {
+    size_t events = SIZE_MAX;
+    size_t bytes = SIZE_MAX;  // counted by the Cost function
+  };
+
   explicit EventQueue(size_t capacity, MarkLost mark_lost = nullptr)
-      : capacity_(capacity), mark_lost_(std::move(mark_lost)) {}
+      : EventQueue(Bounds{capacity, SIZE_MAX}, nullptr, std::move(mark_lost)) {}
+  EventQueue(Bounds bounds, Cost cost, MarkLost mark_lost = nullptr)
+      : bounds_(bounds), cost_(std::move(cost)), mark_lost_(std::move(mark_lost)) {}
 
   // Returns false when the event was dropped (queue full or closed).
   bool Push(T event) {
@@ -54,11 +67,14 @@ class EventQueue {
     }
     // Straight to the sink only when nothing waits before it: events keep their order.
     const bool sink_first = sink_ && events_.empty();
-    if (!sink_first && events_.size() >= capacity_) return Lost();
+    if (!sink_first && events_.size() >= bounds_.events) return Lost();
     if (lost_since_taken_ > 0 && mark_lost_) mark_lost_(event, lost_since_taken_);
     if (!(sink_first && sink_(event))) {
-      if (events_.size() >= capacity_) return Lost();  // the sink refused it, and no room
-      events_.push_back(std::move(event));
+      // The sink refused it (or there is none): it waits here if there is room.
+      const size_t cost = cost_ ? cost_(event) : 0;
+      if (events_.size() >= bounds_.events || cost > bounds_.bytes - bytes_) return Lost();
+      events_.push_back({std::move(event), cost});
+      bytes_ += cost;
     }
     lost_since_taken_ = 0;
     return true;
@@ -70,8 +86,8 @@ class EventQueue {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !events_.empty(); };
     mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
     if (events_.empty()) return std::nullopt;
-    T event = std::move(events_.front());
-    events_.pop_front();
+    T event = std::move(events_.front().event);
+    PopFront();
     return event;
   }
 
@@ -88,7 +104,7 @@ class EventQueue {
     absl::MutexLock lock(&mu_);
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !events_.empty(); };
     mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
-    while (sink_ && !events_.empty() && sink_(events_.front())) events_.pop_front();
+    while (sink_ && !events_.empty() && sink_(events_.front().event)) PopFront();
     return events_.size();
   }
 
@@ -108,16 +124,28 @@ class EventQueue {
   }
 
  private:
+  struct Entry {
+    T event;
+    size_t cost;
+  };
+
+  void PopFront() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    bytes_ -= events_.front().cost;
+    events_.pop_front();
+  }
+
   bool Lost() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++dropped_;
     ++lost_since_taken_;
     return false;
   }
 
-  const size_t capacity_;
+  const Bounds bounds_;
+  const Cost cost_;
   const MarkLost mark_lost_;
   mutable absl::Mutex mu_;
-  std::deque<T> events_ ABSL_GUARDED_BY(mu_);
+  std::deque<Entry> events_ ABSL_GUARDED_BY(mu_);
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;  // the costs of events_
   Sink sink_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   size_t dropped_ ABSL_GUARDED_BY(mu_) = 0;

@@ -49,6 +49,12 @@ struct AgentConfig {
   size_t max_inflight_transfers = 4096;
   size_t max_queued_notifications = 65536;  // per session; more are dropped and counted
   size_t max_regions_per_session = 4096;
+  size_t max_regions_per_uid = 16384;  // one pod's regions over all its sessions
+  size_t max_regions = 32768;          // the node's; each is a mapping (vm.max_map_count)
+  size_t max_sessions = 256;           // the node's sessions (each may hold an inbox)
+  size_t max_sessions_per_uid = 64;    // of which one pod (uid) may have
+  // Bytes one session's unread notifications (and, apart, its completions) may hold.
+  size_t max_queued_notification_bytes = 1 << 20;
   size_t max_queues = 256;           // shared-memory transfer queues, all sessions together
   size_t max_queues_per_uid = 64;    // of which one pod (uid) may have
   bool queues_on_nic_worker = true;  // the first NIC worker takes queue submissions

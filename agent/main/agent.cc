@@ -62,6 +62,9 @@ absl::Status Agent::Init() {
   limits.max_pending_fds = config_.max_pending_fds;
   limits.max_inflight_transfers = config_.max_inflight_transfers;
   limits.event_queue_capacity = config_.max_queued_notifications;
+  limits.event_queue_bytes = config_.max_queued_notification_bytes;
+  limits.max_sessions = config_.max_sessions;
+  limits.max_sessions_per_uid = config_.max_sessions_per_uid;
   sessions_ = std::make_unique<SessionRegistry>(
       limits,
       /*on_close=*/

@@ -78,6 +78,16 @@ ABSL_FLAG(uint64_t, max_region_bytes, 1ull << 40, "Largest region one RegisterMe
 ABSL_FLAG(uint64_t, max_chunks_per_write, 1 << 20, "Most chunks (or paged blocks) in one Write.");
 ABSL_FLAG(uint64_t, max_pending_fds, 64, "Most fds a session may hold before registering them.");
 ABSL_FLAG(uint64_t, max_regions_per_session, 4096, "Most regions one session may have registered.");
+ABSL_FLAG(uint64_t, max_regions_per_uid, 16384,
+          "Most regions one pod (its sessions' uid) may have registered over all its sessions.");
+ABSL_FLAG(uint64_t, max_regions, 32768,
+          "Most regions on the node. Each is a mapping in the agent, and vm.max_map_count (65530 by default) is "
+          "one pool for all of them: keep this well below it.");
+ABSL_FLAG(uint64_t, max_sessions, 256, "Most client sessions on the node (each may hold an inbox and its thread).");
+ABSL_FLAG(uint64_t, max_sessions_per_uid, 64, "Most of those one pod (its sessions' uid) may have.");
+ABSL_FLAG(uint64_t, max_queued_notification_bytes, 1 << 20,
+          "Most bytes one session's unread notifications may hold (its unread completions apart, the same); "
+          "more are dropped and counted like --max_queued_notifications.");
 ABSL_FLAG(uint64_t, max_inflight_transfers, 4096, "Most transfers one session may have in flight.");
 ABSL_FLAG(uint64_t, max_queued_notifications, 65536,
           "Most notifications one session's queue holds unread; more are dropped, counted, and the session's next "
@@ -193,6 +203,18 @@ absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
   config.max_chunks_per_write = absl::GetFlag(FLAGS_max_chunks_per_write);
   config.max_pending_fds = absl::GetFlag(FLAGS_max_pending_fds);
   config.max_regions_per_session = absl::GetFlag(FLAGS_max_regions_per_session);
+  config.max_regions_per_uid = absl::GetFlag(FLAGS_max_regions_per_uid);
+  config.max_regions = absl::GetFlag(FLAGS_max_regions);
+  config.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  config.max_sessions_per_uid = absl::GetFlag(FLAGS_max_sessions_per_uid);
+  config.max_queued_notification_bytes = absl::GetFlag(FLAGS_max_queued_notification_bytes);
+  if (config.max_sessions == 0 || config.max_sessions_per_uid == 0) {
+    return absl::InvalidArgumentError("--max_sessions and --max_sessions_per_uid must be at least 1");
+  }
+  if (config.max_queued_notification_bytes < 8192) {
+    // Below that, a notification with the largest payload (4 KiB) might never fit.
+    return absl::InvalidArgumentError("--max_queued_notification_bytes must be at least 8192");
+  }
   config.max_inflight_transfers = absl::GetFlag(FLAGS_max_inflight_transfers);
   config.max_queued_notifications = absl::GetFlag(FLAGS_max_queued_notifications);
   if (config.max_queued_notifications == 0) {

@@ -87,6 +87,12 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> MapHostFd(int fd, uint64_t offset
   // MAP_POPULATE: the page tables are filled here, once, not by a fault per page on the
   // first write that touches it (RDMA providers pin the pages at registration anyway).
   void* map = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, static_cast<off_t>(offset));
+  if (map == MAP_FAILED && errno == ENOMEM) {
+    return absl::ResourceExhaustedError(absl::StrCat("host.fd_handle: mmap of ", size,
+                                                     " bytes failed: ", strerror(errno),
+                                                     " (the agent is out of mappings, vm.max_map_count, or address "
+                                                     "space: lower --max_regions or raise vm.max_map_count)"));
+  }
   if (map == MAP_FAILED) {
     return absl::InvalidArgumentError(absl::StrCat("host.fd_handle: mmap of ", size, " bytes failed: ", strerror(errno),
                                                    " (the fd must be opened read-write)"));

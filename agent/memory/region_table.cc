@@ -14,16 +14,51 @@ void RegionTable::Notify(MemoryKind kind) {
   if (observer_) observer_(kind, stats(kind));
 }
 
-absl::Status RegionTable::Insert(std::shared_ptr<Region> region, size_t max_per_session) {
+absl::Status RegionTable::AdmitsLocked(uint64_t session, uid_t uid, const RegionQuota& quota) const {
+  auto s = per_session_.find(session);
+  const size_t own = s == per_session_.end() ? 0 : s->second.regions;
+  if (own >= quota.per_session) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this session already has ", own, " regions (--max_regions_per_session); deregister some"));
+  }
+  auto u = per_uid_.find(uid);
+  const size_t pod = u == per_uid_.end() ? 0 : u->second;
+  if (pod >= quota.per_uid) {
+    return absl::ResourceExhaustedError(absl::StrCat("uid ", uid, " already has ", pod,
+                                                     " regions over its sessions (--max_regions_per_uid); deregister "
+                                                     "some or end idle sessions"));
+  }
+  if (regions_.size() >= quota.total) {
+    return absl::ResourceExhaustedError(absl::StrCat("the agent already holds ", regions_.size(),
+                                                     " regions, its limit for the node (--max_regions); try again "
+                                                     "after other pods deregister"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RegionTable::Admits(uint64_t session, uid_t uid, const RegionQuota& quota) const {
+  absl::MutexLock lock(&mu_);
+  return AdmitsLocked(session, uid, quota);
+}
+
+void RegionTable::ReleaseLocked(uint64_t session, size_t n) {
+  auto s = per_session_.find(session);
+  if (s == per_session_.end() || n == 0) return;
+  auto u = per_uid_.find(s->second.uid);
+  if (u != per_uid_.end() && (u->second -= n) == 0) per_uid_.erase(u);
+  if ((s->second.regions -= n) == 0) per_session_.erase(s);
+}
+
+absl::Status RegionTable::Insert(std::shared_ptr<Region> region, uid_t uid, const RegionQuota& quota) {
   MemoryKind kind = region->kind();
   {
     absl::MutexLock lock(&mu_);
-    size_t& owned = per_session_[region->owner_session()];
-    if (owned >= max_per_session) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("this session already has ", owned, " regions (--max_regions_per_session); deregister some"));
-    }
-    ++owned;
+    absl::Status room = AdmitsLocked(region->owner_session(), uid, quota);
+    if (!room.ok()) return room;
+    Owner& owner = per_session_[region->owner_session()];
+    owner.uid = uid;
+    ++owner.regions;
+    ++per_uid_[uid];
     UpdateStatsLocked(*region, +1);
     regions_[region->id()] = std::move(region);
   }
@@ -54,7 +89,7 @@ absl::Status RegionTable::Remove(uint64_t id, uint64_t session) {
     doomed = std::move(it->second);
     regions_.erase(it);
     UpdateStatsLocked(*doomed, -1);
-    if (--per_session_[session] == 0) per_session_.erase(session);
+    ReleaseLocked(session, 1);
   }
   Notify(doomed->kind());
   return absl::OkStatus();
@@ -73,7 +108,7 @@ size_t RegionTable::RemoveSession(uint64_t session) {
         ++it;
       }
     }
-    per_session_.erase(session);
+    ReleaseLocked(session, doomed.size());
   }
   if (!doomed.empty()) {
     Notify(MemoryKind::kHost);

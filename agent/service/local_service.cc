@@ -46,6 +46,10 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
     return absl::InvalidArgumentError(
         absl::StrCat("size must be 1..", cfg.max_region_bytes, " bytes (--max_region_bytes), got ", req.size()));
   }
+  const RegionQuota quota{cfg.max_regions_per_session, cfg.max_regions_per_uid, cfg.max_regions};
+  // Before anything is mapped: a pod at its bound must not take mappings to find out.
+  absl::Status room = deps_.regions->Admits(session.id(), session.creds().uid, quota);
+  if (!room.ok()) return room;
   std::unique_ptr<MemoryBacking> backing;
   switch (req.memory_case()) {
     case v1::RegisterMemoryRequest::kHost: {
@@ -86,7 +90,7 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
     if (!reg.ok()) return reg.status();
     region->set_registration(std::move(*reg));
   }
-  absl::Status inserted = deps_.regions->Insert(region, cfg.max_regions_per_session);
+  absl::Status inserted = deps_.regions->Insert(region, session.creds().uid, quota);
   if (!inserted.ok()) return inserted;
   if (region->kind() == MemoryKind::kCuda && deps_.gpu_warm_up) deps_.gpu_warm_up(region->device());
 

@@ -19,15 +19,26 @@ UniqueFd::~UniqueFd() {
   if (fd_ >= 0) close(fd_);
 }
 
+namespace {
+
+// What a queued message holds: its fields, plus the queue entry and the message's own
+// object (a rough, fixed 128 bytes) so that empty messages are not free.
+template <typename M>
+size_t QueuedBytes(const M& m) {
+  return m.ByteSizeLong() + 128;
+}
+
+}  // namespace
+
 Session::Session(uint64_t id, PeerCredentials creds, const SessionLimits& limits, TenantRule rule)
     : id_(id),
       token_(Token::Random()),
       creds_(creds),
       limits_(limits),
       rule_(std::move(rule)),
-      completions_(limits.event_queue_capacity),
-      notifications_(limits.event_queue_capacity, [](v1::Notification& n, uint64_t lost) { n.set_lost_before(lost); }) {
-}
+      completions_({limits.event_queue_capacity, limits.event_queue_bytes}, QueuedBytes<v1::TransferResult>),
+      notifications_({limits.event_queue_capacity, limits.event_queue_bytes}, QueuedBytes<v1::Notification>,
+                     [](v1::Notification& n, uint64_t lost) { n.set_lost_before(lost); }) {}
 
 absl::StatusOr<uint64_t> Session::AddFd(UniqueFd fd) {
   absl::MutexLock lock(&mu_);

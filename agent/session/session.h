@@ -59,10 +59,13 @@ struct PeerCredentials {
 };
 
 struct SessionLimits {
+  size_t max_sessions = SIZE_MAX;          // on the node
+  size_t max_sessions_per_uid = SIZE_MAX;  // of one pod (its uid)
   size_t max_pending_fds = 64;
   size_t max_inflight_transfers = 4096;
   size_t max_kept_results = 4096;
   size_t event_queue_capacity = 65536;
+  size_t event_queue_bytes = 1 << 20;  // each of the two queues
 };
 
 class Session {

@@ -3,13 +3,24 @@
 #include <algorithm>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace ferry {
 
-std::shared_ptr<Session> SessionRegistry::Create(const PeerCredentials& creds) {
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Create(const PeerCredentials& creds) {
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
+    if (by_id_.size() >= limits_.max_sessions) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the agent already has ", by_id_.size(), " sessions, its limit for the node (--max_sessions)"));
+    }
+    size_t& own = per_uid_[creds.uid];
+    if (own >= limits_.max_sessions_per_uid) {
+      return absl::ResourceExhaustedError(absl::StrCat("uid ", creds.uid, " already has ", own,
+                                                       " sessions (--max_sessions_per_uid); close some clients"));
+    }
+    ++own;
     session = std::make_shared<Session>(next_id_++, creds, limits_,
                                         qos_ != nullptr ? qos_->Match(creds.uid, creds.gid) : TenantRule());
     by_id_[session->id()] = session;
@@ -50,6 +61,8 @@ void SessionRegistry::Close(uint64_t id) {
     if (it == by_id_.end()) return;
     session = std::move(it->second);
     by_id_.erase(it);
+    auto u = per_uid_.find(session->creds().uid);
+    if (u != per_uid_.end() && --u->second == 0) per_uid_.erase(u);
   }
   session->Close();
   if (on_close_) on_close_(*session);

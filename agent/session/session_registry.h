@@ -1,7 +1,7 @@
 // SessionRegistry: the live sessions of this agent, by id and by token.
 //
 //   SessionRegistry registry(limits, /*on_close=*/[&](Session& s) { regions.RemoveSession(s.id()); });
-//   std::shared_ptr<Session> s = registry.Create(creds);
+//   absl::StatusOr<std::shared_ptr<Session>> s = registry.Create(creds);  // within the limits
 //   absl::StatusOr<std::shared_ptr<Session>> found = registry.FindByToken(hex_from_metadata);
 //   registry.Close(s->id());   // runs on_close once, then Session::Close()
 #ifndef FERRY_AGENT_SESSION_SESSION_REGISTRY_H_
@@ -29,7 +29,9 @@ class SessionRegistry {
   SessionRegistry(SessionLimits limits, Callback on_close, Callback on_open = nullptr, const QosPolicy* qos = nullptr)
       : limits_(limits), on_close_(std::move(on_close)), on_open_(std::move(on_open)), qos_(qos) {}
 
-  std::shared_ptr<Session> Create(const PeerCredentials& creds);
+  // RESOURCE_EXHAUSTED (naming the flag) when the node already has limits.max_sessions
+  // sessions, or the peer's uid limits.max_sessions_per_uid.
+  absl::StatusOr<std::shared_ptr<Session>> Create(const PeerCredentials& creds);
   // UNAUTHENTICATED when the token names no live session.
   absl::StatusOr<std::shared_ptr<Session>> FindByToken(absl::string_view hex) const;
   std::shared_ptr<Session> FindById(uint64_t id) const;
@@ -47,6 +49,7 @@ class SessionRegistry {
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> by_id_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uid_t, size_t> per_uid_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry

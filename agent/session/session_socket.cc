@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "agent/common/log.h"
 #include "agent/common/thread_name.h"
 #include "proto/ferry/wire/session_wire.h"
@@ -118,6 +119,16 @@ bool SendFrame(int fd, SessionFrameType type, uint64_t a, uint64_t b, uint64_t c
   return send(fd, &f, sizeof(f), MSG_DONTWAIT | MSG_NOSIGNAL) == sizeof(f);
 }
 
+// Tells a client why it gets no session (REFUSED), best effort: the socket is closed next.
+void SendRefusal(int fd, const absl::Status& why) {
+  const std::string reason(why.message().substr(0, kMaxRefusalBytes));
+  SessionFrame f{kSessionMagic, static_cast<uint32_t>(SessionFrameType::kRefused), static_cast<uint64_t>(why.code()),
+                 reason.size(), 0};
+  std::string packet(reinterpret_cast<const char*>(&f), sizeof(f));
+  packet += reason;
+  (void)!send(fd, packet.data(), packet.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 // Handles one readable connection. Returns false when the session must end.
 bool ServeFrame(const Connection& conn, SessionRegistry* registry) {
   SessionFrame frame{};
@@ -148,6 +159,12 @@ bool ServeFrame(const Connection& conn, SessionRegistry* registry) {
     FERRY_LOG(WARNING) << "session " << conn.session_id << ": malformed frame; ending session";
     return false;
   }
+  if (fds.empty() && (msg.msg_flags & MSG_CTRUNC)) {
+    // The kernel could not give the agent the fd: the agent is at its fd limit. The
+    // client's session is fine; it is told, and may try again.
+    FERRY_LOG(WARNING) << "session " << conn.session_id << ": an ADD_FD's fd was lost: the agent is out of fds";
+    return SendFrame(conn.fd, SessionFrameType::kFdAdded, frame.a, 0, ENFILE);
+  }
   if (fds.size() != 1 || (msg.msg_flags & MSG_CTRUNC)) {
     FERRY_LOG(WARNING) << "session " << conn.session_id << ": ADD_FD needs exactly one fd, got " << fds.size()
                        << "; ending session";
@@ -170,12 +187,19 @@ void SessionSocketServer::Loop() {
     conns[i] = conns.back();
     conns.pop_back();
   };
+  // At the fd limit accept() fails without taking the connection, which stays ready:
+  // the listening socket is left alone for a while instead of spinning on it.
+  absl::Time accept_paused_until = absl::InfinitePast();
+  absl::Time last_accept_warning = absl::InfinitePast();
   for (;;) {
+    const absl::Time now = absl::Now();
+    const bool accepting = now >= accept_paused_until;
     std::vector<pollfd> pfds;
     pfds.push_back({wake_fd_, POLLIN, 0});
-    pfds.push_back({listen_fd_, POLLIN, 0});
+    pfds.push_back({listen_fd_, static_cast<short>(accepting ? POLLIN : 0), 0});
     for (const Connection& c : conns) pfds.push_back({c.fd, POLLIN, 0});
-    int ready = poll(pfds.data(), pfds.size(), -1);
+    const int timeout_ms = accepting ? -1 : static_cast<int>(absl::ToInt64Milliseconds(accept_paused_until - now)) + 1;
+    int ready = poll(pfds.data(), pfds.size(), timeout_ms);
     if (ready < 0) {
       if (errno == EINTR) continue;
       FERRY_LOG(ERROR) << "session socket poll: " << strerror(errno);
@@ -192,6 +216,15 @@ void SessionSocketServer::Loop() {
     }
     if (pfds[1].revents & POLLIN) {
       int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+        if (absl::Now() - last_accept_warning > absl::Seconds(10)) {
+          FERRY_LOG(WARNING) << "session socket: cannot accept (" << strerror(errno)
+                             << "): the agent is out of fds or memory; new clients wait";
+          last_accept_warning = absl::Now();
+        }
+        accept_paused_until = absl::Now() + absl::Milliseconds(100);
+        continue;
+      }
       if (fd < 0) continue;
       ucred cred{};
       socklen_t len = sizeof(cred);
@@ -201,13 +234,16 @@ void SessionSocketServer::Loop() {
       }
       PeerCredentials creds{cred.pid, cred.uid, cred.gid};
       absl::Status admitted = admit_ ? admit_(creds) : absl::OkStatus();
-      if (!admitted.ok()) {
+      absl::StatusOr<std::shared_ptr<Session>> created =
+          admitted.ok() ? registry_->Create(creds) : absl::StatusOr<std::shared_ptr<Session>>(admitted);
+      if (!created.ok()) {
         FERRY_LOG(WARNING) << "refused session for pid " << cred.pid << " uid " << cred.uid << ": "
-                           << admitted.message();
+                           << created.status().message();
+        SendRefusal(fd, created.status());
         close(fd);
         continue;
       }
-      std::shared_ptr<Session> session = registry_->Create(creds);
+      std::shared_ptr<Session> session = std::move(*created);
       const auto& t = session->token().raw();
       uint64_t lo, hi;
       memcpy(&lo, t.data(), 8);

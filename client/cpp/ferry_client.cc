@@ -21,15 +21,21 @@ namespace ferry {
 namespace {
 
 // Reads one frame, waiting at most `timeout`.
-absl::StatusOr<SessionFrame> ReadFrame(int fd, absl::Duration timeout) {
+// `refusal`, when given, receives the reason a REFUSED frame carries after it.
+absl::StatusOr<SessionFrame> ReadFrame(int fd, absl::Duration timeout, std::string* refusal = nullptr) {
   pollfd p{fd, POLLIN, 0};
   int r = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
   if (r == 0) return absl::DeadlineExceededError("the agent did not answer on the session socket");
+  char packet[sizeof(SessionFrame) + kMaxRefusalBytes];
+  ssize_t n = recv(fd, packet, sizeof(packet), 0);
   SessionFrame f{};
-  ssize_t n = recv(fd, &f, sizeof(f), 0);
-  if (n != sizeof(f) || f.magic != kSessionMagic) {
+  if (n >= static_cast<ssize_t>(sizeof(f))) memcpy(&f, packet, sizeof(f));
+  const size_t extra = n > static_cast<ssize_t>(sizeof(f)) ? static_cast<size_t>(n) - sizeof(f) : 0;
+  const bool refused = f.type == static_cast<uint32_t>(SessionFrameType::kRefused) && f.b == extra;
+  if (n < static_cast<ssize_t>(sizeof(f)) || f.magic != kSessionMagic || (extra > 0 && !refused)) {
     return absl::UnavailableError("the session socket closed or sent a malformed frame");
   }
+  if (refused && refusal != nullptr) refusal->assign(packet + sizeof(f), extra);
   return f;
 }
 
@@ -122,8 +128,13 @@ absl::Status Client::Open() {
     return absl::UnavailableError(absl::StrCat("cannot connect to the ferry agent at ", session_path, ": ",
                                                strerror(errno), " (is ferryd running?)"));
   }
-  absl::StatusOr<SessionFrame> hello = ReadFrame(session_fd_, absl::Seconds(10));
+  std::string refusal;
+  absl::StatusOr<SessionFrame> hello = ReadFrame(session_fd_, absl::Seconds(10), &refusal);
   if (!hello.ok()) return hello.status();
+  if (hello->type == static_cast<uint32_t>(SessionFrameType::kRefused)) {
+    const auto code = hello->a <= 16 ? static_cast<absl::StatusCode>(hello->a) : absl::StatusCode::kUnavailable;
+    return absl::Status(code, absl::StrCat("the ferry agent refused a session: ", refusal));
+  }
   if (hello->type != static_cast<uint32_t>(SessionFrameType::kHello))
     return absl::UnavailableError("the agent did not greet the session");
   session_id_ = hello->a;
@@ -199,8 +210,12 @@ absl::StatusOr<uint64_t> Client::SendFd(int fd) {
   if (!reply.ok()) return reply.status();
   if (reply->type != static_cast<uint32_t>(SessionFrameType::kFdAdded) || reply->a != f.a)
     return absl::InternalError("unexpected session frame");
+  if (reply->b == 0 && reply->c == ENFILE) {
+    return absl::ResourceExhaustedError("the agent refused the fd: it is out of file descriptors; try again later");
+  }
   if (reply->b == 0) {
-    return absl::ResourceExhaustedError("the agent refused the fd: too many unused fds in this session");
+    return absl::ResourceExhaustedError(
+        "the agent refused the fd: this session holds too many unused fds (the agent's --max_pending_fds)");
   }
   return reply->b;
 }

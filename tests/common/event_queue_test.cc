@@ -20,6 +20,18 @@ TEST_CASE("EventQueue drops past its capacity and after Close, and counts what i
   CHECK(q.dropped() == 2);
 }
 
+TEST_CASE("EventQueue with a byte bound drops what would pass it, and frees the bytes of what is taken") {
+  EventQueue<std::string> q({/*events=*/100, /*bytes=*/10}, [](const std::string& e) { return e.size(); });
+  CHECK(q.Push("abcd"));
+  CHECK(q.Push("efgh"));
+  CHECK_FALSE(q.Push("ijk"));  // 11 bytes
+  CHECK(q.Push("ij"));         // exactly 10
+  CHECK(q.Push(""));           // costs nothing by this cost function
+  CHECK(q.Pop(absl::ZeroDuration()) == "abcd");
+  CHECK(q.Push("klmn"));
+  CHECK(q.dropped() == 1);
+}
+
 TEST_CASE("EventQueue marks the next event it takes with how many it dropped before it") {
   // Events are (value, lost before it); a sink that refuses while full, then takes.
   using Event = std::pair<int, uint64_t>;

@@ -25,7 +25,7 @@ struct Receiver {
   TransferManager transfers{kIncarnation, &metrics, &sessions, &regions};
   InboundWrites inbound{Options(), &transfers};
   PeerService service{kIncarnation, {}, &regions, &transfers, &metrics};
-  std::shared_ptr<Session> owner = sessions.Create({});
+  std::shared_ptr<Session> owner = sessions.Create({}).value();
   std::shared_ptr<Region> region = testing::MemfdRegion(7, 4096, owner->id());
   // What the writing agent's Ping answers, and how often it was asked.
   absl::StatusOr<uint64_t> answer = kWriter;

@@ -20,7 +20,7 @@ struct Target {
   RegionTable regions;
   TransferManager transfers{kIncarnation, &metrics, &sessions, &regions};
   PeerService service{kIncarnation, {}, &regions, &transfers, &metrics};
-  std::shared_ptr<Session> owner = sessions.Create({});
+  std::shared_ptr<Session> owner = sessions.Create({}).value();
   std::shared_ptr<Region> region = testing::MemfdRegion(7, 4096, owner->id());
 
   Target() { REQUIRE(regions.Insert(region).ok()); }

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "agent/session/session_registry.h"
 #include "proto/ferry/wire/session_wire.h"
@@ -69,7 +70,7 @@ TEST_CASE("Wait returns a result once, times out while running, and forgets old 
 TEST_CASE("closing a session wakes waiters and ends its streams") {
   int closed = 0;
   SessionRegistry registry({}, [&](Session&) { ++closed; });
-  auto s = registry.Create({1, 2, 3});
+  auto s = registry.Create({1, 2, 3}).value();
   REQUIRE(s->BeginTransfer(1).ok());
   auto found = registry.FindByToken(s->token().Hex());
   REQUIRE(found.ok());
@@ -90,6 +91,40 @@ TEST_CASE("closing a session wakes waiters and ends its streams") {
   CHECK(!s->notifications().Pop(absl::Seconds(5)).has_value());
   CHECK(registry.size() == 0);
   CHECK(!s->BeginTransfer(2).ok());
+}
+
+TEST_CASE("the registry holds each uid to its sessions and the node to its own, and frees them on close") {
+  SessionLimits limits;
+  limits.max_sessions = 3;
+  limits.max_sessions_per_uid = 2;
+  SessionRegistry registry(limits, nullptr);
+  auto a1 = registry.Create({10, 1000, 1000}).value();
+  auto a2 = registry.Create({11, 1000, 1000}).value();
+  absl::StatusOr<std::shared_ptr<Session>> a3 = registry.Create({12, 1000, 1000});
+  CHECK(a3.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(a3.status().message(), "uid 1000 already has 2 sessions (--max_sessions_per_uid)"));
+  auto b1 = registry.Create({20, 2000, 2000}).value();  // another pod still gets in
+  absl::StatusOr<std::shared_ptr<Session>> b2 = registry.Create({21, 2000, 2000});
+  CHECK(absl::StrContains(b2.status().message(), "(--max_sessions)"));
+  registry.Close(a1->id());
+  CHECK(registry.Create({12, 1000, 1000}).ok());  // a closed session's room is given back
+  CHECK(registry.size() == 3);
+}
+
+TEST_CASE("a session's queues are bounded in bytes as well as in events") {
+  SessionLimits limits;
+  limits.event_queue_bytes = 64 << 10;
+  Session s(1, {}, limits);
+  v1::Notification big;
+  big.set_payload(std::string(4096, 'x'));
+  int queued = 0;
+  while (queued < 1000 && s.notifications().Push(big)) ++queued;
+  CHECK(queued >= 14);  // 64 KiB of 4 KiB payloads, less each message's overhead
+  CHECK(queued <= 16);
+  CHECK(s.notifications().dropped() == 1);
+  CHECK_FALSE(s.notifications().Push(big));  // full stays full until a reader takes one
+  CHECK(s.notifications().Pop(absl::ZeroDuration()).has_value());
+  CHECK(s.notifications().Push(big));
 }
 
 TEST_CASE("the session socket sits beside the gRPC socket") {

@@ -2,12 +2,14 @@
 
 Wire format (proto/ferry/wire/session_wire.h): 32-byte little-endian frames
 ``u32 magic "FRY1", u32 type, u64 a, u64 b, u64 c``. The agent greets with HELLO
-(a = session id, b|c = 16-byte token); ADD_FD carries one fd (SCM_RIGHTS) and is
+(a = session id, b|c = 16-byte token), or REFUSED (a = status code, b = length of the
+reason that follows in the same packet) and closes; ADD_FD carries one fd (SCM_RIGHTS) and is
 answered by FD_ADDED (a = request id, b = fd handle or 0, c = errno). The session lasts
 as long as the connection: closing it (or dying) releases everything registered in it.
 """
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -17,8 +19,9 @@ import threading
 from . import errors
 
 _MAGIC = 0x31595246
-_HELLO, _ADD_FD, _FD_ADDED = 1, 2, 3
+_HELLO, _ADD_FD, _FD_ADDED, _REFUSED = 1, 2, 3, 4
 _FRAME = struct.Struct("<IIQQQ")
+_MAX_REFUSAL_BYTES = 480
 
 
 def session_socket_path(grpc_socket: str) -> str:
@@ -34,12 +37,17 @@ class Session:
         self._sock.settimeout(timeout)
         try:
             self._sock.connect(path)
-            magic, kind, session_id, b, c = _FRAME.unpack(self._recv())
+            greeting = self._sock.recv(_FRAME.size + _MAX_REFUSAL_BYTES)
+            magic, kind, session_id, b, c = _FRAME.unpack(greeting[:_FRAME.size])
         except (OSError, struct.error) as e:
             self._sock.close()
             raise errors.Unavailable(f"cannot open a session with the ferry agent at {path}: {e} "
                                      "(is ferryd running, and may this user use its socket?)") from None
-        if magic != _MAGIC or kind != _HELLO:
+        if magic == _MAGIC and kind == _REFUSED:
+            self._sock.close()
+            reason = greeting[_FRAME.size:_FRAME.size + b].decode("utf-8", "replace")
+            raise errors.from_code(session_id, f"the ferry agent refused a session: {reason}")
+        if magic != _MAGIC or kind != _HELLO or len(greeting) != _FRAME.size:
             self._sock.close()
             raise errors.Unavailable("the agent did not greet the session")
         self.id = session_id
@@ -65,8 +73,11 @@ class Session:
                 raise errors.Unavailable(f"the session with the agent broke: {e}") from None
         if magic != _MAGIC or kind != _FD_ADDED or a != request:
             raise errors.Unavailable("unexpected answer on the session socket")
+        if handle == 0 and reason == errno.ENFILE:
+            raise errors.ResourceExhausted("the agent refused the fd: it is out of file descriptors; try again later")
         if handle == 0:
-            raise errors.ResourceExhausted(f"the agent refused the fd: {os.strerror(reason) if reason else 'unknown'}")
+            raise errors.ResourceExhausted("the agent refused the fd: this session holds too many unused fds "
+                                           "(the agent's --max_pending_fds)")
         return handle
 
     def alive(self) -> bool:

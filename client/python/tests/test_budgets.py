@@ -1,0 +1,132 @@
+"""A pod's budgets at a real agent: what one careless or hostile pod may take of the
+node (sessions, regions, queued notifications, the agent's fds), and that the others
+keep working when it has taken all of it."""
+import os
+import socket
+import time
+
+import pytest
+
+import ferry
+from ferry._session import session_socket_path
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_sessions_are_bounded_per_pod_and_per_node(agent_factory):
+    # Before, sessions were unbounded: one pod could open them until the agent ran out of
+    # fds, and every session may hold an inbox (a thread) and queues of unread events.
+    agent = agent_factory("--max_sessions_per_uid=3", "--max_sessions=4")
+    clients = [ferry.Client(agent.socket) for _ in range(3)]
+    with pytest.raises(ferry.errors.ResourceExhausted, match=r"uid \d+ already has 3 sessions \(--max_sessions_per_uid\)"):
+        ferry.Client(agent.socket)
+    clients.pop().close()
+    with ferry.Client(agent.socket) as again:  # a closed session's room comes back
+        assert again.status().version
+    for c in clients:
+        c.close()
+
+
+def test_unread_notifications_are_bounded_in_bytes(agent_factory):
+    # Before, each session queued 65,536 notifications of up to 4 KiB whatever their size:
+    # eight sessions that never read took the agent from 91 MB to 2.27 GB. Now each holds
+    # at most --max_queued_notification_bytes (1 MiB by default); the rest are refused.
+    agent = agent_factory()
+    pid = int(agent.ready()["pid"])
+    payload = os.urandom(4096)
+    with ferry.Client(agent.socket) as writer:
+        readers = [ferry.Client(agent.socket) for _ in range(8)]
+        regions = [r.register_host(4096) for r in readers]
+        for i in range(50):  # the agent's own lazily grown buffers, before the baseline
+            writer.send_message(regions[0].descriptor(), payload, tag=i)
+        base = rss_bytes(pid)
+        refused = 0
+        for region in regions:
+            for i in range(2000):  # 8 MiB for each reader
+                try:
+                    writer.send_message(region.descriptor(), payload, tag=i)
+                except ferry.errors.ResourceExhausted as e:
+                    assert "not reading its notifications" in str(e)
+                    refused += 1
+        grown = rss_bytes(pid) - base
+        assert refused >= 8 * (2000 - 256), refused  # 1 MiB holds fewer than 256 of them
+        if not os.environ.get("FERRY_TEST_SANITIZER"):  # ASan keeps freed memory in quarantine
+            assert grown < 24 << 20, f"the agent grew by {grown >> 20} MiB for 8 unread sessions"
+        with readers[1].open_inbox(slots=64) as inbox:  # what was queued is still delivered
+            first = inbox.poll(max_count=1, timeout=5)
+            assert [(n.tag, n.payload) for n in first] == [(0, payload)]
+        for r in readers:
+            r.close()
+
+
+def test_regions_are_bounded_per_pod_and_per_node(agent_factory):
+    # Before, the region cap was per session and sessions unlimited: one pod took every
+    # mapping (vm.max_map_count), and then every pod's RegisterMemory failed.
+    agent = agent_factory("--max_regions_per_session=4", "--max_regions_per_uid=6", "--max_regions=1000")
+    with ferry.Client(agent.socket) as a, ferry.Client(agent.socket) as b:
+        kept = [a.register_host(4096) for _ in range(4)] + [b.register_host(4096) for _ in range(2)]
+        with pytest.raises(ferry.errors.ResourceExhausted, match=r"already has 6 regions over its sessions "
+                                                                 r"\(--max_regions_per_uid\)"):
+            b.register_host(4096)
+        with pytest.raises(ferry.errors.ResourceExhausted, match=r"--max_regions_per_session"):
+            a.register_host(4096)
+        kept.pop().deregister()
+        kept.append(b.register_host(4096))  # room given back
+    agent = agent_factory("--max_regions=3")
+    with ferry.Client(agent.socket) as a, ferry.Client(agent.socket) as b:
+        held = [a.register_host(4096) for _ in range(3)]
+        with pytest.raises(ferry.errors.ResourceExhausted, match=r"--max_regions\)"):
+            b.register_host(4096)
+        del held
+
+
+def test_an_agent_out_of_fds_neither_spins_nor_ends_an_honest_session(agent_factory):
+    # Before, at the fd limit the accept loop spun at 99 % CPU, and an honest pod's next
+    # RegisterMemory ended its whole session ("ADD_FD needs exactly one fd, got 0").
+    agent = agent_factory("--max_sessions=10000", "--max_sessions_per_uid=10000", wrap=("prlimit", "--nofile=96"))
+    pid = int(agent.ready()["pid"])
+    with ferry.Client(agent.socket) as honest:
+        kept = honest.register_host(4096)
+        path = session_socket_path(agent.socket)
+        hostile = []
+        try:
+            for _ in range(200):  # more than the agent has fds left: the rest wait in the backlog
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.setblocking(False)
+                try:
+                    s.connect(path)
+                except BlockingIOError:
+                    s.close()
+                    break
+                hostile.append(s)
+            time.sleep(1)
+            before = cpu_seconds(pid)
+            time.sleep(2)
+            busy = (cpu_seconds(pid) - before) / 2
+            assert busy < 0.25, f"the agent used {busy:.0%} of a core with its fds exhausted"
+            with pytest.raises(ferry.errors.ResourceExhausted, match="out of file descriptors"):
+                honest.register_host(4096)
+        finally:
+            for s in hostile:
+                s.close()
+        deadline = time.monotonic() + 10
+        while True:  # the agent notices the hostile sessions ended, and has fds again
+            try:
+                region = honest.register_host(4096)
+                break
+            except ferry.errors.ResourceExhausted:
+                assert time.monotonic() < deadline, "the agent never got its fds back"
+                time.sleep(0.1)
+        honest.write(kept, region.descriptor(), [(0, 0, 64)]).result(timeout=10)  # the session lived on
