@@ -31,19 +31,16 @@ QueuePoller::~QueuePoller() {
 }
 
 void QueuePoller::Start(Mode mode) {
-  mode_ = mode;
-  thread_ = std::thread([this] { mode_ == Mode::kOwnThread ? OwnLoop() : SlowLane(); });
+  if (mode == Mode::kOwnThread) thread_ = std::thread([this] { OwnLoop(); });
 }
 
 void QueuePoller::Stop() {
-  if (!thread_.joinable()) return;
   stopping_.store(true);
-  {
-    absl::MutexLock lock(&mu_);
-    stop_slow_lane_ = true;
+  if (thread_.joinable()) {
+    Wake();
+    thread_.join();
   }
-  Wake();
-  thread_.join();
+  blocking_.Stop();
 }
 
 void QueuePoller::Wake() {
@@ -107,15 +104,16 @@ bool QueuePoller::Poll() {
     polled_generation_ = generation_.load();
     polled_ = queues_;
   }
-  const bool may_block = mode_ == Mode::kOwnThread;
   bool progressed = false;
   queue::SubmitEntry batch[kBatch];
   for (const auto& q : polled_) {
     for (size_t n; (n = q->Take(batch, kBatch)) > 0;) {
       for (size_t i = 0; i < n; ++i) {
-        if (!handler_(q, batch[i], may_block) && !may_block) {
-          absl::MutexLock lock(&mu_);
-          deferred_.emplace_back(q, batch[i]);
+        if (!handler_(q, batch[i], /*may_block=*/false)) {
+          blocking_.Post(q->owner_uid(), [this, q, entry = batch[i]] {
+            handler_(q, entry, /*may_block=*/true);
+            if (flush_) flush_();
+          });
         }
       }
       if (flush_) flush_();
@@ -161,23 +159,6 @@ void QueuePoller::OwnLoop() {
       epoll_wait(epoll_fd_, events, 16, /*timeout_ms=*/200);
     }
     Woke();
-  }
-}
-
-void QueuePoller::SlowLane() {
-  NameThisThread("ferry-slowlane");
-  for (;;) {
-    std::pair<std::shared_ptr<TransferQueue>, queue::SubmitEntry> entry;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_slow_lane_ || !deferred_.empty(); };
-      mu_.Await(absl::Condition(&ready));
-      if (deferred_.empty()) return;
-      entry = std::move(deferred_.front());
-      deferred_.pop_front();
-    }
-    handler_(entry.first, entry.second, /*may_block=*/true);
-    if (flush_) flush_();
   }
 }
 

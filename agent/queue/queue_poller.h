@@ -10,11 +10,13 @@
 //
 // kOwnThread: one thread polls while submissions keep coming and sleeps on the queues'
 // doorbells (epoll) as soon as the rings are empty, so an idle agent stays idle.
-// kDriven: another thread's loop (a RailWorker) drives the PollSource methods, and
-// the handler runs there with may_block == false. An entry the handler cannot take
-// without waiting on the network (a peer to handshake with, a region to look up) is
-// handed to the poller's own thread, which calls the handler again with may_block ==
-// true. Either way the handler must not block for long when may_block is false.
+// kDriven: another thread's loop (a RailWorker) drives the PollSource methods.
+// Either way the handler runs there with may_block == false, and must not block for
+// long. An entry it cannot take without waiting on the network (a peer to handshake
+// with, a message to another agent) goes to the blocking lanes: one per pod (the
+// queue's owner uid), on up to kBlockingThreads threads, where the handler is called
+// again with may_block == true. So one pod's entries to a dead or stopped agent delay
+// only that pod's.
 #ifndef FERRY_AGENT_QUEUE_QUEUE_POLLER_H_
 #define FERRY_AGENT_QUEUE_QUEUE_POLLER_H_
 
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "agent/common/blocking_lanes.h"
 #include "agent/common/poll_source.h"
 #include "agent/queue/transfer_queue.h"
 
@@ -37,6 +40,8 @@ class QueuePoller : public PollSource {
   // Returns false only when !may_block and the entry needs a thread that may block.
   using Handler = std::function<bool(const std::shared_ptr<TransferQueue>&, const queue::SubmitEntry&, bool may_block)>;
   enum class Mode { kOwnThread, kDriven };
+  // Pods whose entries may wait on the network at once before a further one waits.
+  static constexpr size_t kBlockingThreads = 8;
 
   // `flush`, if set, runs on the handler's thread after each burst of entries it took
   // from one queue (TransferExecutor::Flush).
@@ -44,8 +49,8 @@ class QueuePoller : public PollSource {
   ~QueuePoller() override;  // Stop()
 
   void Start(Mode mode);
-  // Handles every entry still deferred, then joins the thread. In kDriven mode the
-  // driver must have stopped calling Poll() before.
+  // Handles every entry still in the blocking lanes, then joins the threads. In kDriven
+  // mode the driver must have stopped calling Poll() before.
   void Stop();
   // RESOURCE_EXHAUSTED past `max_queues` in total, or past `max_per_uid` of the queue's
   // owner_uid (so that one pod cannot take every queue of the node).
@@ -61,12 +66,10 @@ class QueuePoller : public PollSource {
 
  private:
   void OwnLoop();
-  void SlowLane();
   void Wake();
 
   const Handler handler_;
   const std::function<void()> flush_;
-  Mode mode_ = Mode::kOwnThread;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::thread thread_;
@@ -74,9 +77,7 @@ class QueuePoller : public PollSource {
   std::atomic<uint64_t> generation_{0};
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<TransferQueue>> queues_ ABSL_GUARDED_BY(mu_);
-  // kDriven: entries the driver could not take without blocking, for the own thread.
-  std::deque<std::pair<std::shared_ptr<TransferQueue>, queue::SubmitEntry>> deferred_ ABSL_GUARDED_BY(mu_);
-  bool stop_slow_lane_ ABSL_GUARDED_BY(mu_) = false;
+  BlockingLanes blocking_{kBlockingThreads, "ferry-slowlane"};
 
   // The polling thread's copy of queues_, refreshed when generation_ moves.
   std::vector<std::shared_ptr<TransferQueue>> polled_;

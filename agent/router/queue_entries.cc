@@ -167,6 +167,10 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
   TransferBatch batch(*router_, session, n, limits_, /*cached_only=*/!may_block);
   for (uint32_t i = 0; i < n; ++i) {
     const queue::TablePart& part = parts[i];
+    if (part.reserved != 0) {
+      return batch.NextPartError(absl::InvalidArgumentError(
+          absl::StrCat("reserved is ", part.reserved, "; it must be 0 (a field of a later version of the ABI?)")));
+    }
     if (absl::Status s = CheckDestination(q, part.dst_index, "dst_index"); !s.ok()) return batch.NextPartError(s);
     absl::Status added = batch.Add(Spec(q, part.src_region, part.dst_index), [&](uint64_t src_size, uint64_t dst_size) {
       return PagedPlan(*ids, part.src_base, part.dst_base, src_size, dst_size);

@@ -2,7 +2,10 @@
 node (sessions, regions, queued notifications, the agent's fds), and that the others
 keep working when it has taken all of it."""
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -130,3 +133,53 @@ def test_an_agent_out_of_fds_neither_spins_nor_ends_an_honest_session(agent_fact
                 assert time.monotonic() < deadline, "the agent never got its fds back"
                 time.sleep(0.1)
         honest.write(kept, region.descriptor(), [(0, 0, 64)]).result(timeout=10)  # the session lived on
+
+
+HOSTILE_QUEUE = r"""
+import os, sys, time, ferry
+os.setgid(65534)
+os.setuid(65534)  # another pod: after the imports, which may need files only root reads here
+with ferry.Client(sys.argv[1]) as c:
+    q = c.create_queue([bytes.fromhex(sys.argv[2])], timeout=30, table_ids=16)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for i in range(8):
+        q.post_message(b"x", tag=i)
+    print("posted", flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the hostile pod runs as another uid")
+def test_one_pods_messages_to_a_stopped_agent_do_not_delay_another_pods(agent_factory):
+    # Before, every pod's queue entries that wait on the network (a message to another
+    # agent: a KV pull is one) ran one at a time on one thread: a pod's messages to a
+    # SIGSTOPped agent held another pod's message a->b for 20 s. Now each pod (uid) has
+    # its own lane.
+    a, b, c = (agent_factory(f"--peer_address={ip}:0", f"--fabric_iface={ip}", "--fabric_provider=tcp;ofi_rxm",
+                             "--socket_mode=0666") for ip in ("127.0.0.1", "127.0.0.2", "127.0.0.3"))
+    os.chmod(a.dir, 0o755)
+    with ferry.Client(b.socket) as on_b, ferry.Client(c.socket) as on_c, ferry.Client(a.socket) as victim:
+        to_b = on_b.register_host(4096)
+        to_c = on_c.register_host(4096)
+        hostile = subprocess.Popen([sys.executable, "-c", HOSTILE_QUEUE, a.socket, to_c.descriptor().hex()],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert hostile.stdout.readline().strip() == "ready"
+            queue = victim.create_queue([to_b.descriptor()], table_ids=16)
+            c.proc.send_signal(signal.SIGSTOP)
+            hostile.stdin.write("go\n")
+            hostile.stdin.flush()
+            assert hostile.stdout.readline().strip() == "posted"
+            time.sleep(0.5)  # the hostile pod's entries are waiting on agent c
+            started = time.monotonic()
+            queue.post_message(b"pull", tag=7)
+            done = queue.reap(timeout=10)
+            took = time.monotonic() - started
+            assert [d.error for d in done] == [None], done
+            assert took < 2, f"another pod's message waited {took:.1f} s behind one to a stopped agent"
+            queue.close()
+        finally:
+            c.proc.send_signal(signal.SIGCONT)
+            hostile.kill()
+            hostile.wait()

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import ferry
+from ferry.write_queue import BatchParts
 
 
 def reap_all(q, n, timeout=30.0):
@@ -172,6 +173,12 @@ def test_a_batch_entry_is_one_transfer_with_one_notification(agent):
             q.post_batch([(layers[0], 5, 0, 0)], block, src_ids, dst_ids, user_data=10)  # no destination 5
             (bad,) = reap_all(q, 1)
             assert isinstance(bad.error, ferry.InvalidArgument) and "parts[0]: dst_index 5" in bad.error.message
+            # A part's reserved word set (a later ABI's field): refused, not ignored.
+            fields = bytearray(q.pack_parts(parts[:1]).packed)
+            fields[28:32] = (1).to_bytes(4, "little")
+            q.post_batch(BatchParts(bytes(fields)), block, src_ids, dst_ids, user_data=12)
+            (reserved,) = reap_all(q, 1)
+            assert isinstance(reserved.error, ferry.InvalidArgument) and "parts[0]: reserved is 1" in reserved.error.message
         watcher.join()
         assert [(n.tag, n.bytes, n.payload) for n in got] == [(55, 4 * moved * block, b"request-7")]  # one
         landed()
