@@ -1,4 +1,5 @@
-"""FerryConnector: vLLM's KVConnectorBase_V1 over ferry (the only module that imports vLLM).
+"""FerryConnector: vLLM's KVConnectorBase_V1 over ferry (with stats.py, the only modules that
+import vLLM).
 
 The scheduler side (FerryScheduler) and the worker side (FerryWorker) hold the logic;
 this class only adapts vLLM's calls to them. Configuration, in
@@ -23,6 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 from ..client import TRAFFIC_CLASSES
 from .params import Layout
 from .scheduler import FerryScheduler, StepPlan
+from .stats import FerryKVConnectorStats, FerryPromMetrics
 from .worker import FerryWorker
 
 
@@ -185,6 +187,22 @@ class FerryConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: set[str]):
         r = self.get_transfer_results(finished_req_ids)
         return r.finished_sending or None, r.finished_recving or None
+
+    # ------------------------------------------------------------ stats (vLLM's log line and metrics)
+
+    def get_kv_connector_stats(self) -> Optional[FerryKVConnectorStats]:
+        data = self._worker.counts.take() if self._worker is not None else None
+        return FerryKVConnectorStats(data=data) if data is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[dict[str, Any]] = None) -> FerryKVConnectorStats:
+        return FerryKVConnectorStats(data=data) if data is not None else FerryKVConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        if FerryPromMetrics is None:
+            return None
+        return FerryPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         invalid, self._invalid = self._invalid, set()

@@ -25,6 +25,7 @@ from .. import errors
 from ..client import Client
 from ..kv_handoff import CANCELLED, KVCacheSpec, KVConsumer, KVProducer, refuse
 from .scheduler import StepPlan
+from .stats import HandoffCounts
 
 logger = logging.getLogger("ferry.vllm")
 
@@ -106,6 +107,8 @@ class FerryWorker:
         self.producer: Optional[KVProducer] = None
         self.consumer: Optional[KVConsumer] = None
         self._pulled: Dict[str, List[int]] = {}  # consumer: request -> its blocks being filled
+        self._pull_started: Dict[str, float] = {}  # consumer: request -> when it was pulled
+        self.counts = HandoffCounts()  # for vLLM's stats (get_kv_connector_stats)
         self._held: Set[str] = set()  # producer: requests not yet reported in finished_sending
         self._pending = StepResults()  # reported at the next results()
         self._tensors: List = []
@@ -149,6 +152,7 @@ class FerryWorker:
             self.producer.hold(rid, blocks, lease=self._lease, secret=plan.secrets.get(rid))
         for rid, pull in plan.pull.items():
             self._pulled[rid] = pull.dst_ids
+            self._pull_started[rid] = time.monotonic()
             if self.consumer is None:
                 self._fail(rid, "no ferry agent (it restarted and is not back yet)")
                 continue
@@ -158,6 +162,7 @@ class FerryWorker:
             except (errors.FerryError, ValueError) as e:  # e.g. the producer's mailbox is gone
                 self._fail(rid, f"asking the producer failed: {e}")
         for rid, (producer_rid, mailboxes, pulled) in plan.cancel.items():
+            self._pull_started.pop(rid, None)  # an aborted request is not a handoff to time
             if self.consumer is None:  # the regions went with the old session: nothing can land
                 if self._pulled.pop(rid, None) is not None:
                     self._pending.finished_recving.add(rid)
@@ -176,6 +181,8 @@ class FerryWorker:
 
     def _fail(self, rid: str, why: str) -> None:
         logger.error("FerryConnector: request %s did not receive its KV: %s", rid, why)
+        self.counts.failed_receives += 1
+        self._pull_started.pop(rid, None)
         self._pending.finished_recving.add(rid)
         self._pending.failed_recving.add(rid)
         self._pending.invalid_block_ids.update(self._pulled.pop(rid, ()))
@@ -188,9 +195,11 @@ class FerryWorker:
             p = self.producer.poll()
             self._pending.finished_sending |= p.done
             self._held -= p.done
+            self.counts.sent += len(p.done)
             for rid, why in p.failed.items():
                 if rid:
                     logger.warning("FerryConnector: request %s's blocks were not handed off: %s", rid, why)
+                    self.counts.failed_sends += 1
                     self._pending.finished_sending.add(rid)
                     self._held.discard(rid)
                 else:
@@ -199,11 +208,16 @@ class FerryWorker:
             c = self.consumer.poll()
             for rid in c.done:
                 self._pending.finished_recving.add(rid)
-                self._pulled.pop(rid, None)
+                blocks = self._pulled.pop(rid, ())
+                started = self._pull_started.pop(rid, None)
+                if started is not None and self._spec is not None:
+                    nbytes = len(blocks) * self._spec.halves * self._spec.block_bytes * len(self._tensors)
+                    self.counts.record_received(nbytes, time.monotonic() - started)
             for rid, why in c.failed.items():
                 if why == CANCELLED:
                     self._pending.finished_recving.add(rid)
                     self._pulled.pop(rid, None)
+                    self._pull_started.pop(rid, None)
                 else:
                     self._fail(rid, why)
         out, self._pending = self._pending, StepResults()

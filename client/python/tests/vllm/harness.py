@@ -97,6 +97,7 @@ class Engine:
         self.worker, self.caches = self.workers[0], self.rank_caches[0]
         self.aggregator = KVOutputAggregator(expected_finished_count=tp) if tp > 1 else None
         self.outputs = {}  # request id -> EngineCoreOutput (the last one)
+        self.stats = None  # the workers' get_kv_connector_stats, aggregated as vLLM's logger does
         self.load_errors = set()
 
     def add(self, rid: str, prompt, max_tokens: int, params=None) -> Request:
@@ -126,6 +127,9 @@ class Engine:
                                        failed_recving=results.failed_recving,
                                        invalid_block_ids=w.get_block_ids_with_load_errors(),
                                        kv_connector_worker_meta=w.build_connector_worker_meta())
+            stats = w.get_kv_connector_stats()  # as vLLM's model runner asks each step
+            if stats is not None:
+                self.stats = stats if self.stats is None else self.stats.aggregate(stats)
             w.clear_connector_metadata()
             outputs.append(ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                              sampled_token_ids=sampled, kv_connector_output=kv_out))

@@ -2,6 +2,7 @@
 bytes between two real ferryd agents (tcp;ofi_rxm between two network namespaces, conftest.py). Each
 case checks the consumer's blocks byte for byte against the producer's and that both
 engines end with every block free again."""
+import functools
 import random
 import time
 
@@ -80,6 +81,37 @@ def test_one_request_moves_every_layer_byte_for_byte(pd):
     for s, t in zip(src, seen["dst"]):
         assert d.block_bytes(t) == p.block_bytes(s)
     run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
+
+
+def test_handoffs_show_in_vllms_connector_stats_and_prometheus_metrics(pd):
+    import prometheus_client
+    from ferry.vllm import FerryConnector
+    p, d = pd()
+    prompt = [random.Random(4).randrange(1000) for _ in range(PROMPT)]
+    params = prefill(p, "p-1", prompt)
+    dst = handoff(p, d, "d-1", prompt, params)
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
+    layer_bytes = sum(t.numel() * t.element_size() for t in d.caches.values()) // 64  # per block, all layers
+    received, sent = d.stats.reduce(), p.stats.reduce()
+    assert received["received"] == 1 and received["failed_receives"] == 0
+    assert received["received_MB"] == round(len(dst) * layer_bytes / 1e6, 3)
+    assert 0 < received["handoff_p50_ms"] < 15000
+    assert sent["sent"] == 1 and sent["failed_sends"] == 0
+    # What vLLM's logger process does with the payload: rebuild, then export.
+    rebuilt = FerryConnector.build_kv_connector_stats(d.stats.to_dict())
+    assert rebuilt.reduce() == received and not rebuilt.is_empty()
+    registry = prometheus_client.CollectorRegistry()
+    types = {prometheus_client.Counter: functools.partial(prometheus_client.Counter, registry=registry),
+             prometheus_client.Gauge: functools.partial(prometheus_client.Gauge, registry=registry),
+             prometheus_client.Histogram: functools.partial(prometheus_client.Histogram, registry=registry)}
+    metrics = FerryConnector.build_prom_metrics(d.config, types, ["model_name", "engine"], {0: ["m", "0"]})
+    metrics.observe(d.stats.to_dict(), engine_idx=0)
+    metrics.observe(p.stats.to_dict(), engine_idx=0)
+    labels = {"model_name": "m", "engine": "0"}
+    assert registry.get_sample_value("vllm:ferry_kv_handoffs_total", {**labels, "role": "received"}) == 1
+    assert registry.get_sample_value("vllm:ferry_kv_handoffs_total", {**labels, "role": "sent"}) == 1
+    assert registry.get_sample_value("vllm:ferry_kv_received_bytes_total", labels) == len(dst) * layer_bytes
+    assert registry.get_sample_value("vllm:ferry_kv_handoff_seconds_count", labels) == 1
 
 
 @pytest.mark.parametrize("layout, latent", [("LBHNC", 0), ("LBHNC", 576), ("LBNHC", 576)])
