@@ -9,7 +9,7 @@ deploy/prometheus/ferry-rules.yaml loaded, and runs tests/deploy:metrics_workloa
   set to "All", must return data through the HTTP API;
 - every recording rule must have produced series, and every rule must be healthy;
 - every metric the dashboard or the rules name must be one the agent exports, and every
-  ferry_ metric the agent exports must be in README.md's metrics table (names are an
+  ferry_ metric the agent exports must be in agent/metrics/README.md's table (names are an
   interface: they must not drift).
 """
 
@@ -86,7 +86,7 @@ def referenced_metrics(expr):
 
 
 def readme_metric_names():
-    text = read_text(runfile("README.md"))
+    text = read_text(runfile("agent/metrics/README.md"))
     return set(re.findall(r"^\| `(ferry_\w+)` \|", text, re.M))
 
 
@@ -216,11 +216,11 @@ scrape_configs:
         for r in self.rules():
             used |= referenced_metrics(r["query"])
         self.assertEqual(used - exported, set(), "dashboard/rules use metrics the agent does not export")
-        self.assertEqual(exported - readme_metric_names(), set(), "exported metrics missing from README.md's table")
+        self.assertEqual(exported - readme_metric_names(), set(), "exported metrics missing from agent/metrics/README.md's table")
         # Children of these appear once the agent copies on a GPU (this test's agents have none).
         only_with_a_gpu = {"ferry_gpu_transfers_total"}
         self.assertEqual(readme_metric_names() - exported - only_with_a_gpu, set(),
-                         "README.md documents metrics the agent lacks")
+                         "agent/metrics/README.md documents metrics the agent lacks")
 
     def test_traffic_shows_up_per_path_and_direction(self):
         rows = self.query('sum by (instance, path, direction) (ferry_transfer_bytes_total{cluster="e2e"}) > 0')

@@ -9,7 +9,7 @@ this class only adapts vLLM's calls to them. Configuration, in
     lease_s     producer: how long held blocks wait for their consumer (default 30)
     timeout_s   consumer: how long a request waits for its KV before failing (default 30)
     traffic_class  the class of the handoffs' writes: latency, bulk or background (default:
-                the agent's rule for the pod; README "Traffic classes")
+                the agent's rule for the pod; agent/qos/README.md)
 """
 from __future__ import annotations
 
