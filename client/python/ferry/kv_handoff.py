@@ -35,7 +35,8 @@ Failures are reported, never waited on forever: a PULL that does not match what 
 producer holds (unknown request, block counts, layouts) fails that request on the
 producer and, through a notification with an error code, on the consumer; a consumer
 that never pulls lets the lease expire (the producer frees the blocks); a consumer that
-hears nothing before its timeout reports the request failed.
+hears nothing before its timeout reports the request failed; a consumer whose producer's
+mailbox is gone (PING refused) reports its requests failed within about a second.
 """
 from __future__ import annotations
 
@@ -57,7 +58,11 @@ from .write_queue import _words
 
 _MAGIC = b"FYKV"
 logger = logging.getLogger("ferry.kv_handoff")
-_HELLO, _PULL, _CANCEL = 1, 2, 3
+_HELLO, _PULL, _CANCEL, _PING = 1, 2, 3, 4
+# A consumer waiting this long on a producer sends its mailbox an empty PING, once per
+# such interval: a mailbox that is gone (its pod ended, its agent restarted) refuses it,
+# and the consumer fails that producer's requests at once, not at its timeout.
+_PROBE_S = 1.0
 # Message tags, producer -> consumer: the request needed no write / the producer refused
 # its pull / the producer dropped it on the consumer's cancel. Its write carries _DONE too.
 _DONE, _REFUSED, _DROPPED = 1, 2, 3
@@ -503,6 +508,8 @@ class KVProducer:
                 self._on_pull(body, progress, accepted)
             elif kind == _CANCEL:
                 self._on_cancel(body, progress)
+            elif kind == _PING:
+                pass  # the consumer only needed it delivered
             else:
                 raise ValueError(f"unknown message kind {kind}")
         except (ValueError, struct.error, UnicodeDecodeError, IndexError, errors.FerryError) as e:
@@ -765,6 +772,8 @@ class KVConsumer:
         self._mailboxes: Dict[bytes, _Mailbox] = {}  # producer mailbox -> the queue to it
         self._introduced: set = set()
         self._waiting: Dict[str, float] = {}  # request id -> deadline
+        self._waiting_on: Dict[str, bytes] = {}  # request id -> its producer's mailbox
+        self._next_probe: Dict[bytes, float] = {}  # producer mailbox -> when to PING it next
         self._cancelled: set = set()
         self._inbox = _Inbox(client, layers)
 
@@ -780,7 +789,10 @@ class KVConsumer:
         head = _pack_str(self._wire_name) + _pack_str(producer_request_id or request_id)
         tail = _pack_str(request_id) + _pack_secret(secret)
         per_message = (_MAX_PAYLOAD - 5 - len(head) - len(tail) - 16) // 4
-        self._waiting[request_id] = time.monotonic() + self._timeout
+        now = time.monotonic()
+        self._waiting[request_id] = now + self._timeout
+        self._waiting_on[request_id] = producer_mailbox
+        self._next_probe.setdefault(producer_mailbox, now + _PROBE_S)
         first = 0
         try:
             while True:  # as many ids per message as fit; at least one message
@@ -840,7 +852,12 @@ class KVConsumer:
         progress = Progress()
         for producer_mailbox, mailbox in self._mailboxes.items():
             for kind, rid, error in mailbox.take_failed():
-                if kind == _HELLO:  # introduce again at the next pull; this one's PULL fails too
+                if kind == _PING:  # the producer is gone: nothing will come for its requests
+                    for r in [r for r, m in self._waiting_on.items() if m == producer_mailbox and r in self._waiting]:
+                        del self._waiting[r]
+                        progress.failed[r] = CANCELLED if r in self._cancelled else \
+                            f"the producer's mailbox is gone (its pod ended or its agent restarted): {error}"
+                elif kind == _HELLO:  # introduce again at the next pull; this one's PULL fails too
                     self._introduced.discard(producer_mailbox)
                 elif rid in self._waiting:  # a PULL or CANCEL that did not reach the producer
                     del self._waiting[rid]
@@ -871,12 +888,28 @@ class KVConsumer:
             if now > deadline:
                 del self._waiting[rid]
                 progress.failed[rid] = f"nothing heard from the producer in {self._timeout} s"
+        self._probe(now)
         for rid in list(progress.done):
             if rid in self._cancelled:  # landed after all, but nobody wants it
                 progress.done.discard(rid)
                 progress.failed[rid] = CANCELLED
         self._cancelled -= progress.done | set(progress.failed)
         return progress
+
+    def _probe(self, now: float) -> None:
+        """PINGs each producer it has waited on for _PROBE_S (see poll())."""
+        for rid in [r for r in self._waiting_on if r not in self._waiting]:
+            del self._waiting_on[rid]
+        waited_on = set(self._waiting_on.values())
+        for producer_mailbox in list(self._next_probe):
+            if producer_mailbox not in waited_on:
+                del self._next_probe[producer_mailbox]
+            elif now >= self._next_probe[producer_mailbox] and producer_mailbox in self._mailboxes:
+                self._next_probe[producer_mailbox] = now + _PROBE_S
+                try:
+                    self._mailboxes[producer_mailbox].send(_PING, b"")
+                except errors.FerryError:
+                    pass  # a full queue to it: the producer is busy, not gone
 
     def close(self) -> None:
         self._inbox.close()

@@ -79,6 +79,21 @@ def test_a_pull_to_a_mailbox_that_is_gone_fails_on_the_consumer(pair):
         assert block(clayers[layer], cspec, 0, 3) == bytes(BLOCK)  # nothing written
 
 
+def test_a_producer_gone_after_the_pull_fails_its_requests_within_seconds(pair):
+    # Before, a consumer whose producer died after reading its pull (before any write
+    # began) heard nothing until its own timeout. It now PINGs a producer it waits on.
+    producer, consumer, players, clayers, pspec, cspec = pair
+    producer.hold("req-1", [5], secret=S)
+    producer._stopping.set()  # the responder stops answering, as a pod that froze and died
+    consumer.pull("req-1", producer.mailbox, [6], secret=S)
+    time.sleep(0.3)  # the pull was delivered
+    producer._mailbox_region.deregister()  # the pod's session ended: its mailbox is gone
+    t0 = time.monotonic()
+    (c,) = until(consumer)
+    assert "the producer's mailbox is gone" in c.failed["req-1"]
+    assert time.monotonic() - t0 < 3  # not the consumer's 5 s timeout
+
+
 def test_a_write_the_queue_cannot_take_goes_by_write_batch(pair, monkeypatch):
     producer, consumer, players, clayers, pspec, cspec = pair
     monkeypatch.setattr(ferry.kv_handoff._ConsumerQueue, "post", lambda *args: False)  # as if full

@@ -408,3 +408,108 @@ def test_an_agent_that_is_not_there_is_named(tmp_path):
     with pytest.raises(ferry.FerryError) as e:
         Engine("kv_producer", str(tmp_path / "no.sock"), "prefill-0")
     assert "is ferryd running" in str(e.value)
+
+
+# ---------------------------------------------------------------- the push inventory's hard cases
+# (the reliability cases of vLLM's NIXL push connector; each: the decode's blocks hold
+# exactly the producer's bytes, or the request fails through kv_load_failure_policy, and
+# nothing lands in a block after vLLM gave it to another request)
+
+
+def cached_blocks(d, prompt):
+    """The consumer's prefix-cache hit for ``prompt``: its cached blocks, as a request would see them."""
+    cached = d.scheduler.kv_cache_manager.get_computed_blocks(d.add("probe", prompt, 1))[0].get_block_ids()[0]
+    d.abort("probe")
+    return list(cached)
+
+
+@pytest.mark.parametrize("prompt_len, shared_blocks", [
+    (48, 1),  # the cached block at the front; the prompt a multiple of the block size
+    (50, 2),  # tokens not a multiple of the block size
+    (64, 3),  # a hit covering all but the last block
+    (64, 4),  # the whole prompt cached: vLLM computes its last token again, here
+])
+def test_partial_prefix_hits_of_every_shape_write_only_the_missing_blocks(pd, prompt_len, shared_blocks):
+    p, d = pd()
+    rng = random.Random(prompt_len * 10 + shared_blocks)
+    prompt = [rng.randrange(1000) for _ in range(prompt_len)]
+    # Warm the consumer's prefix cache with the shared blocks (a request of its own).
+    d.add("warm", prompt[:shared_blocks * BLOCK_TOKENS], 1)
+    run(d, until=lambda: "warm" in d.outputs and d.outputs["warm"].finished)
+    cached = cached_blocks(d, prompt)
+    expect_cached = min(shared_blocks, (prompt_len - 1) // BLOCK_TOKENS)  # vLLM recomputes the last token
+    assert len(cached) == expect_cached
+    for b in cached:
+        d.mark_block(b, 5)
+    marked = [d.block_bytes(b) for b in cached]
+    params = prefill(p, "p-1", prompt)
+    src = params["remote_block_ids"]
+    dst = handoff(p, d, "d-1", prompt, params)
+    assert dst[:len(cached)] == cached
+    assert [d.block_bytes(b) for b in cached] == marked  # not written
+    for s, t in zip(src[len(cached):], dst[len(cached):]):
+        assert d.block_bytes(t) == p.block_bytes(s)
+    assert d.outputs["d-1"].finish_reason.name == "LENGTH" and not d.load_errors
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
+
+
+def free_blocks_stay_untouched(d, seconds=0.5):
+    """Marks every free block of the consumer (what vLLM may give any request next), lets a
+    late write land if one could, and checks the marks: nothing written into a block
+    vLLM has taken back."""
+    free = [b.block_id for b in d.scheduler.kv_cache_manager.block_pool.free_block_queue.get_all_free_blocks()]
+    assert len(free) == FREE
+    for b in free:
+        d.mark_block(b, 9)
+    marked = [d.block_bytes(b) for b in free]
+    time.sleep(seconds)
+    assert [d.block_bytes(b) for b in free] == marked
+
+
+def test_abort_on_decode_after_the_producers_write_started(pd):
+    p, d = pd(p_extra={"lease_s": 60})
+    prompt = [random.Random(11).randrange(1000) for _ in range(PROMPT)]
+    params = prefill(p, "p-1", prompt)
+    d.add("d-1", prompt, 2, params)
+    d.step()  # the pull is out
+    run(p, d, until=lambda: p.worker._worker.producer.in_flight() or "d-1" not in d.scheduler.requests
+        or d.scheduler.requests["d-1"].status.name != "WAITING_FOR_REMOTE_KVS", seconds=5)
+    d.abort("d-1")
+    # vLLM keeps an aborted request's blocks until the connector reports it finished: both
+    # sides let go once the write has ended, not before.
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE, seconds=10)
+    free_blocks_stay_untouched(d)
+
+
+def test_the_producers_lease_ending_with_a_pull_in_flight(pd):
+    # The lease ends while the consumer's pull is on its way: either the producer still
+    # answers it (its blocks are held until the write ends) or the consumer is told the
+    # request is unknown and fails it; never a write from freed producer blocks.
+    p, d = pd(p_extra={"lease_s": 0.3}, d_extra={"timeout_s": 5})
+    prompt = [random.Random(12).randrange(1000) for _ in range(PROMPT)]
+    params = prefill(p, "p-1", prompt)
+    src_bytes = [p.block_bytes(s) for s in params["remote_block_ids"]]
+    time.sleep(0.2)
+    dst = handoff(p, d, "d-1", prompt, params)
+    if d.outputs["d-1"].finish_reason.name == "LENGTH":
+        assert [d.block_bytes(t) for t in dst] == src_bytes
+    else:
+        assert d.outputs["d-1"].finish_reason.name == "ERROR"
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
+    free_blocks_stay_untouched(d)
+
+
+def test_the_producer_pod_dying_mid_pull_fails_only_that_request(pd):
+    p, d = pd(d_extra={"timeout_s": 30})
+    prompt = list(range(PROMPT))
+    params = prefill(p, "p-1", prompt)
+    d.add("d-1", prompt, 2, params)
+    d.step()  # the pull is out
+    p.close()  # the producer's workers end their sessions, as a dying pod's do
+    t0 = time.monotonic()
+    run(d, until=lambda: "d-1" in d.outputs and d.outputs["d-1"].finished, seconds=20)
+    if d.outputs["d-1"].finish_reason.name != "LENGTH":  # else the write had landed whole
+        assert d.outputs["d-1"].finish_reason.name == "ERROR"
+        assert time.monotonic() - t0 < 10, "the consumer waited for its timeout"
+    run(d, until=lambda: d.free_blocks() == FREE)
+    free_blocks_stay_untouched(d)
