@@ -83,7 +83,7 @@ def serve(args) -> int:
         kv = KVTransferConfig(kv_connector="FerryConnector", kv_connector_module_path="ferry.vllm",
                               kv_role=f"kv_{args.role}", engine_id=f"{args.role}-0",
                               kv_connector_extra_config={"socket": args.socket})
-    llm = LLM(model=args.model, skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True, seed=0,
+    llm = LLM(model=args.model, skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=not args.cuda_graphs, seed=0,
               gpu_memory_utilization=0.25, max_model_len=MAX_LEN, enable_prefix_caching=True,
               kv_transfer_config=kv)
     print(json.dumps({"ready": True}), file=answers, flush=True)
@@ -108,11 +108,12 @@ def serve(args) -> int:
 class Engine:
     """An engine process (serve) on one GPU."""
 
-    def __init__(self, role, device, model, socket, log):
+    def __init__(self, role, device, model, socket, log, cuda_graphs=False):
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(device), **ENV)
         self.role, self.log = role, log
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", f"--role={role}",
-                                      f"--model={model}", f"--socket={socket}"], stdin=subprocess.PIPE,
+                                      f"--model={model}", f"--socket={socket}"] +
+                                     (["--cuda_graphs"] if cuda_graphs else []), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, env=env)
         ready = self.proc.stdout.readline()
         if not ready:
@@ -188,14 +189,14 @@ def orchestrate(args) -> int:
             time.sleep(0.1)
         ready = dict(line.strip().split("=", 1) for line in open(f"{work}/a.ready") if "=" in line)
         metrics_port = int(ready["metrics_port"])
-        plain = Engine("plain", 0, model, sock, os.path.join(work, "plain.log"))
+        plain = Engine("plain", 0, model, sock, os.path.join(work, "plain.log"), args.cuda_graphs)
         want = [plain.ask(p, NEW_TOKENS) for p in prompts]
         prefill = {n: sorted(plain.ask(p, 1)["seconds"] for p in ps)[1] for n, ps in timed.items()}
         plain.close()
         placements = [("same GPU", 0, 0)] + ([("GPU0 -> GPU1", 0, 1)] if torch.cuda.device_count() > 1 else [])
         for name, pdev, cdev in placements:
-            prod = Engine("producer", pdev, model, sock, os.path.join(work, f"producer{pdev}{cdev}.log"))
-            cons = Engine("consumer", cdev, model, sock, os.path.join(work, f"consumer{pdev}{cdev}.log"))
+            prod = Engine("producer", pdev, model, sock, os.path.join(work, f"producer{pdev}{cdev}.log"), args.cuda_graphs)
+            cons = Engine("consumer", cdev, model, sock, os.path.join(work, f"consumer{pdev}{cdev}.log"), args.cuda_graphs)
             try:
                 before = moved_bytes(metrics_port)
                 for i, p in enumerate(prompts):
@@ -240,6 +241,7 @@ def main() -> int:
     p.add_argument("--logs", default="", help="copy the engines' and the agent's logs here")
     p.add_argument("--role", choices=["plain", "producer", "consumer"])
     p.add_argument("--model")
+    p.add_argument("--cuda_graphs", action="store_true", help="engines with CUDA graphs (default: enforce_eager)")
     p.add_argument("--socket")
     args = p.parse_args()
     return serve(args) if args.mode == "serve" else orchestrate(args)

@@ -6,11 +6,14 @@
 #   same GPU        one agent, both caches on GPU0; raw: one contiguous copy on GPU0
 #   GPU0 -> GPU1    one agent, the consumer's cache on GPU1 (two GPUs or more); raw: one
 #                   contiguous peer copy GPU0 -> GPU1 (NVLink where the GPUs have it)
+#   two agents      a second pair of agents with a fabric (tcp;ofi_rxm on 127.0.0.1 ->
+#                   127.0.0.2), the producer's cache on GPU0, the consumer's on GPU1 (GPU0
+#                   with one GPU): GPU memory staged through host buffers; raw: fi_write of
+#                   as many bytes as 32 KiB writes from and into host memory (16 in flight)
 # Single requests of 1k / 4k / 16k tokens, then 16 x 1k and 64 x 256 at once. Llama-3-8B
 # shape (32 layers x [2, blocks, 16, 8, 128] bf16), PyTorch-allocator tensors (legacy IPC
 # handles). Columns: tokens, bytes, time_ms, GBps, submit_ms (the producer answering the
 # pull), raw_copy_ms. Rows are rounds (the first of each size is a warm-up, not printed).
-# The staged placement (two agents) is not here yet: tools/bench.sh gpu has its raw rows.
 # BUNDLE: tests/gpu/bundle.sh's folder (default .gpu-bundle, built if missing); the Python
 # client from PYTHONPATH (tests/gpu/python_bundle.sh on a host without pip).
 #   tools/bench.sh kv --device[=BUNDLE] [--rounds=R]
@@ -49,3 +52,30 @@ for p in "${placements[@]}"; do
   done
 done
 [ "$gpus" -gt 1 ] || echo "# one GPU: no GPU0 -> GPU1 rows"
+
+for node in b c; do
+  if [ $node = b ]; then addr=127.0.0.1; else addr=127.0.0.2; fi
+  LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/$node.sock" --metrics_address=127.0.0.1:0 \
+    --peer_address=$addr:0 --fabric_iface=$addr --fabric_provider='tcp;ofi_rxm' --ready_file="$work/$node.ready" \
+    --log_level=warning 2>"$work/$node.log"
+done
+wait_for "$work/b.ready" 30; wait_for "$work/c.ready" 30
+consumer=cuda:$((gpus > 1 ? 1 : 0))
+echo "# two agents (staged, tcp;ofi_rxm on loopback), GPU0 -> $consumer, 1 request at once"
+echo "# tokens bytes time_ms GBps submit_ms raw_copy_ms"
+python3 tools/bench/kv_handoff.py --producer="$work/b.sock" --consumer="$work/c.sock" --tokens=1024,4096,16384 \
+  --concurrent=1 --rounds="$rounds" --device=cuda:0 --consumer_device="$consumer" --two_processes --step_ms=0.1 ||
+  { cat "$work/b.log" "$work/c.log" >&2; exit 1; }
+echo "# raw fi_write of as many bytes, host memory, 32 KiB writes, 16 in flight: tokens ms GBps"
+for t in 1024 4096 16384; do
+  ops=$((t / 16 * 32 * 2)) span=$((t / 16 * 32 * 2 * 32768))
+  rm -rf "$work/raw" && mkdir -p "$work/raw"
+  LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/fi_write_bench" target --iface=127.0.0.2 --dir="$work/raw" \
+    --size=$span
+  target=${pids[-1]}
+  LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/fi_write_bench" initiator --iface=127.0.0.1 --dir="$work/raw" \
+    --window=16 --sizes=32768 --count=$ops --row_bytes=$span --span=$span --lat_iters=0 |
+    awk -v t="$t" -v b="$span" 'NF == 4 && $1 ~ /^[0-9]+$/ {printf "%d %.3f %.3f\n", t, b / $4 / 1e6, $4}'
+  touch "$work/raw/stop"
+  wait "$target"
+done
