@@ -147,7 +147,10 @@ def compare(plain: dict, got: dict) -> str:
     a, b = plain["tokens"], got["tokens"]
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
-            return f"tie at {i}" if plain["margins"][i] < TIE else f"DIFFERENT at {i}"
+            if plain["margins"][i] < TIE:
+                return f"tie at {i}"
+            return (f"DIFFERENT at {i} (top-two logprob margins there: plain {plain['margins'][i]:.3f}, "
+                    f"this engine {got['margins'][i]:.3f})")
     return "same" if len(a) == len(b) else f"DIFFERENT length {len(b)}"
 
 
