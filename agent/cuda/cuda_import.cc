@@ -17,6 +17,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
+#include "agent/common/status_prefix.h"
 
 namespace ferry {
 namespace {
@@ -235,7 +236,7 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> CudaMemory::ImportIpc(const v1::C
                                                    " bytes (a cudaIpcMemHandle_t), got ", m.ipc_handle().size()));
   }
   absl::StatusOr<int> device = ResolveDevice(m.device(), m.pci_bus_id());
-  if (!device.ok()) return absl::Status(device.status().code(), absl::StrCat("cuda_ipc.", device.status().message()));
+  if (!device.ok()) return WithPrefix(device.status(), "cuda_ipc.");
   bool hit = false;
   absl::StatusOr<std::shared_ptr<CudaImport>> import = cache_.GetOrImport(
       absl::StrCat("ipc:", m.ipc_handle()),
@@ -286,7 +287,7 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> CudaMemory::ImportFd(int fd, cons
         "cuda_fd: the fd is a directory, pipe or socket, not an exported CUDA allocation");
   }
   absl::StatusOr<int> device = ResolveDevice(m.device(), m.pci_bus_id());
-  if (!device.ok()) return absl::Status(device.status().code(), absl::StrCat("cuda_fd.", device.status().message()));
+  if (!device.ok()) return WithPrefix(device.status(), "cuda_fd.");
   switch (m.fd_kind()) {
     case v1::CudaFdMemory::FD_KIND_POSIX:
       break;

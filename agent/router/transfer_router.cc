@@ -9,6 +9,7 @@
 #include "agent/common/check.h"
 #include "agent/common/log.h"
 #include "agent/common/poll_source.h"
+#include "agent/common/status_prefix.h"
 #include "agent/common/token.h"
 #include "agent/peers/remote_target.h"
 
@@ -349,7 +350,7 @@ absl::Status TransferBatch::Add(const WriteSpec& spec, PlanChunks plan) {
   FERRY_DCHECK(!spec.notify) << "a part notifies with the whole batch";
   std::shared_ptr<Transfer> t = block_.part(parts_.size());
   absl::Status s = router_.PrepareInto(session_, spec, plan, cached_only_, &lookups_, *t);
-  if (!s.ok()) return IsWouldBlock(s) ? s : NextPartError(s);
+  if (!s.ok()) return NextPartError(s);  // keeps a would-block payload
   chunks_ += t->plan.size();
   if (chunks_ > limits_.max_chunks) {
     return absl::ResourceExhaustedError(absl::StrCat("parts: more than ", limits_.max_chunks,
@@ -360,7 +361,7 @@ absl::Status TransferBatch::Add(const WriteSpec& spec, PlanChunks plan) {
 }
 
 absl::Status TransferBatch::NextPartError(const absl::Status& s) const {
-  return absl::Status(s.code(), absl::StrCat("parts[", parts_.size(), "]: ", s.message()));
+  return WithPrefix(s, absl::StrCat("parts[", parts_.size(), "]: "));
 }
 
 std::shared_ptr<Transfer> TransferBatch::Join(const WriteSpec& whole) && {

@@ -9,6 +9,7 @@
 #include "agent/common/grpc_status.h"
 #include "agent/common/log.h"
 #include "agent/common/poll_source.h"
+#include "agent/common/status_prefix.h"
 
 namespace ferry {
 namespace {
@@ -54,7 +55,7 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
   switch (req.memory_case()) {
     case v1::RegisterMemoryRequest::kHost: {
       absl::StatusOr<UniqueFd> fd = session.TakeFd(req.host().fd_handle());
-      if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("host.", fd.status().message()));
+      if (!fd.ok()) return WithPrefix(fd.status(), "host.");
       absl::StatusOr<std::unique_ptr<MemoryBacking>> b = MapHostFd(fd->release(), req.host().offset(), req.size());
       if (!b.ok()) return b.status();
       backing = std::move(*b);
@@ -71,7 +72,7 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
     case v1::RegisterMemoryRequest::kCudaFd: {
       // Taken first: the fd is consumed whatever happens next.
       absl::StatusOr<UniqueFd> fd = session.TakeFd(req.cuda_fd().fd_handle());
-      if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("cuda_fd.", fd.status().message()));
+      if (!fd.ok()) return WithPrefix(fd.status(), "cuda_fd.");
       if (deps_.cuda == nullptr)
         return absl::FailedPreconditionError(absl::StrCat("cuda_fd: ", deps_.cuda_unavailable.message()));
       absl::StatusOr<std::unique_ptr<MemoryBacking>> b = deps_.cuda->ImportFd(fd->get(), req.cuda_fd(), req.size());
@@ -293,17 +294,17 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
   for (int i = 0; i < req.destinations_size(); ++i) {
     destinations.push_back(std::make_shared<const v1::RegionDescriptor>(req.destinations(i)));
     absl::Status s = deps_.router->CheckDestination(destinations.back(), absl::Now() + absl::Milliseconds(timeout_ms));
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("destinations[", i, "]: ", s.message()));
+    if (!s.ok()) return WithPrefix(s, absl::StrCat("destinations[", i, "]: "));
   }
   absl::StatusOr<UniqueFd> ring = session->TakeFd(req.ring_fd());
-  if (!ring.ok()) return absl::Status(ring.status().code(), absl::StrCat("ring_fd: ", ring.status().message()));
+  if (!ring.ok()) return WithPrefix(ring.status(), "ring_fd: ");
   absl::StatusOr<UniqueFd> submit = session->TakeFd(req.submit_doorbell_fd());
   if (!submit.ok()) {
-    return absl::Status(submit.status().code(), absl::StrCat("submit_doorbell_fd: ", submit.status().message()));
+    return WithPrefix(submit.status(), "submit_doorbell_fd: ");
   }
   absl::StatusOr<UniqueFd> complete = session->TakeFd(req.complete_doorbell_fd());
   if (!complete.ok()) {
-    return absl::Status(complete.status().code(), absl::StrCat("complete_doorbell_fd: ", complete.status().message()));
+    return WithPrefix(complete.status(), "complete_doorbell_fd: ");
   }
   const uint64_t id = next_queue_id_.fetch_add(1);
   absl::StatusOr<std::shared_ptr<TransferQueue>> q =
@@ -331,10 +332,10 @@ grpc::Status LocalService::CreateQueue(grpc::ServerContext* ctx, const v1::Creat
 absl::Status LocalService::DoOpenInbox(const std::shared_ptr<Session>& session, const v1::OpenInboxRequest& req) {
   if (deps_.inboxes == nullptr) return absl::UnimplementedError("this agent serves no inboxes");
   absl::StatusOr<UniqueFd> ring = session->TakeFd(req.ring_fd());
-  if (!ring.ok()) return absl::Status(ring.status().code(), absl::StrCat("ring_fd: ", ring.status().message()));
+  if (!ring.ok()) return WithPrefix(ring.status(), "ring_fd: ");
   absl::StatusOr<UniqueFd> doorbell = session->TakeFd(req.doorbell_fd());
   if (!doorbell.ok()) {
-    return absl::Status(doorbell.status().code(), absl::StrCat("doorbell_fd: ", doorbell.status().message()));
+    return WithPrefix(doorbell.status(), "doorbell_fd: ");
   }
   // Claimed before the pump starts: from then on it drains the session's notifications.
   if (absl::Status s = session->ClaimNotifications(Session::NotificationReader::kInbox); !s.ok()) return s;

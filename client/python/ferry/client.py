@@ -34,6 +34,8 @@ import grpc
 from . import _native_rpc, errors
 from ._proto import ferry_pb2, ferry_pb2_grpc
 from ._session import Session
+from .inbox import Inbox
+from .notification import Notification, _notification
 from .write_queue import PATH_NAMES, WriteQueue
 
 Chunk = Tuple[int, int, int]  # (src_offset, dst_offset, length)
@@ -143,34 +145,6 @@ class TransferResult:
     duration_ns: int
     path: str  # "local", "fabric" or "staged"
     tag: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Notification:
-    region_id: int  # the receiving region (this client's)
-    tag: int
-    transfer_id: int  # 0 for a message
-    bytes: int  # bytes written; 0 for a message
-    source_incarnation: int
-    payload: bytes = b""  # the writer's notify_payload, or the message's payload
-    kind: str = "write"  # "write" (a notified write ended) or "message" (send_message)
-    # A write's outcome: code 0 when every byte landed; otherwise (a google.rpc code) it
-    # failed after it started, and some of its bytes may be in the region.
-    code: int = 0
-    message: str = ""
-    # How many of this session's notifications the agent dropped just before this one
-    # (its queue was full: the client read too slowly); 0 normally.
-    lost_before: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.code == 0
-
-
-def _notification(n: ferry_pb2.Notification) -> Notification:
-    kind = "message" if n.kind == ferry_pb2.NOTIFICATION_KIND_MESSAGE else "write"
-    return Notification(n.region_id, n.tag, n.transfer_id, n.bytes, n.source_incarnation, n.payload, kind, n.code,
-                        n.message, n.lost_before)
 
 
 class NotificationStream:
@@ -505,7 +479,6 @@ class Client:
         """This session's notifications through shared memory instead of
         notifications(): ``inbox.poll()`` reads them with no RPC and no thread
         (ferry.inbox). One per session; refused while a notifications() stream is open."""
-        from .inbox import Inbox  # the module needs this one's Notification
         return Inbox(self, slots)
 
     def send_message(self, dst: Union[RegionDescriptor, bytes], payload: bytes = b"", *, tag: int = 0,

@@ -23,7 +23,7 @@ from typing import List
 from . import errors
 from ._proto import ferry_pb2
 from ._shared_ring import SharedRing
-from .client import Notification, _notification
+from .notification import Notification, _notification
 
 # proto/ferry/wire/inbox_layout.h (checked by test_inbox.py against the agent).
 _MAGIC = 0x31494246  # "FBI1"
