@@ -75,6 +75,7 @@ class EventQueue {
       if (events_.size() >= bounds_.events || cost > bounds_.bytes - bytes_) return Lost();
       events_.push_back({std::move(event), cost});
       bytes_ += cost;
+      if (on_backlog_) on_backlog_();
     }
     lost_since_taken_ = 0;
     return true;
@@ -92,10 +93,13 @@ class EventQueue {
   }
 
   // Attaches `sink` (or detaches, with null). Once this returns, a sink it replaced is
-  // never called again.
-  void SetSink(Sink sink) {
+  // never called again. `on_backlog`, if set, runs (under the queue's lock: it must only
+  // note the fact) each time an event has to wait here because the sink refused it or
+  // others wait before it: whoever drains with DrainToSink learns there is work.
+  void SetSink(Sink sink, std::function<void()> on_backlog = nullptr) {
     absl::MutexLock lock(&mu_);
     sink_ = std::move(sink);
+    on_backlog_ = sink_ ? std::move(on_backlog) : nullptr;
   }
 
   // Waits up to `timeout` for a waiting event (or Close), then hands the sink the waiting
@@ -147,6 +151,7 @@ class EventQueue {
   std::deque<Entry> events_ ABSL_GUARDED_BY(mu_);
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;  // the costs of events_
   Sink sink_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> on_backlog_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   size_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t lost_since_taken_ ABSL_GUARDED_BY(mu_) = 0;  // dropped since the last event taken

@@ -38,36 +38,15 @@ Inbox::Inbox(std::shared_ptr<Session> session, SharedMapping map, UniqueFd doorb
       doorbell_(std::move(doorbell)),
       slots_(slots),
       header_(reinterpret_cast<inbox::InboxHeader*>(map_.data())),
-      tail_(header_->tail.value.load()),
-      pump_([this] { Pump(); }) {
-  session_->notifications().SetSink([this](const v1::Notification& n) { return Write(n); });
+      tail_(header_->tail.value.load()) {}
+
+Inbox::~Inbox() { session_->notifications().SetSink(nullptr); }
+
+void Inbox::Attach(std::function<void()> on_backlog) {
+  session_->notifications().SetSink([this](const v1::Notification& n) { return Write(n); }, std::move(on_backlog));
 }
 
-Inbox::~Inbox() {
-  session_->notifications().SetSink(nullptr);
-  Stop();
-  pump_.join();
-}
-
-void Inbox::Pump() {
-  NameThisThread("ferry-inbox");
-  EventQueue<v1::Notification>& events = session_->notifications();
-  absl::Duration wait = absl::Microseconds(50);
-  while (!stopping_.load()) {
-    // Bounded waits: notice the session's end and Stop within 200 ms.
-    const size_t left = events.DrainToSink(absl::Milliseconds(200));
-    if (events.closed()) break;
-    if (left == 0) {
-      wait = absl::Microseconds(50);
-      continue;
-    }
-    // The ring is full: the client is not reading. Wait for it, more patiently the
-    // longer it takes.
-    absl::SleepFor(wait);
-    wait = std::min(2 * wait, absl::Milliseconds(10));
-  }
-  done_.store(true);
-}
+size_t Inbox::Drain() { return session_->notifications().DrainToSink(absl::ZeroDuration()); }
 
 bool Inbox::Write(const v1::Notification& n) {
   absl::MutexLock lock(&write_mu_);
@@ -96,19 +75,58 @@ bool Inbox::Write(const v1::Notification& n) {
   return true;
 }
 
+Inboxes::Inboxes() : pump_([this] { Pump(); }) {}
+
 Inboxes::~Inboxes() {
+  {
+    absl::MutexLock lock(&wake_mu_);
+    stopping_ = true;
+  }
+  pump_.join();
   absl::MutexLock lock(&mu_);
-  for (auto& in : inboxes_) in->Stop();
-  inboxes_.clear();  // joins each
+  inboxes_.clear();
+}
+
+void Inboxes::NoteBacklog() {
+  absl::MutexLock lock(&wake_mu_);
+  backlog_ = true;
+}
+
+void Inboxes::Pump() {
+  NameThisThread("ferry-inbox");
+  absl::Duration wait = absl::Microseconds(50);
+  bool waiting = false;  // some inbox still had notifications its ring could not take
+  for (;;) {
+    {
+      absl::MutexLock lock(&wake_mu_);
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) { return backlog_ || stopping_; };
+      if (!waiting) wake_mu_.AwaitWithTimeout(absl::Condition(&woken), absl::Seconds(1));
+      if (stopping_) break;
+      backlog_ = false;
+    }
+    std::vector<std::shared_ptr<Inbox>> inboxes;
+    {
+      absl::MutexLock lock(&mu_);
+      inboxes = inboxes_;
+    }
+    waiting = false;
+    for (const std::shared_ptr<Inbox>& in : inboxes) waiting |= in->Drain() > 0;
+    inboxes.clear();  // an inbox removed meanwhile goes here, on this thread
+    if (waiting) {    // its client is not reading: look again later, more patiently each time
+      absl::SleepFor(wait);
+      wait = std::min(2 * wait, absl::Milliseconds(10));
+    } else {
+      wait = absl::Microseconds(50);
+    }
+  }
 }
 
 void Inboxes::RemoveSession(uint64_t session_id) {
-  std::vector<std::unique_ptr<Inbox>> gone;
+  std::vector<std::shared_ptr<Inbox>> gone;
   {
     absl::MutexLock lock(&mu_);
     for (auto it = inboxes_.begin(); it != inboxes_.end();) {
       if ((*it)->session_id() == session_id) {
-        (*it)->Stop();
         gone.push_back(std::move(*it));
         it = inboxes_.erase(it);
       } else {
@@ -116,15 +134,20 @@ void Inboxes::RemoveSession(uint64_t session_id) {
       }
     }
   }
-  gone.clear();  // joins each pump outside the lock (~200 ms at most)
+  gone.clear();  // freed outside the lock (or by the pump, if it holds one just now)
 }
 
 void Inboxes::Add(std::unique_ptr<Inbox> inbox) {
-  absl::MutexLock lock(&mu_);
-  // Those whose session ended have nothing more to pump.
-  inboxes_.erase(std::remove_if(inboxes_.begin(), inboxes_.end(), [](const auto& in) { return in->done(); }),
-                 inboxes_.end());
-  inboxes_.push_back(std::move(inbox));
+  std::shared_ptr<Inbox> in(std::move(inbox));
+  in->Attach([this] { NoteBacklog(); });
+  {
+    absl::MutexLock lock(&mu_);
+    // Those whose session ended have nothing more to take.
+    inboxes_.erase(std::remove_if(inboxes_.begin(), inboxes_.end(), [](const auto& i) { return i->closed(); }),
+                   inboxes_.end());
+    inboxes_.push_back(std::move(in));
+  }
+  NoteBacklog();  // what arrived before the sink was attached
 }
 
 }  // namespace ferry

@@ -2,21 +2,21 @@
 // inbox_layout.h): a ring in the client's shared memory, so the client reads its
 // notifications by polling memory. The thread that produces a notification (the one
 // that saw a write complete, or took a message) writes it into the ring itself, so no
-// agent thread wakes on the way; a pump thread moves those that had to wait in the
-// session's queue while the ring was full.
+// agent thread wakes on the way; one pump thread for all inboxes (Inboxes) moves those
+// that had to wait in the session's queue while a ring was full.
 //
 //   absl::StatusOr<std::unique_ptr<Inbox>> in =
 //       Inbox::Open(session, std::move(ring_fd), std::move(doorbell_fd), /*slots=*/64);
-//   inboxes.Add(std::move(*in));   // pumps until the session ends or the agent stops
+//   inboxes.Add(std::move(*in));   // fed until its session ends or the agent stops
 //
 // A client that stops reading stalls only its own inbox: while the ring is full the
-// pump waits, and later notifications wait in the session's queue (bounded; dropped and
-// counted past its capacity, as for a stream nobody reads).
+// pump retries it, and later notifications wait in the session's queue (bounded;
+// dropped and counted past its bounds, as for a stream nobody reads).
 #ifndef FERRY_AGENT_QUEUE_INBOX_H_
 #define FERRY_AGENT_QUEUE_INBOX_H_
 
-#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -33,24 +33,27 @@ namespace ferry {
 
 class Inbox {
  public:
-  // Maps `ring` (InboxBytes(slots) bytes, sealed; its header initialised and empty),
-  // keeps `doorbell` (a unix stream socket) and starts the pump. INVALID_ARGUMENT names the field.
+  // Maps `ring` (InboxBytes(slots) bytes, sealed; its header initialised and empty) and
+  // keeps `doorbell` (a unix stream socket). INVALID_ARGUMENT names the field.
   static absl::StatusOr<std::unique_ptr<Inbox>> Open(std::shared_ptr<Session> session, UniqueFd ring, UniqueFd doorbell,
                                                      uint32_t slots);
-  // Detaches from the session's queue, stops the pump and joins it.
+  // Detaches from the session's queue.
   ~Inbox();
   Inbox(const Inbox&) = delete;
   Inbox& operator=(const Inbox&) = delete;
 
-  // Asks the pump to stop; it does within ~200 ms.
-  void Stop() { stopping_.store(true); }
-  // The pump has exited (its session ended, or Stop).
-  bool done() const { return done_.load(); }
+  // Becomes the session queue's sink; `on_backlog` runs when a notification has to wait
+  // there (the ring was full).
+  void Attach(std::function<void()> on_backlog);
+  // Moves what waits in the session's queue into the ring, as far as it has room.
+  // Returns how many still wait.
+  size_t Drain();
+  // The session ended: nothing more will come.
+  bool closed() const { return session_->notifications().closed(); }
   uint64_t session_id() const { return session_->id(); }
 
  private:
   Inbox(std::shared_ptr<Session> session, SharedMapping map, UniqueFd doorbell, uint32_t slots);
-  void Pump();
   // Writes `n` into the next slot; false while the ring is full. The session queue's
   // sink: called under its lock, by any thread.
   bool Write(const v1::Notification& n) ABSL_LOCKS_EXCLUDED(write_mu_);
@@ -62,24 +65,33 @@ class Inbox {
   inbox::InboxHeader* const header_;
   absl::Mutex write_mu_;
   uint32_t tail_ ABSL_GUARDED_BY(write_mu_);  // our own count of notifications written
-  std::atomic<bool> stopping_{false};
-  std::atomic<bool> done_{false};
-  std::thread pump_;  // last: starts after every member above is initialised
 };
 
-// Every inbox of the agent: keeps them pumping, lets go of those whose session ended.
+// Every inbox of the agent, and the one thread that feeds those whose ring was full:
+// woken when a notification has to wait, it retries the waiting inboxes, more patiently
+// the longer their clients take (50 us to 10 ms), and sleeps when none waits. So the
+// agent has one such thread however many inboxes pods open.
 class Inboxes {
  public:
-  // Stops every pump, then joins them (all within ~200 ms).
+  Inboxes();
+  // Stops the pump and frees every inbox.
   ~Inboxes();
   void Add(std::unique_ptr<Inbox> inbox);
-  // Stops and frees the inboxes of session `session_id` (its ring's mapping, doorbell and
-  // pump thread) when the session ends, rather than when another inbox opens.
+  // Frees the inboxes of session `session_id` (ring mapping, doorbell) when the session
+  // ends, rather than when another inbox opens.
   void RemoveSession(uint64_t session_id);
 
  private:
+  void Pump();
+  void NoteBacklog();
+
   absl::Mutex mu_;
-  std::vector<std::unique_ptr<Inbox>> inboxes_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Inbox>> inboxes_ ABSL_GUARDED_BY(mu_);
+  // Never held while calling into an inbox or a queue: NoteBacklog runs under a queue's lock.
+  absl::Mutex wake_mu_;
+  bool backlog_ ABSL_GUARDED_BY(wake_mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(wake_mu_) = false;
+  std::thread pump_;  // last: starts after every member above is initialised
 };
 
 }  // namespace ferry

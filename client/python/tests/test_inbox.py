@@ -137,3 +137,24 @@ def test_an_inbox_is_freed_when_its_session_ends(agent):
         time.sleep(0.1)
     assert fds() <= base_fds + 2, f"{fds()} fds, {base_fds} before 20 inbox sessions"
     assert threads() <= base_threads + 1, f"{threads()} threads, {base_threads} before"
+
+
+def test_inboxes_share_one_thread(agent):
+    # Before, every inbox had a pump thread of its own: 2,000 inboxes, 2,028 agent threads.
+    pid = int(agent.ready()["pid"])
+    with ferry.Client(agent.socket) as warm:
+        with warm.open_inbox(slots=8):
+            pass
+    time.sleep(0.5)
+    base = len(os.listdir(f"/proc/{pid}/task"))
+    clients = [ferry.Client(agent.socket) for _ in range(30)]
+    inboxes = [c.open_inbox(slots=8) for c in clients]
+    assert len(os.listdir(f"/proc/{pid}/task")) <= base + 1, "a thread per inbox"
+    # And each still gets what a full ring held back once its client reads.
+    with ferry.Client(agent.socket) as writer:
+        region = clients[7].register_host(4096)
+        for i in range(20):  # 8 slots: 12 wait in the session's queue
+            writer.send_message(region.descriptor(), b"m", tag=i)
+        assert [n.tag for n in poll_all(inboxes[7], 20)] == list(range(20))
+    for c in clients:
+        c.close()
