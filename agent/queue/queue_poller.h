@@ -21,7 +21,6 @@
 #define FERRY_AGENT_QUEUE_QUEUE_POLLER_H_
 
 #include <atomic>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <thread>
