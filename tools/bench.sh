@@ -10,7 +10,7 @@
 #                                           the local API's round trips vs a bare gRPC echo and raw fi_write
 #   tools/bench.sh kv [--tokens=T,T..] [--rounds=R] [--cpus_a=LIST --cpus_b=LIST]
 #                                           one request's KV handoff through FerryConnector vs raw fi_write
-#   tools/bench.sh kv --device[=BUNDLE] [--rounds=R]
+#   tools/bench.sh kv --device[=BUNDLE] [--rounds=R] [--busy]
 #                                           the same on GPUs, same GPU and GPU0 -> GPU1, vs raw copies
 #   tools/bench.sh qos [--seconds=T] [--ferryd_flags='...'] [--cpus_a=LIST --cpus_b=LIST]
 #                                           tenants sharing a NIC: traffic classes vs first in first out, weights

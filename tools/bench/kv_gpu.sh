@@ -16,15 +16,24 @@
 # pull), raw_copy_ms. Rows are rounds (the first of each size is a warm-up, not printed).
 # BUNDLE: tests/gpu/bundle.sh's folder (default .gpu-bundle, built if missing); the Python
 # client from PYTHONPATH (tests/gpu/python_bundle.sh on a host without pip).
-#   tools/bench.sh kv --device[=BUNDLE] [--rounds=R]
+#
+# With --busy, instead: handoffs beside a busy model. A third process runs bf16 matmuls
+# back to back on the producer's GPU (or the consumer's); each size's p50 / p99 / max
+# under each load, with the raw copy measured under the same load and the matmul rate
+# alone and beside the handoffs. Once per way the agent can run its gather/scatter
+# kernel: on the source GPU (the default), on the destination GPU (--gpu_kernel_pull),
+# and on the source GPU with every process a client of CUDA MPS (where the host has
+# nvidia-cuda-mps-control), so that kernels of different processes share the SMs.
+#   tools/bench.sh kv --device[=BUNDLE] [--rounds=R] [--busy]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bundle=.gpu-bundle rounds=5
+bundle=.gpu-bundle rounds=5 busy=
 for a in "$@"; do
   case $a in
     --device) ;;
     --device=*) bundle=${a#--device=} ;;
     --rounds=*) rounds=${a#--rounds=} ;;
+    --busy) busy=1 ;;
     *) echo "kv --device: unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -34,6 +43,39 @@ source tools/lib.sh
 
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 echo "# ferry KV handoff on GPUs  $(date -u +%Y-%m-%dT%H:%MZ)  $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sort | uniq -c | xargs)"
+
+if [ -n "$busy" ]; then
+  echo "# beside a busy model: 8192 x 8192 bf16 matmuls back to back in a third process; $rounds rounds per row"
+  ways=("kernel on the source GPU:" "kernel on the destination GPU:--gpu_kernel_pull")
+  if command -v nvidia-cuda-mps-control >/dev/null; then ways+=("kernel under MPS:"); else
+    echo "# no nvidia-cuda-mps-control on this host: no MPS rows"; fi
+  n=0
+  for way in "${ways[@]}"; do
+    name=${way%%:*} flags=${way#*:} n=$((n + 1))
+    if [ "$name" = "kernel under MPS" ]; then
+      export CUDA_MPS_PIPE_DIRECTORY=$work/mps CUDA_MPS_LOG_DIRECTORY=$work/mps-log
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+      nvidia-cuda-mps-control -d
+    fi
+    LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/busy$n.sock" \
+      --metrics_address=127.0.0.1:0 --ready_file="$work/busy$n.ready" --log_level=warning $flags 2>"$work/busy$n.log"
+    wait_for "$work/busy$n.ready" 30
+    for consumer in $(seq 0 $((gpus > 1 ? 1 : 0))); do
+      loads=idle,producer
+      [ "$consumer" = 0 ] || loads+=,consumer
+      echo "# $name, GPU0 -> GPU$consumer"
+      python3 tools/bench/kv_handoff.py --producer="$work/busy$n.sock" --consumer="$work/busy$n.sock" \
+        --tokens=1024,4096,16384 --rounds="$rounds" --device=cuda:0 --consumer_device=cuda:$consumer --two_processes \
+        --step_ms=0.1 --loads=$loads || { echo "# $name: the handoffs failed (agent log below)"; tail -n 5 "$work/busy$n.log"; }
+    done
+    kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+    if [ "$name" = "kernel under MPS" ]; then
+      echo quit | nvidia-cuda-mps-control
+      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    fi
+  done
+  exit 0
+fi
 echo "# Llama-3-8B-shaped KV (32 layers x [2, blocks, 16, 8, 128] bf16), PyTorch's allocator, one agent; $rounds rounds"
 LD_LIBRARY_PATH="$bundle/lib" start_bg "$bundle/bin/ferryd" --socket="$work/a.sock" --metrics_address=127.0.0.1:0 \
   --ready_file="$work/a.ready" --log_level=warning 2>"$work/a.log"

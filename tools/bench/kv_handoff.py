@@ -24,11 +24,17 @@ read by the producer, was answered (the batch posted), the producer saw its writ
 complete, and the consumer's notification arrived, in ms after the hold. By default
 both workers live in this process (their threads share one GIL); --two_processes puts
 the consumer in a process of its own, as a deployment's decode pod is, told to pull
-over a pipe right after the hold. Cache:
+over a pipe right after the hold. With --loads (needs --two_processes and a GPU) each
+size is timed under each load in turn: idle, or a third process running bf16 matmuls
+back to back on the producer's GPU (`producer`) or the consumer's (`consumer`), as a
+serving engine's forward passes would; one row per load and size: p50 / p99 / max of
+the rounds, the raw copy measured under the same load, and the matmul process's rate
+alone and while the handoffs ran (what the handoffs cost the model). Cache:
 Llama-3-8B-shaped, 32 layers of [2, blocks, 16, 8, 128] bf16, in host memory or on the GPU.
 """
 import argparse
 import hashlib
+import math
 import multiprocessing
 import random
 import time
@@ -40,6 +46,7 @@ from ferry.vllm.scheduler import Pull, StepPlan
 from ferry.vllm.worker import FerryWorker
 
 LAYERS, BLOCK_TOKENS, KV_HEADS, HEAD = 32, 16, 8, 128
+BLOCK_BYTES = 2 * BLOCK_TOKENS * KV_HEADS * HEAD * 2 * LAYERS  # one block's K and V, every layer
 
 
 def secret(rid):
@@ -234,6 +241,66 @@ def consumer_process(args, num_blocks, conn, seconds=120.0):
     consumer.close()
 
 
+def busy_process(device, conn, size=8192):
+    """--loads: bf16 matmuls back to back on `device` until told to stop. Answers
+    "sample" with (matmuls done, perf_counter) and "stop" by exiting."""
+    a = torch.randn(size, size, dtype=torch.bfloat16, device=device)
+    b = torch.randn(size, size, dtype=torch.bfloat16, device=device)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize(device)
+    conn.send("ready")
+    done = 0
+    while True:
+        for _ in range(8):
+            a @ b
+        torch.cuda.synchronize(device)
+        done += 8
+        while conn.poll():
+            if conn.recv() == "stop":
+                return
+            conn.send((done, time.perf_counter()))
+
+
+class Busy:
+    """A busy_process on `device` (None: no load), with its matmul rate in TFLOPS between
+    two samples."""
+    FLOPS = 2 * 8192 ** 3
+
+    def __init__(self, device):
+        self.conn = self.child = None
+        if device is None:
+            return
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, theirs = ctx.Pipe()
+        self.child = ctx.Process(target=busy_process, args=(device, theirs))
+        self.child.start()
+        if self.conn.recv() != "ready":
+            raise RuntimeError("the matmul process did not start")
+
+    def sample(self):
+        if self.child is None:
+            return None
+        self.conn.send("sample")
+        return self.conn.recv()
+
+    def tflops(self, first, last):
+        if first is None:
+            return float("nan")
+        return (last[0] - first[0]) * self.FLOPS / (last[1] - first[1]) / 1e12
+
+    def stop(self):
+        if self.child is not None:
+            self.conn.send("stop")
+            self.child.join(30)
+
+
+def percentile(values, q):
+    """The nearest-rank percentile: the smallest value with at least q of them at or below."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--producer", required=True)
@@ -256,6 +323,9 @@ def main():
     ap.add_argument("--two_processes", action="store_true",
                     help="the consumer in a process of its own, as in a deployment (default: both in this one, "
                          "sharing its GIL)")
+    ap.add_argument("--loads", default=None,
+                    help="with --two_processes on GPUs: comma-separated loads to time each size under (idle, "
+                         "producer, consumer: a matmul process on that side's GPU); prints p50 / p99 rows")
     args = ap.parse_args()
     args.consumer_device = args.consumer_device or args.device
     if (args.device == "cpu") != (args.consumer_device == "cpu"):
@@ -266,6 +336,11 @@ def main():
         ap.error("--concurrent must be 1 or more, and 1 with --phases")
     if args.two_processes and (args.phases or args.raw_blocks):
         ap.error("--phases and --raw_blocks need both sides in one process")
+    loads = args.loads.split(",") if args.loads else [None]
+    if args.loads and (not args.two_processes or args.device == "cpu" or args.concurrent > 1 or
+                       set(loads) - {"idle", "producer", "consumer"}):
+        ap.error("--loads needs --two_processes, cuda:N, one request at a time, and loads among idle, producer, "
+                 "consumer")
     sizes = [int(t) for t in args.tokens.split(",")]
     num_blocks = args.concurrent * max(sizes) // BLOCK_TOKENS + 8
     if args.two_processes:  # started before this process touches a GPU
@@ -285,37 +360,68 @@ def main():
     timeline = Timeline(producer, consumer) if args.phases else None
     pulls = PullTimer(producer)
     rng = random.Random(3)
-    block_bytes = 2 * BLOCK_TOKENS * KV_HEADS * HEAD * 2 * LAYERS  # K and V, every layer
-    for tokens in sizes:
-        n = tokens // BLOCK_TOKENS
-        total = args.concurrent * n * block_bytes
-        for r in range(args.rounds + 1):
-            src = rng.sample(range(num_blocks), args.concurrent * n)
-            dst = rng.sample(range(num_blocks), args.concurrent * n)
-            requests = [(f"{tokens}-{r}-{i}", src[i * n:(i + 1) * n], dst[i * n:(i + 1) * n])
-                        for i in range(args.concurrent)]
-            if args.two_processes:  # the consumer checks the blocks
-                seconds, submit = handoff_to_process(producer, conn, requests, args.step_ms / 1e3, pulls)
-                phases = []
-            else:
-                seconds, submit, phases = handoff(producer, consumer, requests, args.step_ms / 1e3, pulls, timeline)
-                layer = next(iter(pcache))
-                for _, s, d in requests:
-                    assert torch.equal(ccache[layer][:, d[-1]].view(torch.int16).cpu(),
-                                       pcache[layer][:, s[-1]].view(torch.int16).cpu()), "a block differs"
-            if r:  # the first round of a size warms up (page faults of fresh memory)
-                raw = "" if args.device == "cpu" else \
-                    f" {raw_copy_seconds(total, args.device, args.consumer_device) * 1e3:.2f}"
-                if args.raw_blocks:
-                    raw += f" {raw_blocks_seconds(pcache, ccache, src, dst, args.device) * 1e3:.2f}"
-                print(tokens, total, f"{seconds * 1e3:.2f}", f"{total / seconds / 1e9:.3f}",
-                      f"{submit * 1e3:.3f}{raw}", *(f"{p:.2f}" for p in phases), flush=True)
+    if args.loads:
+        print("# load tokens rounds p50_ms p99_ms max_ms raw_copy_ms matmul_TFLOPS_alone matmul_TFLOPS_beside")
+    sides = (producer, conn if args.two_processes else consumer, pcache, None if args.two_processes else ccache)
+    for load in loads:
+        busy = Busy({"producer": args.device, "consumer": args.consumer_device}.get(load))
+        alone = busy.sample()
+        if alone is not None:
+            time.sleep(2)
+        before = busy.sample()
+        for tokens in sizes:
+            times = timed_size(args, tokens, sides, pulls, timeline, rng, num_blocks, print_rounds=load is None)
+            if load is None:
+                continue
+            after = busy.sample()
+            raw = raw_copy_seconds(tokens // BLOCK_TOKENS * BLOCK_BYTES, args.device, args.consumer_device)
+            print(load, tokens, len(times), *(f"{percentile(times, q) * 1e3:.2f}" for q in (0.5, 0.99, 1.0)),
+                  f"{raw * 1e3:.2f}", f"{busy.tflops(alone, before):.0f}", f"{busy.tflops(before, after):.0f}",
+                  flush=True)
+            before = busy.sample()
+        busy.stop()
     producer.close()
     if args.two_processes:
         conn.send(None)
         child.join(30)
     else:
         consumer.close()
+
+
+def timed_size(args, tokens, sides, pulls, timeline, rng, num_blocks, print_rounds):
+    """Hands off `tokens`-token requests for 1 + --rounds rounds (the first warms up: page
+    faults of fresh memory) and returns the timed rounds' seconds; prints a row per timed
+    round with `print_rounds`. `sides`: the producer, the consumer (or the pipe to its
+    process), and their caches (the consumer's None in its own process)."""
+    producer, consumer, pcache, ccache = sides
+    n = tokens // BLOCK_TOKENS
+    total = args.concurrent * n * BLOCK_BYTES
+    times = []
+    for r in range(args.rounds + 1):
+        src = rng.sample(range(num_blocks), args.concurrent * n)
+        dst = rng.sample(range(num_blocks), args.concurrent * n)
+        requests = [(f"{tokens}-{r}-{i}", src[i * n:(i + 1) * n], dst[i * n:(i + 1) * n])
+                    for i in range(args.concurrent)]
+        if args.two_processes:  # the consumer checks the blocks
+            seconds, submit = handoff_to_process(producer, consumer, requests, args.step_ms / 1e3, pulls)
+            phases = []
+        else:
+            seconds, submit, phases = handoff(producer, consumer, requests, args.step_ms / 1e3, pulls, timeline)
+            layer = next(iter(pcache))
+            for _, s, d in requests:
+                assert torch.equal(ccache[layer][:, d[-1]].view(torch.int16).cpu(),
+                                   pcache[layer][:, s[-1]].view(torch.int16).cpu()), "a block differs"
+        if not r:
+            continue
+        times.append(seconds)
+        if print_rounds:
+            raw = "" if args.device == "cpu" else \
+                f" {raw_copy_seconds(total, args.device, args.consumer_device) * 1e3:.2f}"
+            if args.raw_blocks:
+                raw += f" {raw_blocks_seconds(pcache, ccache, src, dst, args.device) * 1e3:.2f}"
+            print(tokens, total, f"{seconds * 1e3:.2f}", f"{total / seconds / 1e9:.3f}",
+                  f"{submit * 1e3:.3f}{raw}", *(f"{p:.2f}" for p in phases), flush=True)
+    return times
 
 
 if __name__ == "__main__":
