@@ -59,6 +59,9 @@ struct AgentConfig {
   size_t max_queues_per_uid = 64;    // of which one pod (uid) may have
   bool queues_on_nic_worker = true;  // the first NIC worker takes queue submissions
   uint32_t transfer_timeout_ms = 30000;
+  // Longest deadline a request may ask for: a transfer, a message or a queue's entries
+  // may hold their pod's resources (and its lane of cross-agent messages) that long.
+  uint32_t max_transfer_timeout_ms = 600000;
   uint32_t max_wait_ms = 60000;
   int local_copy_threads = 2;
   bool gpu_kernel_pull = false;

@@ -99,6 +99,8 @@ ABSL_FLAG(bool, queues_on_nic_worker, true,
           "Take shared-memory queue submissions on the first NIC worker's thread (no hand-off between threads); "
           "false: on a thread of their own. Without a fabric they always have their own thread.");
 ABSL_FLAG(uint32_t, transfer_timeout_ms, 30000, "Default transfer deadline when a Write sets none.");
+ABSL_FLAG(uint32_t, max_transfer_timeout_ms, 600000,
+          "Longest transfer, message or queue deadline a request may ask for (timeout_ms); longer ones are refused.");
 ABSL_FLAG(uint32_t, max_wait_ms, 60000, "Longest a single Wait call blocks.");
 ABSL_FLAG(int32_t, local_copy_threads, 2, "Threads for node-local host copies.");
 ABSL_FLAG(uint64_t, staging_buffer_bytes, 32 << 20,
@@ -224,6 +226,7 @@ absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
   config.max_queues_per_uid = absl::GetFlag(FLAGS_max_queues_per_uid);
   config.queues_on_nic_worker = absl::GetFlag(FLAGS_queues_on_nic_worker);
   config.transfer_timeout_ms = absl::GetFlag(FLAGS_transfer_timeout_ms);
+  config.max_transfer_timeout_ms = absl::GetFlag(FLAGS_max_transfer_timeout_ms);
   config.max_wait_ms = absl::GetFlag(FLAGS_max_wait_ms);
   config.local_copy_threads = absl::GetFlag(FLAGS_local_copy_threads);
   config.gpu_kernel_pull = absl::GetFlag(FLAGS_gpu_kernel_pull);
@@ -241,7 +244,9 @@ absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
   if (config.local_copy_threads < 1 || config.local_copy_threads > 64) {
     return absl::InvalidArgumentError("--local_copy_threads must be 1..64");
   }
-  if (config.transfer_timeout_ms == 0) return absl::InvalidArgumentError("--transfer_timeout_ms must be >= 1");
+  if (config.transfer_timeout_ms == 0 || config.transfer_timeout_ms > config.max_transfer_timeout_ms) {
+    return absl::InvalidArgumentError("--transfer_timeout_ms must be 1..--max_transfer_timeout_ms");
+  }
   ferry::QosFlags qos;
   qos.enabled = absl::GetFlag(FLAGS_qos);
   qos.tenants = absl::GetFlag(FLAGS_qos_tenants);

@@ -146,7 +146,9 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareWrite(const std::
   spec.notify = req.notify();
   spec.tag = req.tag();
   spec.notify_payload = req.notify_payload();
-  spec.timeout = absl::Milliseconds(req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms);
+  absl::StatusOr<uint32_t> timeout_ms = TimeoutMs(req.timeout_ms());
+  if (!timeout_ms.ok()) return timeout_ms.status();
+  spec.timeout = absl::Milliseconds(*timeout_ms);
   spec.traffic_class = req.traffic_class();
   const ChunkLimits limits{deps_.config->max_chunks_per_write};
   return deps_.router->Prepare(
@@ -164,8 +166,9 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::
   absl::Status payload = TransferRouter::CheckNotifyPayload(req.notify(), req.notify_payload());
   if (!payload.ok()) return payload;
   const ChunkLimits limits{deps_.config->max_chunks_per_write};
-  const absl::Duration timeout =
-      absl::Milliseconds(req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms);
+  absl::StatusOr<uint32_t> timeout_ms = TimeoutMs(req.timeout_ms());
+  if (!timeout_ms.ok()) return timeout_ms.status();
+  const absl::Duration timeout = absl::Milliseconds(*timeout_ms);
   TransferBatch batch(*deps_.router, session, req.parts_size(), limits, /*cached_only=*/false);
   std::shared_ptr<const PagedIds> batch_ids;  // req.blocks, checked at the first part that uses them
   for (int i = 0; i < req.parts_size(); ++i) {
@@ -202,6 +205,15 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::
   whole.tag = req.tag();
   whole.notify_payload = req.notify_payload();
   return std::move(batch).Join(whole);
+}
+
+absl::StatusOr<uint32_t> LocalService::TimeoutMs(uint32_t requested) const {
+  if (requested == 0) return deps_.config->transfer_timeout_ms;
+  if (requested > deps_.config->max_transfer_timeout_ms) {
+    return absl::InvalidArgumentError(absl::StrCat("timeout_ms must be at most --max_transfer_timeout_ms (",
+                                                   deps_.config->max_transfer_timeout_ms, "), got ", requested));
+  }
+  return requested;
 }
 
 absl::Duration LocalService::WaitBudget(const grpc::ServerContext& ctx, uint32_t wait_ms) const {
@@ -259,10 +271,11 @@ grpc::Status LocalService::SendMessage(grpc::ServerContext* ctx, const v1::SendM
   if (!req->has_dst()) {
     return Reply("SendMessage", absl::InvalidArgumentError("dst: the destination RegionDescriptor is missing"));
   }
-  const uint32_t timeout_ms = req->timeout_ms() != 0 ? req->timeout_ms() : deps_.config->transfer_timeout_ms;
+  absl::StatusOr<uint32_t> timeout_ms = TimeoutMs(req->timeout_ms());
+  if (!timeout_ms.ok()) return Reply("SendMessage", timeout_ms.status());
   return Reply("SendMessage",
                deps_.router->SendMessage(std::make_shared<const v1::RegionDescriptor>(req->dst()), req->tag(),
-                                         req->payload(), absl::Now() + absl::Milliseconds(timeout_ms)));
+                                         req->payload(), absl::Now() + absl::Milliseconds(*timeout_ms)));
 }
 
 grpc::Status LocalService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req, v1::WaitResponse* resp) {
@@ -285,7 +298,8 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
     return absl::InvalidArgumentError(
         absl::StrCat("destinations must hold 1..", kMaxDestinations, " descriptors, got ", req.destinations_size()));
   }
-  const uint32_t timeout_ms = req.timeout_ms() != 0 ? req.timeout_ms() : deps_.config->transfer_timeout_ms;
+  absl::StatusOr<uint32_t> timeout_ms = TimeoutMs(req.timeout_ms());
+  if (!timeout_ms.ok()) return timeout_ms.status();
   absl::StatusOr<TrafficClass> traffic_class = ResolveClass(session->qos_rule(), req.traffic_class());
   if (!traffic_class.ok()) return traffic_class.status();
   // Check every destination now and warm the peer and region caches, so that entries
@@ -293,7 +307,7 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
   std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations;
   for (int i = 0; i < req.destinations_size(); ++i) {
     destinations.push_back(std::make_shared<const v1::RegionDescriptor>(req.destinations(i)));
-    absl::Status s = deps_.router->CheckDestination(destinations.back(), absl::Now() + absl::Milliseconds(timeout_ms));
+    absl::Status s = deps_.router->CheckDestination(destinations.back(), absl::Now() + absl::Milliseconds(*timeout_ms));
     if (!s.ok()) return WithPrefix(s, absl::StrCat("destinations[", i, "]: "));
   }
   absl::StatusOr<UniqueFd> ring = session->TakeFd(req.ring_fd());
@@ -311,7 +325,7 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
       TransferQueue::Open(id, session->id(), std::move(*ring), std::move(*submit), std::move(*complete), req.entries(),
                           req.table_ids(), std::move(destinations));
   if (!q.ok()) return q.status();
-  (*q)->set_timeout_ms(timeout_ms);
+  (*q)->set_timeout_ms(*timeout_ms);
   (*q)->set_traffic_class(req.traffic_class());
   (*q)->set_owner_uid(session->creds().uid);
   absl::Status added = deps_.queues->Add(*q, deps_.config->max_queues, deps_.config->max_queues_per_uid);

@@ -101,6 +101,9 @@ class LocalService final : public v1::Agent::Service {
   // How long a call may wait for a transfer: `wait_ms`, at most --max_wait_ms and what
   // is left of the call's deadline.
   absl::Duration WaitBudget(const grpc::ServerContext& ctx, uint32_t wait_ms) const;
+  // A request's timeout_ms: --transfer_timeout_ms for 0; INVALID_ARGUMENT past
+  // --max_transfer_timeout_ms.
+  absl::StatusOr<uint32_t> TimeoutMs(uint32_t requested) const;
   absl::StatusOr<uint64_t> DoCreateQueue(const std::shared_ptr<Session>& session, const v1::CreateQueueRequest& req);
   absl::Status DoOpenInbox(const std::shared_ptr<Session>& session, const v1::OpenInboxRequest& req);
   // Counts errors by API and code, converts to grpc::Status.

@@ -183,3 +183,21 @@ def test_one_pods_messages_to_a_stopped_agent_do_not_delay_another_pods(agent_fa
             c.proc.send_signal(signal.SIGCONT)
             hostile.kill()
             hostile.wait()
+
+
+def test_deadlines_are_capped(agent_factory):
+    # Before, a request could ask for a deadline of 2^32 - 1 ms (49 days): a queue's
+    # cross-agent messages then held their pod's lane, and a stuck transfer its regions,
+    # that long.
+    agent = agent_factory("--max_transfer_timeout_ms=60000")
+    with ferry.Client(agent.socket) as c:
+        src, dst = c.register_host(4096), c.register_host(4096)
+        too_long = r"timeout_ms must be at most --max_transfer_timeout_ms \(60000\), got 60001"
+        calls = [lambda t: c.write(src, dst.descriptor(), [(0, 0, 64)], timeout=t).result(),
+                 lambda t: c.write_batch([(src, dst.descriptor(), 0, 0)], 4096, [0], [0], timeout=t).result(),
+                 lambda t: c.send_message(dst.descriptor(), b"hi", timeout=t),
+                 lambda t: c.create_queue([dst.descriptor()], timeout=t).close()]
+        for call in calls:
+            with pytest.raises(ferry.errors.InvalidArgument, match=too_long):
+                call(60.001)
+            call(60)  # the cap itself is allowed
