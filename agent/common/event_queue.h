@@ -14,6 +14,13 @@
 // with how many were dropped just before it, so that the consumer learns of the loss in
 // order.
 //
+// Events pushed with a sender (any key but 0) share the room out: one sender's events
+// waiting here may hold at most `sender_events` and `sender_bytes`, so that one
+// flooding sender cannot get every other sender's events dropped.
+//
+//   EventQueue<Notification> q({4096, 1 << 20, /*sender_events=*/1024, /*sender_bytes=*/256 << 10}, cost);
+//   q.Push(message, sender_key);
+//
 // A consumer that can take an event without blocking (a ring in the client's shared
 // memory) attaches a sink instead of popping: the producer's own thread hands it each
 // event while none waits before it, so the event reaches the client without waking a
@@ -32,6 +39,7 @@
 #include <functional>
 #include <optional>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -51,6 +59,10 @@ class EventQueue {
   struct Bounds {
     size_t events = SIZE_MAX;
     size_t bytes = SIZE_MAX;  // counted by the Cost function
+    // Of those, what the events of one sender may hold (events pushed with sender 0 are
+    // not counted against any).
+    size_t sender_events = SIZE_MAX;
+    size_t sender_bytes = SIZE_MAX;
   };
 
   explicit EventQueue(size_t capacity, MarkLost mark_lost = nullptr)
@@ -58,8 +70,9 @@ class EventQueue {
   EventQueue(Bounds bounds, Cost cost, MarkLost mark_lost = nullptr)
       : bounds_(bounds), cost_(std::move(cost)), mark_lost_(std::move(mark_lost)) {}
 
-  // Returns false when the event was dropped (queue full or closed).
-  bool Push(T event) {
+  // Returns false when the event was dropped (queue full, `sender`'s share of it full,
+  // or closed).
+  bool Push(T event, uint64_t sender = 0) {
     absl::MutexLock lock(&mu_);
     if (closed_) {
       ++dropped_;
@@ -73,7 +86,16 @@ class EventQueue {
       // The sink refused it (or there is none): it waits here if there is room.
       const size_t cost = cost_ ? cost_(event) : 0;
       if (events_.size() >= bounds_.events || cost > bounds_.bytes - bytes_) return Lost();
-      events_.push_back({std::move(event), cost});
+      if (sender != 0) {
+        Held& held = held_by_sender_[sender];
+        if (held.events >= bounds_.sender_events || cost > bounds_.sender_bytes - held.bytes) {
+          if (held.events == 0) held_by_sender_.erase(sender);
+          return Lost();
+        }
+        ++held.events;
+        held.bytes += cost;
+      }
+      events_.push_back({std::move(event), cost, sender});
       bytes_ += cost;
       if (on_backlog_) on_backlog_();
     }
@@ -131,10 +153,21 @@ class EventQueue {
   struct Entry {
     T event;
     size_t cost;
+    uint64_t sender;
+  };
+  struct Held {
+    size_t events = 0;
+    size_t bytes = 0;
   };
 
   void PopFront() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    bytes_ -= events_.front().cost;
+    const Entry& front = events_.front();
+    bytes_ -= front.cost;
+    if (front.sender != 0) {
+      auto held = held_by_sender_.find(front.sender);
+      held->second.bytes -= front.cost;
+      if (--held->second.events == 0) held_by_sender_.erase(held);
+    }
     events_.pop_front();
   }
 
@@ -149,7 +182,8 @@ class EventQueue {
   const MarkLost mark_lost_;
   mutable absl::Mutex mu_;
   std::deque<Entry> events_ ABSL_GUARDED_BY(mu_);
-  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;  // the costs of events_
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;                                    // the costs of events_
+  absl::flat_hash_map<uint64_t, Held> held_by_sender_ ABSL_GUARDED_BY(mu_);  // of events_, senders' but 0
   Sink sink_ ABSL_GUARDED_BY(mu_);
   std::function<void()> on_backlog_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

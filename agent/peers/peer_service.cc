@@ -135,7 +135,8 @@ absl::Status PeerService::Accept(const v1::NotifyRequest& req, const char* via) 
     n.set_code(req.code());
     n.set_message(req.message());
     n.set_kind(message ? v1::NOTIFICATION_KIND_MESSAGE : v1::NOTIFICATION_KIND_WRITE);
-    absl::Status delivered = transfers_->Notify(**region, n);
+    absl::Status delivered = transfers_->Notify(
+        **region, n, message ? TransferManager::SenderKey(req.source_incarnation(), req.source_uid()) : 0);
     // A message's sender learns it was not delivered; a write's bytes landed regardless.
     if (message) return delivered;
   }

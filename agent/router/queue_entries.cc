@@ -85,7 +85,7 @@ absl::Status QueueEntries::SendMessage(const TransferQueue& q, const queue::Subm
   if (!may_block && !router_->IsLocal(*dst)) return WouldBlockError("a message to another agent");
   thread_local std::string payload;
   if (absl::Status s = q.CopyBytes(e.table_index, e.src_offset, &payload); !s.ok()) return s;
-  return router_->SendMessage(dst, e.tag, payload, absl::Now() + absl::Milliseconds(q.timeout_ms()));
+  return router_->SendMessage(dst, e.tag, payload, absl::Now() + absl::Milliseconds(q.timeout_ms()), q.owner_uid());
 }
 
 WriteSpec QueueEntries::Spec(const TransferQueue& q, uint64_t src_region, uint32_t dst_index) const {

@@ -213,7 +213,7 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
 }
 
 absl::Status TransferRouter::SendMessage(const std::shared_ptr<const v1::RegionDescriptor>& dst, uint64_t tag,
-                                         const std::string& payload, absl::Time deadline) const {
+                                         const std::string& payload, absl::Time deadline, uint32_t sender_uid) const {
   if (payload.size() > kMaxNotifyPayloadBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("payload is ", payload.size(), " bytes; at most ", kMaxNotifyPayloadBytes));
@@ -229,13 +229,13 @@ absl::Status TransferRouter::SendMessage(const std::shared_ptr<const v1::RegionD
     n.set_source_incarnation(deps_.incarnation);
     n.set_payload(payload);
     n.set_kind(v1::NOTIFICATION_KIND_MESSAGE);
-    return deps_.transfers->Notify(*probe.dst, n);
+    return deps_.transfers->Notify(*probe.dst, n, TransferManager::SenderKey(deps_.incarnation, sender_uid));
   }
   absl::StatusOr<std::shared_ptr<PeerConnection>> peer = deps_.peers->Resolve(*dst, deadline);
   if (!peer.ok()) return peer.status();
-  const v1::NotifyRequest req =
-      DeliverNotifyRequest(*dst, deps_.incarnation, v1::NOTIFICATION_KIND_MESSAGE, /*transfer_id=*/0, tag,
-                           /*bytes=*/0, payload);
+  v1::NotifyRequest req = DeliverNotifyRequest(*dst, deps_.incarnation, v1::NOTIFICATION_KIND_MESSAGE,
+                                               /*transfer_id=*/0, tag, /*bytes=*/0, payload);
+  req.set_source_uid(sender_uid);
   v1::NotifyResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));

@@ -101,10 +101,11 @@ class TransferRouter {
   // outlive it.
   void BeginShutdown() { stopping_->store(true); }
 
-  // Delivers a message (no bytes written) to the owner of `dst`'s region, on this agent
-  // or through its own agent, which checks the token. Returns once that agent queued it.
+  // Delivers a message (no bytes written) from pod `sender_uid` to the owner of `dst`'s
+  // region, on this agent or through its own agent, which checks the token. Returns once
+  // that agent queued it.
   absl::Status SendMessage(const std::shared_ptr<const v1::RegionDescriptor>& dst, uint64_t tag,
-                           const std::string& payload, absl::Time deadline) const;
+                           const std::string& payload, absl::Time deadline, uint32_t sender_uid) const;
   // Whether `dst` names a region of this agent (so SendMessage to it makes no RPC).
   bool IsLocal(const v1::RegionDescriptor& dst) const { return dst.agent_incarnation() == deps_.incarnation; }
 

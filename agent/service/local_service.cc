@@ -273,9 +273,9 @@ grpc::Status LocalService::SendMessage(grpc::ServerContext* ctx, const v1::SendM
   }
   absl::StatusOr<uint32_t> timeout_ms = TimeoutMs(req->timeout_ms());
   if (!timeout_ms.ok()) return Reply("SendMessage", timeout_ms.status());
-  return Reply("SendMessage",
-               deps_.router->SendMessage(std::make_shared<const v1::RegionDescriptor>(req->dst()), req->tag(),
-                                         req->payload(), absl::Now() + absl::Milliseconds(*timeout_ms)));
+  return Reply("SendMessage", deps_.router->SendMessage(
+                                  std::make_shared<const v1::RegionDescriptor>(req->dst()), req->tag(), req->payload(),
+                                  absl::Now() + absl::Milliseconds(*timeout_ms), (*session)->creds().uid));
 }
 
 grpc::Status LocalService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req, v1::WaitResponse* resp) {

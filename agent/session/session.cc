@@ -37,7 +37,11 @@ Session::Session(uint64_t id, PeerCredentials creds, const SessionLimits& limits
       limits_(limits),
       rule_(std::move(rule)),
       completions_({limits.event_queue_capacity, limits.event_queue_bytes}, QueuedBytes<v1::TransferResult>),
-      notifications_({limits.event_queue_capacity, limits.event_queue_bytes}, QueuedBytes<v1::Notification>,
+      // A message's sender (a pod, on this agent or another) may hold a quarter of the
+      // room: one flooding pod cannot get every other pod's messages refused.
+      notifications_({limits.event_queue_capacity, limits.event_queue_bytes, limits.event_queue_capacity / 4,
+                      limits.event_queue_bytes / 4},
+                     QueuedBytes<v1::Notification>,
                      [](v1::Notification& n, uint64_t lost) { n.set_lost_before(lost); }) {}
 
 absl::StatusOr<uint64_t> Session::AddFd(UniqueFd fd) {

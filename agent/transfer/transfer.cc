@@ -1,5 +1,8 @@
 #include "agent/transfer/transfer.h"
 
+#include <utility>
+
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/check.h"
@@ -92,16 +95,21 @@ void TransferManager::Finish(const Transfer& t, const absl::Status& status) {
   }
 }
 
-absl::Status TransferManager::Notify(const Region& region, const v1::Notification& n) {
+uint64_t TransferManager::SenderKey(uint64_t incarnation, uint32_t uid) {
+  return absl::Hash<std::pair<uint64_t, uint32_t>>{}({incarnation, uid}) | 1;
+}
+
+absl::Status TransferManager::Notify(const Region& region, const v1::Notification& n, uint64_t sender) {
   std::shared_ptr<Session> owner = sessions_->FindById(region.owner_session());
   if (owner == nullptr) {  // the receiver is gone; its region goes with it
     return absl::UnavailableError(absl::StrCat("the owner of region ", region.id(), " has ended its session"));
   }
-  if (!owner->notifications().Push(n)) {
+  if (!owner->notifications().Push(n, sender)) {
     metrics_->notifications_dropped().Increment();
     notifications_lost_.fetch_add(1, std::memory_order_relaxed);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the owner of region ", region.id(), " is not reading its notifications and its queue is full"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the owner of region ", region.id(), " is not reading its notifications and its queue is full",
+        sender != 0 ? " (or holds this pod's share of it: a quarter, --max_queued_notification_bytes)" : ""));
   }
   metrics_->notifications().Increment();
   return absl::OkStatus();

@@ -111,8 +111,11 @@ class TransferManager {
 
   // Delivers a notification to the owner of `region`. UNAVAILABLE when the owner's
   // session has ended, RESOURCE_EXHAUSTED when it is not reading its notifications and
-  // its queue is full (the notification is dropped and counted either way).
-  absl::Status Notify(const Region& region, const v1::Notification& n);
+  // its queue is full, or `sender`'s share of it (SenderKey; 0: a write's notification,
+  // not counted against a sender). The notification is dropped and counted either way.
+  absl::Status Notify(const Region& region, const v1::Notification& n, uint64_t sender = 0);
+  // Who sent a message, for Notify: a pod (uid) on the agent of `incarnation`. Never 0.
+  static uint64_t SenderKey(uint64_t incarnation, uint32_t uid);
 
   uint64_t inflight() const { return inflight_.load(); }
   uint64_t completed() const { return completed_.load(); }

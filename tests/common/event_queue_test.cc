@@ -32,6 +32,25 @@ TEST_CASE("EventQueue with a byte bound drops what would pass it, and frees the 
   CHECK(q.dropped() == 1);
 }
 
+TEST_CASE("EventQueue keeps one sender's events to its share, so others still get in") {
+  EventQueue<std::string> q({/*events=*/8, /*bytes=*/100, /*sender_events=*/3, /*sender_bytes=*/10},
+                            [](const std::string& e) { return e.size(); });
+  constexpr uint64_t kFlooder = 7, kOther = 8;
+  CHECK(q.Push("a", kFlooder));
+  CHECK(q.Push("b", kFlooder));
+  CHECK(q.Push("c", kFlooder));
+  CHECK_FALSE(q.Push("d", kFlooder));          // its 3 events
+  CHECK(q.Push("x", kOther));                  // another sender's room is its own
+  CHECK_FALSE(q.Push("0123456789a", kOther));  // past a sender's 10 bytes
+  CHECK(q.Push("unshared", 0));                // sender 0: only the queue's bounds
+  CHECK(q.Pop(absl::ZeroDuration()) == "a");
+  CHECK(q.Push("d", kFlooder));  // taking one of its events gives its room back
+  CHECK(q.dropped() == 2);
+  for (int i = 0; i < 4; ++i) q.Pop(absl::ZeroDuration());
+  CHECK(q.Pop(absl::ZeroDuration()) == "d");
+  CHECK(q.Push("efgh", kFlooder));  // all of its events taken: a fresh share
+}
+
 TEST_CASE("EventQueue marks the next event it takes with how many it dropped before it") {
   // Events are (value, lost before it); a sink that refuses while full, then takes.
   using Event = std::pair<int, uint64_t>;

@@ -201,3 +201,50 @@ def test_deadlines_are_capped(agent_factory):
             with pytest.raises(ferry.errors.InvalidArgument, match=too_long):
                 call(60.001)
             call(60)  # the cap itself is allowed
+
+
+FLOODER = r"""
+import os, sys, ferry
+os.setgid(65534)
+os.setuid(65534)  # another pod
+for sock in sys.argv[1].split(","):
+    with ferry.Client(sock) as c:
+        sent = 0
+        try:
+            for i in range(100000):
+                c.send_message(bytes.fromhex(sys.argv[2]), b"x" * 4096, tag=i)
+                sent += 1
+        except ferry.errors.ResourceExhausted as e:
+            print(sent, e, flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the flooding pod runs as another uid")
+def test_one_pods_messages_cannot_crowd_out_anothers(agent_factory):
+    # Before, a receiver's queue was one pool for every sender: a pod that sent messages
+    # to a receiver that was not reading filled it, and every other pod's message (a KV
+    # pull is one) was refused. Now each sender (a pod on an agent) may hold a quarter.
+    a, b = (agent_factory(f"--peer_address={ip}:0", f"--fabric_iface={ip}", "--fabric_provider=tcp;ofi_rxm",
+                          "--socket_mode=0666") for ip in ("127.0.0.1", "127.0.0.2"))
+    os.chmod(a.dir, 0o755)
+    os.chmod(b.dir, 0o755)
+    with ferry.Client(a.socket) as receiver, ferry.Client(a.socket) as on_a, ferry.Client(b.socket) as on_b:
+        mailbox = receiver.register_host(4096).descriptor()
+        flood = subprocess.run([sys.executable, "-c", FLOODER, f"{a.socket},{b.socket}", mailbox.hex()],
+                               capture_output=True, text=True, timeout=120)
+        refused = flood.stdout.splitlines()
+        assert len(refused) == 2, flood.stdout + flood.stderr  # refused on a (local) and through b (remote)
+        for line in refused:
+            sent = int(line.split()[0])
+            assert 10 < sent < 100, line  # a quarter of 1 MiB of 4 KiB messages, not all of it
+            assert "share of it" in line
+        on_a.send_message(mailbox, b"honest from a", tag=1)
+        on_b.send_message(mailbox, b"honest from b", tag=2)
+        inbox = receiver.open_inbox(slots=256)
+        got = []
+        for _ in range(50):
+            got += inbox.poll(max_count=256, timeout=0.1)
+            if len(got) >= sum(int(line.split()[0]) for line in refused) + 2:
+                break
+        assert [bytes(n.payload) for n in got if n.kind == "message" and bytes(n.payload).startswith(b"honest")] == \
+            [b"honest from a", b"honest from b"]
