@@ -402,6 +402,8 @@ class KVProducer:
         self._lock = threading.Lock()
         self._answered = Progress()  # what the responder's answers decided, for the next poll()
         self._deferred: List[bytes] = []  # messages the responder left for poll(), in order
+        self._refusals: Dict[str, _Bucket] = {}  # consumer id -> its refusals of pulls that end nothing
+        self._unsent_refusals = 0  # skipped past a bucket since the last poll()
         self._stopping = threading.Event()
         self._responder = None
         if background:
@@ -440,17 +442,33 @@ class KVProducer:
                     self._answered.failed.setdefault("", f"answering messages failed: {e!r}")
 
     def _answer(self, progress: Progress, early: bool = False) -> None:
-        """Handles the messages that arrived, in order; ``early`` (the responder) stops at
-        the first that names a request not held yet and leaves the rest for poll()."""
+        """Handles the messages that arrived, in order; ``early`` (the responder) leaves
+        those that name a request not held yet for poll(), in their order, and answers the
+        rest now: a pull that came before its hold waits for the hold, and a flood of
+        pulls for requests that do not exist delays no pull of one that does."""
         pending = self._deferred + [n.payload for n in self._inbox.drain() if n.kind == "message"]
         self._deferred = []
         accepted: List[_Pull] = []
-        for i, payload in enumerate(pending):
+        for payload in pending:
             if early and not self._knows_request(payload):
-                self._deferred = pending[i:]
-                break
+                self._deferred.append(payload)
+                continue
             self._on_message(payload, progress, accepted)
         self._write(accepted, progress)
+        if not early and self._unsent_refusals:
+            progress.failed.setdefault("", f"{self._unsent_refusals} refusals of pulls that ended no request were not "
+                                           f"sent (more than {_Bucket.RATE:.0f} a second to one consumer)")
+            self._unsent_refusals = 0
+
+    def _refuse_unattributed(self, consumer: str, answer_to: tuple, why: str) -> None:
+        """Tells a consumer its pull ended no request (unknown, or without the request's
+        secret), at most _Bucket's rate per consumer: anyone holding the mailbox's
+        descriptor can send such pulls, and each answer is a message of ours."""
+        bucket = self._refusals.setdefault(consumer, _Bucket())
+        if bucket.take():
+            refuse(self._client, answer_to, why)
+        else:
+            self._unsent_refusals += 1
 
     def _knows_request(self, payload: bytes) -> bool:
         """False for a pull or cancel of a request this producer does not hold (yet)."""
@@ -568,9 +586,10 @@ class KVProducer:
             progress.failed.setdefault("", f"a pull of request {rid} by consumer {consumer} without the "
                                            "request's secret was refused")
             if descriptors is not None and all(d is not None for d in descriptors):
-                refuse(self._client, (descriptors[0], reply),
-                       f"request {rid}'s pull lacks its secret (kv_transfer_params' ferry_request_secret); "
-                       "a consumer older than this producer's ferry must be upgraded")
+                self._refuse_unattributed(consumer, (descriptors[0], reply),
+                                          f"request {rid}'s pull lacks its secret (kv_transfer_params' "
+                                          "ferry_request_secret); a consumer older than this producer's ferry must "
+                                          "be upgraded")
             return
         if held is not None and held.future is None and total == len(held.src_ids) - skip and \
                 first + len(chunk) <= total:
@@ -602,11 +621,15 @@ class KVProducer:
             if dst_ids and max(dst_ids) >= limit:
                 why = f"destination block id {max(dst_ids)} is outside the consumer's 0..{limit - 1}"
         if why is not None:
-            if held is not None and held.future is None:
+            ends_request = held is not None and held.future is None
+            if ends_request:
                 del self._held[rid]
                 progress.failed[rid] = why
             if descriptors is not None and all(d is not None for d in descriptors):
-                refuse(self._client, (descriptors[0], reply), why)
+                if ends_request:
+                    refuse(self._client, (descriptors[0], reply), why)
+                else:
+                    self._refuse_unattributed(consumer, (descriptors[0], reply), why)
             return
         if not dst_ids:  # the consumer had every block already
             del self._held[rid]
@@ -747,6 +770,23 @@ class KVProducer:
             q.queue.close()  # writes in flight complete in the agent; nobody reaps them
         self._queues.clear()
         self._retired.clear()
+
+
+class _Bucket:
+    """A token bucket: RATE takes a second, BURST at once."""
+    RATE, BURST = 64.0, 64.0
+
+    def __init__(self) -> None:
+        self._tokens, self._at = self.BURST, time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(self.BURST, self._tokens + (now - self._at) * self.RATE)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
 
 def refuse(client: Client, answer_to: tuple, why: str) -> None:

@@ -330,6 +330,34 @@ def test_only_the_request_secret_pulls_or_cancels_and_a_hello_cannot_take_a_cons
         thief.close()
 
 
+def test_a_flood_of_pulls_for_requests_that_do_not_exist_delays_no_honest_pull(pair, fabric_agents):
+    # Before, the producer's responder stopped at the first pull of a request it did not
+    # hold (it may come before its hold) and left everything after it for the engine's
+    # next poll(), which answered each junk pull with a message of its own: a flood of
+    # 20k delayed the next honest handoff to 1.1 s.
+    producer, consumer, players, clayers, pspec, cspec = pair
+    with ferry.Client(fabric_agents[1].socket) as cc:
+        regions = [cc.register_host(cspec.region_bytes) for _ in range(LAYERS)]
+        flooder = KVConsumer(cc, cspec, regions, "flooder", timeout=30.0)
+        for i in range(2000):
+            flooder.pull(f"junk-{i}", producer.mailbox, [1], secret=S)
+        time.sleep(0.5)  # the responder has read (and set aside) what the agent let through
+        producer.hold("honest", [4, 5], secret=S)
+        started = time.monotonic()
+        consumer.pull("honest", producer.mailbox, [6, 7], secret=S)
+        (c,) = until(consumer, seconds=5)  # the producer is not polled: its responder answers
+        took = time.monotonic() - started
+        assert c.done == {"honest"}, c.failed
+        assert took < 1.0, f"the honest pull took {took:.2f} s behind the junk"
+        assert block(clayers[0], cspec, 1, 7) == block(players[0], pspec, 1, 5)
+        started = time.monotonic()
+        (p,) = until(producer)  # the junk, refused at a bounded rate: the engine's poll stays short
+        assert "honest" in p.done
+        assert time.monotonic() - started < 2.0
+        assert "were not sent" in p.failed.get("", ""), p.failed
+        flooder.close()
+
+
 def test_a_lease_expires_and_a_consumer_times_out(pair):
     producer, consumer, players, _, pspec, _ = pair
     producer.hold("nobody-pulls", [5], lease=0.2, secret=S)
