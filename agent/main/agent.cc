@@ -17,19 +17,24 @@
 #include "agent/main/topology_report.h"
 #include "agent/peers/peer_tls.h"
 #include "agent/topology/cpu_list.h"
+#include "agent/topology/memory_node.h"
 #include "proto/ferry/wire/session_wire.h"
 
 namespace ferry {
 namespace {
 
 // Where a new region's memory is: its GPU, or the NUMA node its client runs on (the
-// pages are normally first touched, and so placed, there).
+// pages are normally first touched, and so placed, there). A client in another pid
+// namespace (every pod of a Kubernetes node: SO_PEERCRED says pid 0) has no CPUs the
+// agent can read; its region's first page says where the pages are instead.
 Placement Place(const Topology& topology, const CudaMemory* cuda, const Session& session, const MemoryBacking& b) {
   Placement p;
   if (b.kind() == MemoryKind::kCuda) {
     if (cuda != nullptr) p.gpu_pci_address = cuda->PciBusId(b.device());
   } else if (session.creds().pid > 0) {
     p.numa_node = topology.NumaNodeOfCpus(ProcessCpus(session.creds().pid));
+  } else if (const int node = NumaNodeOfMemory(b.data()); node >= 0 && topology.FindNuma(node) != nullptr) {
+    p.numa_node = node;
   }
   return p;
 }

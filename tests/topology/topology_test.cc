@@ -2,10 +2,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 #include "absl/strings/str_cat.h"
 #include "agent/topology/cpu_list.h"
+#include "agent/topology/memory_node.h"
 #include "agent/topology/rails.h"
 #include "agent/topology/topology.h"
 #include "tests/testing/agent_process.h"
@@ -191,6 +193,16 @@ TEST_CASE("a missing or odd tree yields fewer devices, not a crash") {
   CHECK(!testing::WriteFakeSysfs("gpu\n", root).ok());
   CHECK(!testing::WriteFakeSysfs("disk sda pci0000:00/0000:00:02.0\n", root).ok());
   std::filesystem::remove_all(root);
+}
+
+TEST_CASE("NumaNodeOfMemory names the node the kernel placed a page on") {
+  std::vector<char> page(1 << 16, 1);  // touched: its pages are present
+  const int node = NumaNodeOfMemory(page.data() + 4096);
+  REQUIRE(node >= 0);
+  if (std::filesystem::exists("/sys/devices/system/node")) {
+    CHECK(std::filesystem::exists(absl::StrCat("/sys/devices/system/node/node", node)));
+  }
+  CHECK(NumaNodeOfMemory(nullptr) == -1);
 }
 
 }  // namespace

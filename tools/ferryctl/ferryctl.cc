@@ -85,10 +85,12 @@ void PrintTenants(const ferry::v1::GetStatusResponse& s) {
       mine += b;
       by_class[c] = HumanBytes(b);
     }
-    printf("%-8llu %-8d %-7u %-12s %-11s %-11s %6u %12s %12s %12s %6.1f%%\n",
-           static_cast<unsigned long long>(t.session_id()), t.pid(), t.uid(), t.rule().c_str(), ClassName(t.ceiling()),
-           ClassName(t.default_class()), t.weight(), by_class[0].c_str(), by_class[1].c_str(), by_class[2].c_str(),
-           total == 0 ? 0.0 : 100.0 * static_cast<double>(mine) / static_cast<double>(total));
+    // pid 0: a client in a pid namespace the agent cannot see (another container).
+    const std::string pid = t.pid() > 0 ? absl::StrCat(t.pid()) : "other-ns";
+    printf("%-8llu %-8s %-7u %-12s %-11s %-11s %6u %12s %12s %12s %6.1f%%\n",
+           static_cast<unsigned long long>(t.session_id()), pid.c_str(), t.uid(), t.rule().c_str(),
+           ClassName(t.ceiling()), ClassName(t.default_class()), t.weight(), by_class[0].c_str(), by_class[1].c_str(),
+           by_class[2].c_str(), total == 0 ? 0.0 : 100.0 * static_cast<double>(mine) / static_cast<double>(total));
   }
 }
 
