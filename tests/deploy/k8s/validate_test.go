@@ -36,6 +36,8 @@ func newObject(apiVersion, kind string) (interface{}, error) {
 		return &corev1.ConfigMap{}, nil
 	case "v1/ServiceAccount":
 		return &corev1.ServiceAccount{}, nil
+	case "v1/ResourceQuota":
+		return &corev1.ResourceQuota{}, nil
 	case "v1/Service":
 		return &corev1.Service{}, nil
 	case "v1/Pod":
@@ -200,6 +202,40 @@ func TestChartRendersValidObjects(t *testing.T) {
 		if !kinds[k] {
 			t.Errorf("no %s rendered with everything on (got %v)", k, kinds)
 		}
+	}
+}
+
+// An API server that limits the system-*-critical classes to namespaces with a quota
+// covering them (GKE's) admits the agent's pods only with one: the chart ships it for the
+// class its DaemonSet uses, and none for another class.
+func TestCriticalPriorityClassHasItsQuota(t *testing.T) {
+	quotas := func(r rendering) []*corev1.ResourceQuota {
+		var out []*corev1.ResourceQuota
+		for _, o := range r.objects {
+			if q, ok := o.(*corev1.ResourceQuota); ok {
+				out = append(out, q)
+			}
+		}
+		return out
+	}
+	for _, values := range profiles {
+		r := renderProfile(t, values)
+		class := r.daemonSet.Spec.Template.Spec.PriorityClassName
+		qs := quotas(r)
+		if len(qs) != 1 || qs[0].Spec.ScopeSelector == nil || len(qs[0].Spec.ScopeSelector.MatchExpressions) != 1 {
+			t.Fatalf("%s: want one ResourceQuota with one scope expression for class %q, got %+v", values, class, qs)
+		}
+		e := qs[0].Spec.ScopeSelector.MatchExpressions[0]
+		if e.ScopeName != corev1.ResourceQuotaScopePriorityClass || e.Operator != corev1.ScopeSelectorOpIn ||
+			len(e.Values) != 1 || e.Values[0] != class {
+			t.Errorf("%s: the quota's scope %+v does not cover the DaemonSet's class %q", values, e, class)
+		}
+	}
+	if qs := quotas(renderProfile(t, "", "priorityClassName=ferry-agents")); len(qs) != 0 {
+		t.Errorf("a quota rendered for a class of the user's own: %+v", qs)
+	}
+	if qs := quotas(renderProfile(t, "", "criticalPodQuota.create=false")); len(qs) != 0 {
+		t.Errorf("a quota rendered with criticalPodQuota.create=false: %+v", qs)
 	}
 }
 
