@@ -4,18 +4,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/grpc_status.h"
 #include "agent/common/log.h"
 
 namespace ferry {
 namespace {
 
 absl::Status FromRpc(const grpc::Status& s, const std::string& what) {
-  if (s.ok()) return absl::OkStatus();
-  absl::StatusCode code = static_cast<absl::StatusCode>(s.error_code());
-  if (code == absl::StatusCode::kDeadlineExceeded || code == absl::StatusCode::kCancelled) {
-    code = absl::StatusCode::kUnavailable;
+  absl::Status status = FromGrpcStatus(s, absl::StrCat(what, ": "));
+  if (absl::IsDeadlineExceeded(status) || absl::IsCancelled(status)) {
+    return absl::UnavailableError(status.message());
   }
-  return absl::Status(code, absl::StrCat(what, ": ", s.error_message()));
+  return status;
 }
 
 void SetDeadline(grpc::ClientContext& ctx, absl::Time deadline) {
@@ -348,10 +348,7 @@ absl::StatusOr<uint64_t> PeerTable::Ping(const std::string& address, absl::Durat
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   v1::PingResponse resp;
   grpc::Status s = stub->Ping(&ctx, v1::PingRequest(), &resp);
-  if (!s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("ping of agent ", address, ": ", s.error_message()));
-  }
+  if (!s.ok()) return FromGrpcStatus(s, absl::StrCat("ping of agent ", address, ": "));
   return resp.incarnation();
 }
 

@@ -1,6 +1,7 @@
 #include "agent/peers/remote_target.h"
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/grpc_status.h"
 
 namespace ferry {
 
@@ -53,13 +54,12 @@ void SendNotifyAsync(std::shared_ptr<PeerConnection> peer, v1::NotifyRequest req
   call->req = std::move(req);
   call->ctx.set_deadline(absl::ToChronoTime(deadline));
   PeerConnection* p = peer.get();
-  p->stub()->async()->Notify(
-      &call->ctx, &call->req, &call->resp, [call, peer = std::move(peer), done = std::move(done)](grpc::Status s) {
-        if (s.ok()) return done(absl::OkStatus());
-        if (s.error_code() == grpc::StatusCode::UNAVAILABLE) peer->MarkSuspect();
-        done(absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                          absl::StrCat("notifying agent ", peer->address(), " failed: ", s.error_message())));
-      });
+  p->stub()->async()->Notify(&call->ctx, &call->req, &call->resp,
+                             [call, peer = std::move(peer), done = std::move(done)](grpc::Status s) {
+                               if (s.ok()) return done(absl::OkStatus());
+                               if (s.error_code() == grpc::StatusCode::UNAVAILABLE) peer->MarkSuspect();
+                               done(FromGrpcStatus(s, absl::StrCat("notifying agent ", peer->address(), " failed: ")));
+                             });
 }
 
 }  // namespace ferry

@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "agent/common/check.h"
+#include "agent/common/grpc_status.h"
 #include "agent/common/log.h"
 #include "agent/common/poll_source.h"
 #include "agent/common/status_prefix.h"
@@ -242,8 +243,7 @@ absl::Status TransferRouter::SendMessage(const std::shared_ptr<const v1::RegionD
   grpc::Status s = (*peer)->stub()->Notify(&ctx, req, &resp);
   if (s.ok()) return absl::OkStatus();
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE) (*peer)->MarkSuspect();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat("agent ", dst->agent_address(), ": ", s.error_message()));
+  return FromGrpcStatus(s, absl::StrCat("agent ", dst->agent_address(), ": "));
 }
 
 absl::StatusOr<uint64_t> TransferRouter::Destination(const std::shared_ptr<const v1::RegionDescriptor>& dst_ptr,

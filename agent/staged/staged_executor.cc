@@ -5,6 +5,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/grpc_status.h"
 #include "agent/common/thread_name.h"
 #include "agent/staged/staging_memory.h"
 
@@ -250,15 +251,13 @@ absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, cons
 }
 
 absl::Status StagedExecutor::CommitStatus(const grpc::Status& rpc, PeerConnection& peer, uint64_t region_id) {
-  if (rpc.ok()) return absl::OkStatus();
-  auto code = static_cast<absl::StatusCode>(rpc.error_code());
-  if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kNotFound) {
+  absl::Status status = FromGrpcStatus(rpc, absl::StrCat("committing a stage on agent ", peer.address(), " failed: "));
+  if (absl::IsUnavailable(status) || absl::IsNotFound(status)) {
     // The target restarted or dropped the buffer: the next transfer opens the region anew.
     peer.ForgetRegion(region_id);
-    code = absl::StatusCode::kUnavailable;
+    return absl::UnavailableError(status.message());
   }
-  return absl::Status(code,
-                      absl::StrCat("committing a stage on agent ", peer.address(), " failed: ", rpc.error_message()));
+  return status;
 }
 
 }  // namespace ferry
