@@ -37,6 +37,8 @@ producer and, through a notification with an error code, on the consumer; a cons
 that never pulls lets the lease expire (the producer frees the blocks); a consumer that
 hears nothing before its timeout reports the request failed; a consumer whose producer's
 mailbox is gone (PING refused) reports its requests failed within about a second.
+
+The messages' bytes are defined once, in ferry/_kv_wire.py.
 """
 from __future__ import annotations
 
@@ -52,28 +54,20 @@ import time
 import weakref
 from typing import Dict, List, Optional, Sequence
 
+from . import _kv_wire as wire
 from . import errors
 from .client import Client, Region, RegionDescriptor, TransferFuture
 from .write_queue import _words
 
-_MAGIC = b"FYKV"
 logger = logging.getLogger("ferry.kv_handoff")
-_HELLO, _PULL, _CANCEL, _PING = 1, 2, 3, 4
 # A consumer waiting this long on a producer sends its mailbox an empty PING, once per
 # such interval: a mailbox that is gone (its pod ended, its agent restarted) refuses it,
 # and the consumer fails that producer's requests at once, not at its timeout.
 _PROBE_S = 1.0
-# Message tags, producer -> consumer: the request needed no write / the producer refused
-# its pull / the producer dropped it on the consumer's cancel. Its write carries _DONE too.
-_DONE, _REFUSED, _DROPPED = 1, 2, 3
 # KVConsumer.poll()'s reason for a request given up with cancel(): its blocks may be reused.
 CANCELLED = "cancelled"
-_MAX_PAYLOAD = 4096
-# What a consumer can take, in a word after its HELLO's descriptors (a producer from
-# before it ignores the word; a HELLO from before it has none: 0). SHARED_WRITES: it
-# reads a write's notification naming several requests (_names_payload).
-_SHARED_WRITES = 1
-_FEATURES = _SHARED_WRITES
+# What this consumer's HELLO says it can take (wire.FEATURES; a test may say less).
+_FEATURES = wire.FEATURES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +82,6 @@ class KVCacheSpec:
     def region_bytes(self) -> int:
         return self.halves * self.num_blocks * self.block_bytes
 
-    def _pack(self) -> bytes:
-        return struct.pack("<QQI", self.num_blocks, self.block_bytes, self.halves)
-
 
 @dataclasses.dataclass
 class Progress:
@@ -99,11 +90,6 @@ class Progress:
     failed: Dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def _message(kind: int, body: bytes) -> bytes:
-    msg = _MAGIC + bytes([kind]) + body
-    if len(msg) > _MAX_PAYLOAD:
-        raise ValueError(f"a handoff message of {len(msg)} bytes exceeds {_MAX_PAYLOAD}")
-    return msg
 
 
 def _block_ids(ids: Sequence[int], num_blocks: int) -> array.array:
@@ -119,16 +105,8 @@ def _block_ids(ids: Sequence[int], num_blocks: int) -> array.array:
     raise ValueError(f"block id {bad} is outside 0..{num_blocks - 1}")
 
 
-def _pack_ids(ids: array.array) -> bytes:
-    return struct.pack("<I", len(ids)) + ids.tobytes()  # x86-64: native order is little-endian
 
 
-def _unpack_ids(body: bytes, at: int):
-    (n,) = struct.unpack_from("<I", body, at)
-    if at + 4 + 4 * n > len(body):
-        raise struct.error(f"{n} block ids do not fit in a {len(body)}-byte message")
-    ids = array.array("I", body[at + 4:at + 4 + 4 * n])
-    return ids, at + 4 + 4 * n
 
 
 def new_request_secret() -> bytes:
@@ -136,58 +114,20 @@ def new_request_secret() -> bytes:
     return secrets.token_bytes(16)
 
 
-def _pack_str(s: str) -> bytes:
-    b = s.encode()
-    return struct.pack("<H", len(b)) + b
 
 
-def _unpack_str(body: bytes, at: int):
-    (n,) = struct.unpack_from("<H", body, at)
-    return body[at + 2:at + 2 + n].decode(), at + 2 + n
 
 
-def _unpack_secret(body: bytes, at: int) -> bytes:
-    """The request secret after a PULL's or CANCEL's reply id (empty from consumers
-    before secrets)."""
-    if at >= len(body):
-        return b""
-    (n,) = struct.unpack_from("<B", body, at)
-    return body[at + 1:at + 1 + n]
 
 
-def _pack_secret(secret: bytes) -> bytes:
-    return struct.pack("<B", len(secret)) + secret
 
 
 def _secret_matches(held: "_Held", secret: bytes) -> bool:
     return hmac.compare_digest(held.secret, secret)
 
 
-def _names_payload(replies: List[bytes]) -> bytes:
-    """A write's notification payload naming ``replies`` (the consumer's ids): one id as
-    it is (as producers did before writes were shared), several after a zero byte
-    (which starts no id of a serving engine's), each with its length."""
-    if len(replies) == 1:
-        return replies[0]
-    return b"\0" + b"".join(struct.pack("<H", len(r)) + r for r in replies)
 
 
-def _unpack_names(payload: bytes) -> List[str]:
-    """The request ids a write's payload names (_names_payload); of several, those
-    before any malformed tail."""
-    if payload[:1] != b"\0":
-        return [payload.decode(errors="replace")]
-    names, at = [], 1
-    try:
-        while at + 2 <= len(payload):
-            (n,) = struct.unpack_from("<H", payload, at)
-            if at + 2 + n > len(payload):
-                break
-            name, at = _unpack_str(payload, at)
-            names.append(name)
-    except UnicodeDecodeError:
-        pass
-    return names
 
 
 class _SessionInbox:
@@ -307,7 +247,7 @@ class _ConsumerQueue:
         self._user_data += 1
         try:
             self.queue.post_batch(self._parts, block_bytes, src_ids, dst_ids, table_index=start, user_data=self._user_data,
-                                  notify=True, tag=_DONE, payload=payload)
+                                  notify=True, tag=wire.DONE, payload=payload)
         except errors.FerryError:
             return False  # the caller's write_batch says what is wrong, if anything
         self._ranges[self._user_data] = (rids, start, end)
@@ -333,7 +273,7 @@ class _Mailbox:
     has its own 4 KiB of the block table. 64 in flight: a decode step that schedules many
     requests from one producer sends their pulls at once (with 16, the 17th waited for the
     first's delivery: 64 pulls took 4-6 ms to send on the 2-CPU VM)."""
-    ENTRIES, SLOT_IDS = 64, _MAX_PAYLOAD // 4
+    ENTRIES, SLOT_IDS = 64, wire.MAX_PAYLOAD // 4
     WAIT = 1.0  # seconds send() waits for a free entry before it gives up
 
     def __init__(self, client: Client, mailbox: bytes):
@@ -350,7 +290,7 @@ class _Mailbox:
             raise errors.ResourceExhausted(f"{self.ENTRIES} messages to this producer are still being delivered")
         slot = self._free.pop()
         self._user_data += 1
-        self.queue.post_message(_message(kind, body), table_index=slot * self.SLOT_IDS, user_data=self._user_data)
+        self.queue.post_message(wire.frame(kind, body), table_index=slot * self.SLOT_IDS, user_data=self._user_data)
         self._sent[self._user_data] = (slot, kind, rid)
 
     def _reap(self, timeout: float) -> None:
@@ -473,12 +413,9 @@ class KVProducer:
     def _knows_request(self, payload: bytes) -> bool:
         """False for a pull or cancel of a request this producer does not hold (yet)."""
         try:
-            if payload[:4] != _MAGIC or payload[4] not in (_PULL, _CANCEL):
-                return True
-            _, at = _unpack_str(payload, 5)  # the consumer
-            rid, _ = _unpack_str(payload, at)
-            return rid in self._held
-        except (struct.error, UnicodeDecodeError, IndexError):
+            rid = wire.requested(payload)
+            return rid is None or rid in self._held
+        except (ValueError, struct.error, UnicodeDecodeError, IndexError):
             return True  # malformed: _on_message says so
 
     def poll(self) -> Progress:
@@ -517,16 +454,14 @@ class KVProducer:
 
     def _on_message(self, payload: bytes, progress: Progress, accepted: List[_Pull]) -> None:
         try:
-            if payload[:4] != _MAGIC:
-                raise ValueError("not a ferry KV handoff message")
-            kind, body = payload[4], payload[5:]
-            if kind == _HELLO:
-                self._on_hello(body)
-            elif kind == _PULL:
-                self._on_pull(body, progress, accepted)
-            elif kind == _CANCEL:
-                self._on_cancel(body, progress)
-            elif kind == _PING:
+            kind, body = wire.parse(payload)
+            if kind == wire.HELLO:
+                self._on_hello(wire.Hello.decode(body))
+            elif kind == wire.PULL:
+                self._on_pull(wire.Pull.decode(body), progress, accepted)
+            elif kind == wire.CANCEL:
+                self._on_cancel(wire.Cancel.decode(body), progress)
+            elif kind == wire.PING:
                 pass  # the consumer only needed it delivered
             else:
                 raise ValueError(f"unknown message kind {kind}")
@@ -534,18 +469,10 @@ class KVProducer:
             # Not attributable to a request: reported under the empty id.
             progress.failed.setdefault("", f"a message was refused: {e}")
 
-    def _on_hello(self, body: bytes) -> None:
-        consumer, at = _unpack_str(body, 0)
-        spec = KVCacheSpec(*struct.unpack_from("<QQI", body, at))
-        at += struct.calcsize("<QQI")
-        first, total, count = struct.unpack_from("<III", body, at)
-        at += 12
-        descriptors = []
-        for _ in range(count):
-            (n,) = struct.unpack_from("<H", body, at)
-            descriptors.append(RegionDescriptor.from_bytes(body[at + 2:at + 2 + n]))  # parsed once, not per write
-            at += 2 + n
-        (features,) = struct.unpack_from("<I", body, at) if at + 4 <= len(body) else (0,)
+    def _on_hello(self, hello: wire.Hello) -> None:
+        consumer, first, total, features = hello.consumer, hello.first, hello.total, hello.features
+        spec = KVCacheSpec(hello.num_blocks, hello.block_bytes, hello.halves)
+        descriptors = [RegionDescriptor.from_bytes(d) for d in hello.descriptors]  # parsed once, not per write
         if spec.block_bytes != self._spec.block_bytes or spec.halves != self._spec.halves:
             raise ValueError(f"consumer {consumer}'s blocks are {spec.block_bytes} bytes x {spec.halves} halves; "
                              f"this producer's are {self._spec.block_bytes} x {self._spec.halves}")
@@ -559,8 +486,11 @@ class KVProducer:
                                  f"bytes a layer), but its layer region has {d.size} bytes")
         if total != len(self._layers):
             raise ValueError(f"consumer {consumer} has {total} layers; this producer has {len(self._layers)}")
+        if first + len(descriptors) > total:
+            raise ValueError(f"consumer {consumer}'s HELLO carries layers {first}..{first + len(descriptors) - 1} "
+                             f"of {total}")
         slots = self._consumers.setdefault(consumer, [None] * total)
-        slots[first:first + count] = descriptors
+        slots[first:first + len(descriptors)] = descriptors
         self._consumer_specs[consumer] = spec
         self._consumer_features[consumer] = features
         # New descriptors (a consumer that reconnected): a new queue at the next write; the
@@ -569,15 +499,11 @@ class KVProducer:
         if old is not None:
             self._retired.append(old)
 
-    def _on_pull(self, body: bytes, progress: Progress, accepted: List[_Pull]) -> None:
+    def _on_pull(self, pull: wire.Pull, progress: Progress, accepted: List[_Pull]) -> None:
         """Checks a PULL against the held request; a complete, valid one joins
         ``accepted``, written by _write once every message that arrived is read."""
-        consumer, at = _unpack_str(body, 0)
-        rid, at = _unpack_str(body, at)
-        skip, total, first = struct.unpack_from("<III", body, at)
-        chunk, at = _unpack_ids(body, at + 12)
-        reply, at = _unpack_str(body, at)  # the consumer's own id for the request
-        secret = _unpack_secret(body, at)
+        consumer, rid, reply, secret = pull.consumer, pull.request, pull.reply, pull.secret
+        skip, total, first, chunk = pull.skip, pull.total, pull.first, pull.ids
         held = self._held.get(rid)
         descriptors = self._consumers.get(consumer)
         if held is not None and not _secret_matches(held, secret):
@@ -634,7 +560,7 @@ class KVProducer:
         if not dst_ids:  # the consumer had every block already
             del self._held[rid]
             progress.done.add(rid)
-            self._client.send_message(descriptors[0], reply.encode(), tag=_DONE)
+            self._client.send_message(descriptors[0], reply.encode(), tag=wire.DONE)
             return
         held.answer_to = (descriptors[0], reply)
         held.future = _ACCEPTED
@@ -658,11 +584,11 @@ class KVProducer:
         for pull in accepted:
             if self._held.get(pull.rid) is not pull.held:  # cancelled after its PULL, in the same pass
                 continue
-            if not self._consumer_features.get(pull.consumer, 0) & _SHARED_WRITES:
+            if not self._consumer_features.get(pull.consumer, 0) & wire.SHARED_WRITES:
                 self._write_run(pull.consumer, [pull], progress)
                 continue
             run, count, blocks, names = runs.get(pull.consumer, ([], 0, set(), 1))
-            if run and (count + len(pull.dst_ids) > _MERGED_BLOCKS or names + 2 + len(pull.reply) > _MAX_PAYLOAD or
+            if run and (count + len(pull.dst_ids) > _MERGED_BLOCKS or names + 2 + len(pull.reply) > wire.MAX_PAYLOAD or
                         not blocks.isdisjoint(pull.dst_ids)):
                 self._write_run(pull.consumer, run, progress)
                 run, count, blocks, names = [], 0, set(), 1
@@ -678,7 +604,7 @@ class KVProducer:
         for p in run:
             src_ids.extend(p.src_ids)
             dst_ids.extend(p.dst_ids)
-        rids, payload = [p.rid for p in run], _names_payload([p.reply for p in run])
+        rids, payload = [p.rid for p in run], wire.names_payload([p.reply for p in run])
         descriptors = self._consumers[consumer]
         q = self._queue_for(consumer, descriptors)
         if q is not None and q.post(rids, self._spec.block_bytes, src_ids, dst_ids, payload):
@@ -687,7 +613,7 @@ class KVProducer:
             return
         parts = [(self._layers[l], descriptors[l], s, d) for l, s, d in self._layer_halves(consumer)]
         try:
-            future = self._client.write_batch(parts, self._spec.block_bytes, src_ids, dst_ids, notify=True, tag=_DONE,
+            future = self._client.write_batch(parts, self._spec.block_bytes, src_ids, dst_ids, notify=True, tag=wire.DONE,
                                               notify_payload=payload)
         except (errors.FerryError, ValueError, OverflowError, struct.error) as e:
             for p in run:
@@ -738,12 +664,10 @@ class KVProducer:
         for rid in rids:
             self._written.put((rid, why))
 
-    def _on_cancel(self, body: bytes, progress: Progress) -> None:
-        consumer, at = _unpack_str(body, 0)
-        rid, at = _unpack_str(body, at)
-        reply, at = _unpack_str(body, at)
+    def _on_cancel(self, cancel: wire.Cancel, progress: Progress) -> None:
+        consumer, rid, reply = cancel.consumer, cancel.request, cancel.reply
         held = self._held.get(rid)
-        if held is not None and not _secret_matches(held, _unpack_secret(body, at)):
+        if held is not None and not _secret_matches(held, cancel.secret):
             progress.failed.setdefault("", f"a cancel of request {rid} by consumer {consumer} without the "
                                            "request's secret was refused")
             return
@@ -754,7 +678,7 @@ class KVProducer:
             progress.failed[rid] = "the consumer cancelled the request"
         descriptors = self._consumers.get(consumer)
         if descriptors and descriptors[0] is not None:
-            self._client.send_message(descriptors[0], reply.encode(), tag=_DROPPED)
+            self._client.send_message(descriptors[0], reply.encode(), tag=wire.DROPPED)
 
     def in_flight(self) -> List[tuple]:
         """Whom to tell if the writes in flight are lost (the agent restarted): see refuse()."""
@@ -792,7 +716,7 @@ class _Bucket:
 def refuse(client: Client, answer_to: tuple, why: str) -> None:
     """Tells a consumer (one of KVProducer.in_flight()) that its request will not be written."""
     descriptor, reply = answer_to
-    client.send_message(descriptor, f"{reply}\n{why}".encode()[:_MAX_PAYLOAD], tag=_REFUSED)
+    client.send_message(descriptor, wire.refused_payload(reply, why), tag=wire.REFUSED)
 
 
 class KVConsumer:
@@ -826,22 +750,15 @@ class KVConsumer:
         dst_block_ids = _block_ids(dst_block_ids, self._spec.num_blocks)
         mailbox = self._mailbox(producer_mailbox)
         self._introduce(producer_mailbox, mailbox)
-        head = _pack_str(self._wire_name) + _pack_str(producer_request_id or request_id)
-        tail = _pack_str(request_id) + _pack_secret(secret)
-        per_message = (_MAX_PAYLOAD - 5 - len(head) - len(tail) - 16) // 4
+        pulls = wire.Pull.split(self._wire_name, producer_request_id or request_id, skip, dst_block_ids, request_id,
+                                secret)
         now = time.monotonic()
         self._waiting[request_id] = now + self._timeout
         self._waiting_on[request_id] = producer_mailbox
         self._next_probe.setdefault(producer_mailbox, now + _PROBE_S)
-        first = 0
         try:
-            while True:  # as many ids per message as fit; at least one message
-                chunk = dst_block_ids[first:first + per_message]
-                body = head + struct.pack("<III", skip, len(dst_block_ids), first) + _pack_ids(chunk) + tail
-                mailbox.send(_PULL, body, request_id)
-                first += len(chunk)
-                if first >= len(dst_block_ids):
-                    break
+            for message in pulls:  # as many ids per message as fit; at least one message
+                mailbox.send(wire.PULL, message.encode(), request_id)
         except errors.FerryError:
             del self._waiting[request_id]  # the caller hears it now, not from poll()
             raise
@@ -856,19 +773,10 @@ class KVConsumer:
         descriptors (HELLO), once; as many descriptors per message as fit in a payload."""
         if producer_mailbox in self._introduced:
             return
-        head = _pack_str(self._wire_name) + self._spec._pack()
-        first = 0
-        while first < len(self._descriptors):
-            count, size = 0, 5 + len(head) + 12 + 4
-            while first + count < len(self._descriptors) and size + 2 + len(self._descriptors[first + count]) \
-                    <= _MAX_PAYLOAD:
-                size += 2 + len(self._descriptors[first + count])
-                count += 1
-            body = head + struct.pack("<III", first, len(self._descriptors), count) + b"".join(
-                struct.pack("<H", len(d)) + d for d in self._descriptors[first:first + count]) + \
-                struct.pack("<I", _FEATURES)
-            mailbox.send(_HELLO, body)
-            first += count
+        spec = self._spec
+        for hello in wire.Hello.split(self._wire_name, spec.num_blocks, spec.block_bytes, spec.halves,
+                                      self._descriptors, _FEATURES):
+            mailbox.send(wire.HELLO, hello.encode())
         self._introduced.add(producer_mailbox)
 
     def cancel(self, request_id: str, producer_mailbox: bytes, producer_request_id: Optional[str] = None,
@@ -879,9 +787,8 @@ class KVConsumer:
         then may the blocks be reused."""
         mailbox = self._mailbox(producer_mailbox)
         self._introduce(producer_mailbox, mailbox)
-        body = _pack_str(self._wire_name) + _pack_str(producer_request_id or request_id) + _pack_str(request_id) + \
-            _pack_secret(secret)
-        mailbox.send(_CANCEL, body, request_id)
+        cancel = wire.Cancel(self._wire_name, producer_request_id or request_id, request_id, secret)
+        mailbox.send(wire.CANCEL, cancel.encode(), request_id)
         if request_id in self._waiting:
             self._cancelled.add(request_id)
         return request_id not in self._waiting
@@ -892,12 +799,12 @@ class KVConsumer:
         progress = Progress()
         for producer_mailbox, mailbox in self._mailboxes.items():
             for kind, rid, error in mailbox.take_failed():
-                if kind == _PING:  # the producer is gone: nothing will come for its requests
+                if kind == wire.PING:  # the producer is gone: nothing will come for its requests
                     for r in [r for r, m in self._waiting_on.items() if m == producer_mailbox and r in self._waiting]:
                         del self._waiting[r]
                         progress.failed[r] = CANCELLED if r in self._cancelled else \
                             f"the producer's mailbox is gone (its pod ended or its agent restarted): {error}"
-                elif kind == _HELLO:  # introduce again at the next pull; this one's PULL fails too
+                elif kind == wire.HELLO:  # introduce again at the next pull; this one's PULL fails too
                     self._introduced.discard(producer_mailbox)
                 elif rid in self._waiting:  # a PULL or CANCEL that did not reach the producer
                     del self._waiting[rid]
@@ -905,10 +812,10 @@ class KVConsumer:
                         f"asking the producer failed: {error}"
         for n in self._inbox.drain():
             if n.kind == "write":  # the requests it carried, by name
-                for rid in _unpack_names(n.payload):
+                for rid in wire.unpack_names(n.payload):
                     if self._waiting.pop(rid, None) is None:
                         continue
-                    if n.tag == _DONE and n.ok:
+                    if n.tag == wire.DONE and n.ok:
                         progress.done.add(rid)
                     else:
                         progress.failed[rid] = f"the producer's write failed: {n.message}"
@@ -917,9 +824,9 @@ class KVConsumer:
             if rid not in self._waiting or n.kind != "message":
                 continue
             del self._waiting[rid]
-            if n.tag == _DONE:  # nothing to write: every block was cached
+            if n.tag == wire.DONE:  # nothing to write: every block was cached
                 progress.done.add(rid)
-            elif n.tag == _REFUSED:
+            elif n.tag == wire.REFUSED:
                 progress.failed[rid] = f"the producer refused: {why}"
             else:
                 progress.failed[rid] = CANCELLED
@@ -947,7 +854,7 @@ class KVConsumer:
             elif now >= self._next_probe[producer_mailbox] and producer_mailbox in self._mailboxes:
                 self._next_probe[producer_mailbox] = now + _PROBE_S
                 try:
-                    self._mailboxes[producer_mailbox].send(_PING, b"")
+                    self._mailboxes[producer_mailbox].send(wire.PING, b"")
                 except errors.FerryError:
                     pass  # a full queue to it: the producer is busy, not gone
 

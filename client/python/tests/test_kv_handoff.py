@@ -1,5 +1,6 @@
 """ferry.kv_handoff between two live agents (host memory): a producer's held blocks
 pushed into a consumer's KV cache, byte for byte, and every way a handoff can fail."""
+import array
 import os
 import random
 import time
@@ -7,6 +8,7 @@ import time
 import pytest
 
 import ferry
+from ferry import _kv_wire as wire
 from ferry.kv_handoff import KVCacheSpec, KVConsumer, KVProducer
 
 LAYERS, BLOCK = 4, 4096
@@ -266,11 +268,9 @@ def test_block_ids_out_of_range_are_named_on_both_sides(pair):
     producer.hold("first", [1], secret=S)
     consumer.pull("first", producer.mailbox, [2], secret=S)
     assert until(producer, consumer)[1].done == {"first"}
-    kh = ferry.kv_handoff
     producer.hold("forged", [3, 4], secret=S)
-    body = kh._pack_str(consumer._wire_name) + kh._pack_str("forged") + kh.struct.pack("<III", 0, 2, 0) + \
-        kh._pack_ids(kh.array.array("I", [5, cspec.num_blocks])) + kh._pack_str("forged") + kh._pack_secret(S)
-    consumer._client.send_message(producer.mailbox, kh._message(kh._PULL, body))
+    forged = wire.Pull(consumer._wire_name, "forged", 0, 2, 0, array.array("I", [5, cspec.num_blocks]), "forged", S)
+    consumer._client.send_message(producer.mailbox, wire.frame(wire.PULL, forged.encode()))
     (p,) = until(producer)
     assert f"destination block id {cspec.num_blocks} is outside the consumer's" in p.failed["forged"]
     for r, old in zip(clayers, before):  # block 5 of every layer half, where "forged" would have gone
