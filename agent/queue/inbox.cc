@@ -1,8 +1,11 @@
 #include "agent/queue/inbox.h"
 
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -46,7 +49,28 @@ void Inbox::Attach(std::function<void()> on_backlog) {
   session_->notifications().SetSink([this](const v1::Notification& n) { return Write(n); }, std::move(on_backlog));
 }
 
-size_t Inbox::Drain() { return session_->notifications().DrainToSink(absl::ZeroDuration()); }
+size_t Inbox::Drain() {
+  EventQueue<v1::Notification>& queue = session_->notifications();
+  size_t waiting = queue.DrainToSink(absl::ZeroDuration());
+  if (waiting > 0) {
+    header_->agent_waiting.store(1, std::memory_order_seq_cst);
+    // Slots the client freed before it could see the flag rang nothing: look again.
+    waiting = queue.DrainToSink(absl::ZeroDuration());
+  }
+  if (waiting == 0 && header_->agent_waiting.load(std::memory_order_relaxed) != 0) {
+    header_->agent_waiting.store(0, std::memory_order_relaxed);
+  }
+  return waiting;
+}
+
+void Inbox::TakeRings() {
+  char rings[256];
+  ssize_t n;
+  while ((n = recv(doorbell_.get(), rings, sizeof(rings), MSG_DONTWAIT)) == static_cast<ssize_t>(sizeof(rings))) {
+  }
+  // Closed (0) or broken: polling it would return at once, forever.
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) doorbell_closed_ = true;
+}
 
 bool Inbox::Write(const v1::Notification& n) {
   absl::MutexLock lock(&write_mu_);
@@ -95,7 +119,9 @@ void Inboxes::NoteBacklog() {
 void Inboxes::Pump() {
   NameThisThread("ferry-inbox");
   absl::Duration wait = absl::Microseconds(50);
-  bool waiting = false;  // some inbox still had notifications its ring could not take
+  bool waiting = false;                 // some inbox still had notifications its ring could not take
+  std::vector<pollfd> doorbells;        // of the inboxes still waiting
+  std::vector<Inbox*> waiting_inboxes;  // their inboxes, alike
   for (;;) {
     {
       absl::MutexLock lock(&wake_mu_);
@@ -109,15 +135,31 @@ void Inboxes::Pump() {
       absl::MutexLock lock(&mu_);
       inboxes = inboxes_;
     }
-    waiting = false;
-    for (const std::shared_ptr<Inbox>& in : inboxes) waiting |= in->Drain() > 0;
-    inboxes.clear();  // an inbox removed meanwhile goes here, on this thread
-    if (waiting) {    // its client is not reading: look again later, more patiently each time
-      absl::SleepFor(wait);
-      wait = std::min(2 * wait, absl::Milliseconds(10));
+    doorbells.clear();
+    waiting_inboxes.clear();
+    for (const std::shared_ptr<Inbox>& in : inboxes) {
+      if (in->Drain() > 0) {
+        doorbells.push_back(pollfd{in->doorbell(), POLLIN, 0});  // fd -1: ignored by ppoll
+        waiting_inboxes.push_back(in.get());
+      }
+    }
+    waiting = !doorbells.empty();
+    if (waiting) {
+      // Until a client that freed slots rings, or the look again: more patient each time
+      // nobody rings (a client that is not reading, or one that does not ring).
+      const timespec timeout = absl::ToTimespec(wait);
+      if (ppoll(doorbells.data(), doorbells.size(), &timeout, nullptr) > 0) {
+        for (size_t i = 0; i < doorbells.size(); ++i) {
+          if (doorbells[i].revents != 0) waiting_inboxes[i]->TakeRings();
+        }
+        wait = absl::Microseconds(50);
+      } else {
+        wait = std::min(2 * wait, absl::Milliseconds(10));
+      }
     } else {
       wait = absl::Microseconds(50);
     }
+    inboxes.clear();  // an inbox removed meanwhile goes here, on this thread
   }
 }
 

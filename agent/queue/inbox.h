@@ -46,8 +46,15 @@ class Inbox {
   // there (the ring was full).
   void Attach(std::function<void()> on_backlog);
   // Moves what waits in the session's queue into the ring, as far as it has room.
-  // Returns how many still wait.
+  // Returns how many still wait; while any do, the header asks the client to ring the
+  // doorbell when it frees slots.
   size_t Drain();
+  // The agent's end of the doorbell, readable once the client freed slots and rang; -1
+  // once the client closed its end (it rings no more).
+  int doorbell() const { return doorbell_closed_ ? -1 : doorbell_.get(); }
+  // Reads the rings that arrived (each a byte) so that the next poll sleeps again, or
+  // learns that the client closed its end. The pump's alone, like doorbell().
+  void TakeRings();
   // The session ended: nothing more will come.
   bool closed() const { return session_->notifications().closed(); }
   uint64_t session_id() const { return session_->id(); }
@@ -65,12 +72,15 @@ class Inbox {
   inbox::InboxHeader* const header_;
   absl::Mutex write_mu_;
   uint32_t tail_ ABSL_GUARDED_BY(write_mu_);  // our own count of notifications written
+  bool doorbell_closed_ = false;              // the pump's: TakeRings saw the client's end closed
 };
 
 // Every inbox of the agent, and the one thread that feeds those whose ring was full:
-// woken when a notification has to wait, it retries the waiting inboxes, more patiently
-// the longer their clients take (50 us to 10 ms), and sleeps when none waits. So the
-// agent has one such thread however many inboxes pods open.
+// woken when a notification has to wait, it sleeps on the waiting inboxes' doorbells,
+// which their clients ring as they free slots, and looks again anyway after 50 us to
+// 10 ms (more patiently the longer their clients take: a client that does not ring).
+// It sleeps when none waits. So the agent has one such thread however many inboxes
+// pods open.
 class Inboxes {
  public:
   Inboxes();

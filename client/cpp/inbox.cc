@@ -82,7 +82,15 @@ absl::StatusOr<size_t> Inbox::Poll(std::vector<v1::Notification>* out, size_t ma
     }
     out->push_back(std::move(note));
   }
-  header_->head.value.store(head_, std::memory_order_release);  // those slots are free again
+  if (n > 0) {
+    header_->head.value.store(head_, std::memory_order_seq_cst);  // those slots are free again
+    // Notifications wait in the agent for them: tell it now rather than at its next look.
+    if (header_->agent_waiting.load(std::memory_order_seq_cst) != 0) {
+      const char ring = 1;
+      ssize_t ignored = send(doorbell_fd_, &ring, 1, MSG_DONTWAIT | MSG_NOSIGNAL);  // full: rung already
+      (void)ignored;
+    }
+  }
   return n;
 }
 

@@ -16,20 +16,21 @@ polls. x86-64 and Python 3.10+ only, as the write queue.
 """
 from __future__ import annotations
 
+import os
 import struct
 import time
 from typing import List
 
 from . import errors
 from ._proto import ferry_pb2
-from ._shared_ring import SharedRing
+from ._shared_ring import SharedRing, store_load_fence
 from .notification import Notification, _notification
 
 # proto/ferry/wire/inbox_layout.h (checked by test_inbox.py against the agent).
 _MAGIC = 0x31494246  # "FBI1"
 _MIN_SLOTS, _MAX_SLOTS = 8, 4096
 _SLOT_BYTES, _SLOTS_OFFSET = 8192, 256
-_TAIL, _HEAD, _CLIENT_WAITING = 64, 128, 192
+_AGENT_WAITING, _TAIL, _HEAD, _CLIENT_WAITING = 8, 64, 128, 192
 _LENGTH = struct.Struct("<I")
 
 
@@ -70,6 +71,12 @@ class Inbox(SharedRing):
             self._head += 1
         if out:
             self._words[_HEAD // 4] = self._head & 0xFFFFFFFF  # those slots are free again
+            store_load_fence()
+            if self._words[_AGENT_WAITING // 4]:  # notifications wait for them: say so now
+                try:
+                    os.write(self._doorbell, b"\1")
+                except BlockingIOError:
+                    pass  # rung already, and not yet read
         return out
 
     def _ready(self) -> int:

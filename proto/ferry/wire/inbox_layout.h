@@ -8,6 +8,7 @@
 //                                             length, then a ferry.v1.Notification
 //   reads slots[head % n]            ◄──────  tail.store(tail + 1)
 //   head.store(head + 1)                      (doorbell only if client_waiting)
+//   (doorbell only if agent_waiting) ──────►  a full ring's waiting notifications move in
 //
 // The memory is the client's (a sealed memfd), so the agent trusts none of it: it keeps
 // its own tail, reads the client's head only to know how many slots are free, and waits
@@ -16,6 +17,7 @@
 #ifndef FERRY_PROTO_FERRY_WIRE_INBOX_LAYOUT_H_
 #define FERRY_PROTO_FERRY_WIRE_INBOX_LAYOUT_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -34,8 +36,13 @@ inline constexpr size_t kSlotBytes = 8192;
 using Cursor = queue::Cursor;  // one writer each, on its own cache line
 
 struct InboxHeader {
-  uint32_t magic;         // kInboxMagic, written by the client before OpenInbox
-  uint32_t slots;         // power of two in [kMinSlots, kMaxSlots]
+  uint32_t magic;  // kInboxMagic, written by the client before OpenInbox
+  uint32_t slots;  // power of two in [kMinSlots, kMaxSlots]
+  // agent: 1 while notifications wait for free slots. A client that frees slots (moves
+  // head) while it reads 1 writes a byte to the doorbell, so that they move in at once;
+  // one that does not (from before this field) has them moved in at the agent's next
+  // look, within 10 ms.
+  std::atomic<uint32_t> agent_waiting;
   Cursor tail;            // agent: notifications written
   Cursor head;            // client: notifications read (their slots may be reused)
   Cursor client_waiting;  // client: 1 while blocked on the doorbell, else 0
