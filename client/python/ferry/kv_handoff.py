@@ -90,8 +90,6 @@ class Progress:
     failed: Dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-
-
 def _block_ids(ids: Sequence[int], num_blocks: int) -> array.array:
     """``ids`` as 32-bit words (what messages and a write queue's table hold: copied in
     one piece, checked at C speed), each in 0..num_blocks - 1, else ValueError naming one."""
@@ -105,29 +103,13 @@ def _block_ids(ids: Sequence[int], num_blocks: int) -> array.array:
     raise ValueError(f"block id {bad} is outside 0..{num_blocks - 1}")
 
 
-
-
-
-
 def new_request_secret() -> bytes:
     """A request's secret (KVProducer.hold): 16 random bytes."""
     return secrets.token_bytes(16)
 
 
-
-
-
-
-
-
-
-
 def _secret_matches(held: "_Held", secret: bytes) -> bool:
     return hmac.compare_digest(held.secret, secret)
-
-
-
-
 
 
 class _SessionInbox:
