@@ -148,6 +148,28 @@ absl::StatusOr<RegionRegistration> FabricEngine::Register(const MemoryBacking& b
   return reg;
 }
 
+absl::StatusOr<RegionRegistration> FabricEngine::RegisterRange(const MemoryBacking& backing, uint64_t offset,
+                                                               uint64_t length) {
+  if (offset > backing.size() || length == 0 || length > backing.size() - offset) {
+    return absl::OutOfRangeError(
+        absl::StrCat("[", offset, ", +", length, ") is outside the region (", backing.size(), " bytes)"));
+  }
+  const bool gpu = backing.kind() == MemoryKind::kCuda;
+  RegionRegistration reg;
+  auto owner = std::make_unique<FabricRegistrations>();
+  for (const auto& nic : nics_) {
+    fid_mr* mr = nullptr;
+    absl::StatusOr<NicRegistration> r =
+        nic->Register(static_cast<uint8_t*>(backing.data()) + offset, length, &mr, gpu ? backing.device() : -1);
+    if (!r.ok()) return r.status();  // `owner` closes the MRs registered so far
+    owner->Add(mr);
+    r->remote_base -= offset;  // addresses byte 0 of the region, as the region's own keys do
+    reg.nics.push_back(*r);
+  }
+  reg.owner = std::move(owner);
+  return reg;
+}
+
 void FabricEngine::Submit(std::shared_ptr<Transfer> t, Done done) {
   auto retry_once = [this, t, done](absl::Status s) {
     // Every op of the attempt has completed (only op failures carry the payload), so
@@ -213,23 +235,24 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
     nic_bytes[RemoteNic(lane_offset + rail[i % local_nics], *peer)] += pieces[i].length;
   }
 
-  auto state = TransferState::Create(t, peer, pieces.size(),
-                                     [this, t, peer, region_id, first_nic = lane_offset + rail[0],
-                                      nic_bytes = std::move(nic_bytes), done = std::move(done)](absl::Status s) {
-                                       if (!s.ok()) {
-                                         if (s.code() == absl::StatusCode::kUnavailable) {
-                                           peer->MarkSuspect();
-                                           peer->ForgetRegion(region_id);
-                                           if (IsConnectionReset(s)) peer->NoteConnectionDrop();
-                                         }
-                                         done(s);
-                                       } else if (t->notify) {
-                                         NotifyPeer(t, peer, first_nic, nic_bytes, done);
-                                       } else {
-                                         AddRxReport(*t, peer, nic_bytes);
-                                         done(absl::OkStatus());
-                                       }
-                                     });
+  auto state = TransferState::Create(
+      t, peer, pieces.size(),
+      [this, t, peer, region_id, first_nic = lane_offset + rail[0], nic_bytes = std::move(nic_bytes),
+       done = std::move(done)](absl::Status s) {
+        if (!s.ok()) {
+          if (s.code() == absl::StatusCode::kUnavailable) {
+            peer->MarkSuspect();
+            peer->ForgetRegion(region_id, t->dst_descriptor != nullptr ? t->dst_descriptor->window_id() : 0);
+            if (IsConnectionReset(s)) peer->NoteConnectionDrop();
+          }
+          done(s);
+        } else if (t->notify) {
+          NotifyPeer(t, peer, first_nic, nic_bytes, done);
+        } else {
+          AddRxReport(*t, peer, nic_bytes);
+          done(absl::OkStatus());
+        }
+      });
   {
     absl::MutexLock lock(&mu_);
     active_.push_back(state);
@@ -350,6 +373,7 @@ void FabricEngine::AddRxReport(const Transfer& t, const std::shared_ptr<PeerConn
     r.peer = peer;
     r.request.set_target_incarnation(d.agent_incarnation());
     r.request.set_region_id(d.region_id());
+    r.request.set_window_id(d.window_id());
     r.request.set_token(d.token());
     r.request.set_source_incarnation(options_.incarnation);
     r.request.mutable_nic_bytes()->Resize(static_cast<int>(nic_bytes.size()), 0);

@@ -110,6 +110,8 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   void Submit(std::shared_ptr<Transfer> t, Done done) override;
   // GPU memory is registered with the NICs only when every NIC has FI_HMEM.
   absl::StatusOr<RegionRegistration> Register(const MemoryBacking& backing) override;
+  absl::StatusOr<RegionRegistration> RegisterRange(const MemoryBacking& backing, uint64_t offset,
+                                                   uint64_t length) override;
 
   // The peers this agent writes to (null before StartPeers): what the router resolves
   // remote destinations with.

@@ -76,6 +76,7 @@ absl::Status Agent::Init() {
       [this, m, regions](Session& s) {
         if (queue_poller_) queue_poller_->RemoveSession(s.id());
         if (inboxes_) inboxes_->RemoveSession(s.id());
+        if (windows_) windows_->CloseSession(s.id());
         size_t n = regions->RemoveSession(s.id());
         m->sessions().Decrement();
         FERRY_LOG(INFO) << "session " << s.id() << " (pid " << s.creds().pid << ") ended; reclaimed " << n
@@ -83,6 +84,17 @@ absl::Status Agent::Init() {
       },
       /*on_open=*/[m](Session&) { m->sessions().Increment(); }, &config_.qos);
   transfers_ = std::make_unique<TransferManager>(incarnation_, m, sessions_.get(), regions);
+  windows_ = std::make_unique<WriteWindows>(regions, [t = transfers_.get(), incarnation = incarnation_](
+                                                         const Region& r, uint64_t window_id, const absl::Status& why) {
+    v1::Notification n;
+    n.set_region_id(r.id());
+    n.set_kind(v1::NOTIFICATION_KIND_WINDOW_REFUSED);
+    n.set_tag(window_id);
+    n.set_source_incarnation(incarnation);
+    n.set_code(static_cast<int>(why.code()));
+    n.set_message(std::string(why.message()));
+    t->Notify(r, n).IgnoreError();  // a full queue counts it as lost
+  });
   local_copier_ = std::make_unique<HostCopier>(config_.local_copy_threads);
   absl::StatusOr<Topology> topology = DiscoverTopology(config_.sysfs_root);
   if (topology.ok()) {
@@ -130,6 +142,7 @@ void Agent::StartTransferPaths() {
   route.incarnation = incarnation_;
   route.advertise_address = advertise_address_;
   route.regions = regions_.get();
+  route.windows = windows_.get();
   route.transfers = transfers_.get();
   route.local = local_copier_.get();
   route.gpu_local = gpu_copier_.get();
@@ -164,6 +177,7 @@ absl::Status Agent::StartLocalApi() {
   deps.advertise_address = advertise_address_;
   deps.metrics = metrics_.get();
   deps.regions = regions_.get();
+  deps.windows = windows_.get();
   deps.sessions = sessions_.get();
   deps.transfers = transfers_.get();
   deps.router = router_.get();
@@ -276,6 +290,8 @@ absl::Status Agent::StartFabric() {
       std::make_unique<PeerService>(incarnation_, engine_->nics(), regions_.get(), transfers_.get(), metrics_.get());
   inbound_ = std::make_unique<InboundWrites>(InboundWritesOptions(), transfers_.get());
   peer_service_->set_inbound(inbound_.get());
+  windows_->set_registrar(engine_.get());
+  peer_service_->set_windows(windows_.get());
   engine_->SetMessageHandler([p = peer_service_.get()](absl::string_view m) { p->AcceptMessage(m); });
   // The staged path, both sides: GPU memory through host staging buffers.
   const CudaDriver* cu = cuda_memory_ != nullptr ? *CudaDriver::Load() : nullptr;
@@ -354,6 +370,7 @@ void Agent::Shutdown(absl::Duration grace) {
   if (queue_poller_) queue_poller_->Stop();
   if (sessions_) sessions_->CloseAll();
   inboxes_.reset();  // their sessions ended: each pump stops
+  windows_.reset();  // its fabric keys close before the NICs do
   // After the sessions: their regions' fabric registrations close before the NICs do.
   if (engine_) engine_->Shutdown();
   staged_.reset();

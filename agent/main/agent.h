@@ -67,6 +67,7 @@ class Agent {
   std::unique_ptr<RegionTable> regions_;
   std::unique_ptr<SessionRegistry> sessions_;
   std::unique_ptr<TransferManager> transfers_;
+  std::unique_ptr<WriteWindows> windows_;  // before the router, services and engine use it
   std::unique_ptr<HostCopier> local_copier_;
   absl::Status cuda_status_;  // why GPU memory is unavailable, when it is
   std::unique_ptr<CudaMemory> cuda_memory_;

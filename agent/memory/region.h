@@ -79,6 +79,13 @@ class RegionRegistrar {
  public:
   virtual ~RegionRegistrar() = default;
   virtual absl::StatusOr<RegionRegistration> Register(const MemoryBacking& backing) = 0;
+  // Registers bytes [offset, offset + length) of a registered region alone, under keys
+  // of their own (a write window's, revoked by destroying the result). Each
+  // NicRegistration's remote_base is that of the region's byte 0, as in Register.
+  virtual absl::StatusOr<RegionRegistration> RegisterRange(const MemoryBacking& backing, uint64_t offset,
+                                                           uint64_t length) {
+    return absl::FailedPreconditionError("this agent's transport cannot register part of a region");
+  }
 };
 
 class Region {
@@ -105,6 +112,10 @@ class Region {
   // it. Set once, before the region is published.
   void set_placement(Placement p) { placement_ = std::move(p); }
   const Placement& placement() const { return placement_; }
+  // Window mode (RegisterMemoryRequest.write_windows): writes only through write windows
+  // (write_windows.h). Set once, before the region is published.
+  void set_write_windows(bool on) { write_windows_ = on; }
+  bool write_windows() const { return write_windows_; }
 
  private:
   const uint64_t id_;
@@ -115,6 +126,7 @@ class Region {
   std::unique_ptr<MemoryBacking> backing_;
   RegionRegistration registration_;
   Placement placement_;
+  bool write_windows_ = false;
 };
 
 }  // namespace ferry

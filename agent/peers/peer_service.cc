@@ -41,7 +41,7 @@ grpc::Status PeerService::Handshake(grpc::ServerContext*, const v1::HandshakeReq
 }
 
 absl::StatusOr<std::shared_ptr<Region>> PeerService::Authorize(uint64_t incarnation, uint64_t region_id,
-                                                               const std::string& token) {
+                                                               const std::string& token, uint64_t window_id) {
   if (incarnation != incarnation_) {
     return absl::NotFoundError(absl::StrCat("stale descriptor: this agent is incarnation ", incarnation_,
                                             ", the descriptor names ", incarnation, " (the agent restarted)"));
@@ -53,27 +53,80 @@ absl::StatusOr<std::shared_ptr<Region>> PeerService::Authorize(uint64_t incarnat
     return absl::NotFoundError(
         absl::StrCat("dst.region_id ", region_id, " is not registered (it was deregistered or its owner exited)"));
   }
+  if (window_id != 0) {
+    if (windows_ == nullptr) return absl::NotFoundError(absl::StrCat("dst.window_id ", window_id, " is not open"));
+    absl::Status verified = windows_->Verify(window_id, *t, region_id);
+    if (!verified.ok()) return verified;
+    return region;
+  }
   if (!(*region)->token().Equals(*t)) {
     return absl::PermissionDeniedError(absl::StrCat("dst.token does not match region ", region_id));
   }
   return region;
 }
 
+absl::StatusOr<PeerService::WriteAccess> PeerService::AuthorizeWrite(uint64_t incarnation, uint64_t region_id,
+                                                                     const std::string& token, uint64_t window_id,
+                                                                     bool tell_owner) {
+  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(incarnation, region_id, token, window_id);
+  if (!region.ok()) return region.status();
+  WriteAccess access{*std::move(region), std::nullopt};
+  if (window_id != 0) {
+    absl::StatusOr<WindowAdmission> admitted = windows_->Admit(window_id, *Token::FromBytes(token, "token"), region_id);
+    if (!admitted.ok()) return admitted.status();
+    access.window.emplace(*std::move(admitted));
+  } else if (access.region->write_windows()) {
+    absl::Status refused = WindowModeError(region_id);
+    // An OpenRegion asks for keys, and a queue's destination is opened ahead of its
+    // writes: only a commit is a write to tell the owner of.
+    if (windows_ != nullptr && tell_owner) windows_->Refuse(*access.region, 0, refused);
+    return refused;
+  }
+  return access;
+}
+
 grpc::Status PeerService::OpenRegion(grpc::ServerContext*, const v1::OpenRegionRequest* req,
                                      v1::OpenRegionResponse* resp) {
-  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(req->target_incarnation(), req->region_id(), req->token());
-  if (!region.ok()) return Reply("peer.OpenRegion", region.status());
-  const std::vector<NicRegistration>& regs = (*region)->nics();
-  resp->set_size((*region)->size());
-  resp->set_kind((*region)->kind() == MemoryKind::kHost ? v1::MEMORY_KIND_HOST : v1::MEMORY_KIND_CUDA);
-  if (staging_ != nullptr && staging_->NeedsStaging(**region)) {
+  absl::StatusOr<WriteAccess> access =
+      AuthorizeWrite(req->target_incarnation(), req->region_id(), req->token(), req->window_id(),
+                     /*tell_owner=*/false);
+  if (!access.ok()) return Reply("peer.OpenRegion", access.status());
+  const std::shared_ptr<Region>& region = access->region;
+  std::vector<NicRegistration> regs = region->nics();
+  if (access->window.has_value()) {
+    const WriteWindow& w = access->window->window();
+    if (!w.writer().any() && w.writer().incarnation != req->initiator_incarnation()) {
+      absl::Status refused =
+          absl::PermissionDeniedError(absl::StrCat("write window ", w.id(), " is for a writer on agent incarnation ",
+                                                   w.writer().incarnation, ", not on this one; nothing was written"));
+      windows_->Refuse(*region, w.id(), refused);
+      return Reply("peer.OpenRegion", refused);
+    }
+    for (const ByteSpan& r : w.ranges()) {
+      v1::ByteRange* out = resp->add_window_ranges();
+      out->set_offset(r.offset);
+      out->set_length(r.length);
+    }
+    resp->set_window_writer_incarnation(w.writer().incarnation);
+    resp->set_window_writer_region_id(w.writer().region_id);
+    const int64_t ttl_ms = absl::ToInt64Milliseconds(w.deadline() - absl::Now());
+    resp->set_window_ttl_ms(static_cast<uint32_t>(std::clamp<int64_t>(ttl_ms, 0, UINT32_MAX)));
+    if (!region->nics().empty()) {  // fabric keys of the window alone
+      absl::StatusOr<std::vector<NicRegistration>> keys = windows_->Keys(w, *region);
+      if (!keys.ok()) return Reply("peer.OpenRegion", keys.status());
+      regs = *std::move(keys);
+    }
+  }
+  resp->set_size(region->size());
+  resp->set_kind(region->kind() == MemoryKind::kHost ? v1::MEMORY_KIND_HOST : v1::MEMORY_KIND_CUDA);
+  if (staging_ != nullptr && staging_->NeedsStaging(*region)) {
     absl::StatusOr<v1::StagingBuffer> buffer =
-        staging_->Open(*region, {req->initiator_incarnation(), req->initiator_address()});
+        staging_->Open(region, {req->initiator_incarnation(), req->initiator_address()});
     if (!buffer.ok()) return Reply("peer.OpenRegion", buffer.status());
     *resp->mutable_staging() = std::move(*buffer);
     return grpc::Status::OK;
   }
-  if ((*region)->kind() == MemoryKind::kCuda && regs.size() != nics_.size()) {
+  if (region->kind() == MemoryKind::kCuda && regs.size() != nics_.size()) {
     return Reply("peer.OpenRegion",
                  absl::FailedPreconditionError(
                      "the destination is GPU memory, which the target's NICs cannot reach and which it cannot stage"));
@@ -107,7 +160,8 @@ void PeerService::AcceptMessage(absl::string_view bytes) {
 }
 
 absl::Status PeerService::Accept(const v1::NotifyRequest& req, const char* via) {
-  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(req.target_incarnation(), req.region_id(), req.token());
+  absl::StatusOr<std::shared_ptr<Region>> region =
+      Authorize(req.target_incarnation(), req.region_id(), req.token(), req.window_id());
   if (!region.ok()) return region.status();
   // Counted only for a caller holding the region's token: nobody else can skew them.
   for (int i = 0; i < req.nic_bytes_size() && i < static_cast<int>(rx_bytes_.size()); ++i) {
@@ -120,6 +174,11 @@ absl::Status PeerService::Accept(const v1::NotifyRequest& req, const char* via) 
   if (req.begin()) {
     if (inbound_ == nullptr) return absl::UnimplementedError("this agent holds no announced writes");
     return inbound_->Begin(req, *region);
+  }
+  if (req.kind() == v1::NOTIFICATION_KIND_WINDOW_REFUSED) {  // the writer's agent refused a write
+    if (req.window_id() == 0) return absl::InvalidArgumentError("a window refusal names no window");
+    windows_->Refuse(**region, req.window_id(), absl::Status(static_cast<absl::StatusCode>(req.code()), req.message()));
+    return absl::OkStatus();
   }
   const bool message = req.kind() == v1::NOTIFICATION_KIND_MESSAGE;
   if (req.deliver() && !message && inbound_ != nullptr) inbound_->End(req.source_incarnation(), req.transfer_id());
@@ -150,12 +209,28 @@ grpc::Status PeerService::Ping(grpc::ServerContext*, const v1::PingRequest*, v1:
 
 grpc::Status PeerService::CommitStaged(grpc::ServerContext*, const v1::CommitStagedRequest* req,
                                        v1::CommitStagedResponse*) {
-  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(req->target_incarnation(), req->region_id(), req->token());
-  if (!region.ok()) return Reply("peer.CommitStaged", region.status());
+  absl::StatusOr<WriteAccess> access =
+      AuthorizeWrite(req->target_incarnation(), req->region_id(), req->token(), req->window_id(),
+                     /*tell_owner=*/true);
+  if (!access.ok()) return Reply("peer.CommitStaged", access.status());
   if (staging_ == nullptr) {
     return Reply("peer.CommitStaged", absl::FailedPreconditionError("this agent stages no regions"));
   }
-  return Reply("peer.CommitStaged", staging_->Commit(*region, req->staging_id(), req->chunks()));
+  if (access->window.has_value()) {  // every chunk inside the window, before any is copied
+    const WriteWindow& w = access->window->window();
+    for (int i = 0; i < req->chunks_size(); ++i) {
+      const v1::Chunk& c = req->chunks(i);
+      if (c.length() == 0 || !w.Covers(c.dst_offset(), c.length())) {
+        absl::Status outside = absl::OutOfRangeError(
+            absl::StrCat("chunks[", i, "]: [", c.dst_offset(), ", +", c.length(), ") is outside write window ", w.id(),
+                         " of region ", req->region_id(), "; nothing of this stage was written"));
+        windows_->Refuse(*access->region, w.id(), outside);
+        return Reply("peer.CommitStaged", outside);
+      }
+    }
+  }
+  // The admission, held until the stage's bytes are in, keeps a Close waiting for them.
+  return Reply("peer.CommitStaged", staging_->Commit(access->region, req->staging_id(), req->chunks()));
 }
 
 }  // namespace ferry

@@ -10,11 +10,13 @@
 #ifndef FERRY_AGENT_PEERS_PEER_SERVICE_H_
 #define FERRY_AGENT_PEERS_PEER_SERVICE_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "agent/fabric/fabric_nic.h"
 #include "agent/memory/region_table.h"
+#include "agent/memory/write_windows.h"
 #include "agent/metrics/metrics.h"
 #include "agent/peers/inbound_writes.h"
 #include "agent/peers/staging_provider.h"
@@ -47,10 +49,23 @@ class PeerService final : public v1::Peer::Service {
   // Holds announced writes (NotifyRequest.begin); without one, begins are refused. Set
   // before serving.
   void set_inbound(InboundWrites* inbound) { inbound_ = inbound; }
+  // This agent's write windows; without them a window is never found. Set before serving.
+  void set_windows(WriteWindows* windows) { windows_ = windows; }
 
  private:
-  // The region a peer names, if the incarnation and token are right.
-  absl::StatusOr<std::shared_ptr<Region>> Authorize(uint64_t incarnation, uint64_t region_id, const std::string& token);
+  // The region a peer names, if the incarnation and token (the region's, or with
+  // `window_id` the window's: open or recently closed) are right.
+  absl::StatusOr<std::shared_ptr<Region>> Authorize(uint64_t incarnation, uint64_t region_id, const std::string& token,
+                                                    uint64_t window_id = 0);
+  // As Authorize, for a write: a region in window mode only through an open window of
+  // it, whose admission is returned (empty without a window). `tell_owner`: a write
+  // with the region's own token into a region in window mode is told to its owner.
+  struct WriteAccess {
+    std::shared_ptr<Region> region;
+    std::optional<WindowAdmission> window;
+  };
+  absl::StatusOr<WriteAccess> AuthorizeWrite(uint64_t incarnation, uint64_t region_id, const std::string& token,
+                                             uint64_t window_id, bool tell_owner);
   grpc::Status Reply(const char* api, const absl::Status& s);
   // Counts and delivers a Notify, however it came (`via`: "rpc", "fabric_message").
   absl::Status Accept(const v1::NotifyRequest& req, const char* via);
@@ -63,6 +78,7 @@ class PeerService final : public v1::Peer::Service {
   std::vector<prometheus::Counter*> rx_bytes_;  // per NIC
   StagingProvider* staging_ = nullptr;
   InboundWrites* inbound_ = nullptr;
+  WriteWindows* windows_ = nullptr;
 };
 
 }  // namespace ferry

@@ -28,9 +28,10 @@ absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v
                                                                          absl::Time deadline, PeerLookup lookup) {
   absl::StatusOr<Token> token = Token::FromBytes(d.token(), "dst.token");
   if (!token.ok()) return token.status();
+  const std::pair<uint64_t, uint64_t> key{d.region_id(), d.window_id()};
   {
     absl::MutexLock lock(&mu_);
-    auto it = regions_.find(d.region_id());
+    auto it = regions_.find(key);
     if (it != regions_.end() && !it->second->staging.has_value() && it->second->opened < last_drop_) {
       regions_.erase(it);
       it = regions_.end();
@@ -39,7 +40,9 @@ absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v
       if (!it->second->token.Equals(*token)) {
         return absl::PermissionDeniedError(absl::StrCat("dst.token does not match region ", d.region_id()));
       }
-      return it->second;
+      if (absl::Now() < it->second->window_expires) return it->second;
+      // The window is past its time: ask its agent, which says how it ended.
+      regions_.erase(it);
     }
   }
   if (lookup == PeerLookup::kCachedOnly) {
@@ -51,6 +54,7 @@ absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v
   req.set_token(d.token());
   req.set_initiator_incarnation(local_incarnation_);
   req.set_initiator_address(local_address_);
+  req.set_window_id(d.window_id());
   v1::OpenRegionResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(ctx, deadline);
@@ -65,6 +69,9 @@ absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v
                                             resp.staging().keys_size(), " staging keys for ", remote_nic_count_,
                                             " NICs"));
   }
+  if (d.window_id() != 0 && resp.window_ranges().empty()) {
+    return absl::InternalError(absl::StrCat("agent ", address_, " opened window ", d.window_id(), " without ranges"));
+  }
   auto region = std::make_shared<RemoteRegion>();
   region->region_id = d.region_id();
   region->size = resp.size();
@@ -73,6 +80,12 @@ absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v
   region->keys.assign(resp.keys().begin(), resp.keys().end());
   region->opened = asked;
   if (staged) region->staging = resp.staging();
+  if (d.window_id() != 0) {
+    region->window_id = d.window_id();
+    for (const v1::ByteRange& r : resp.window_ranges()) region->window_ranges.push_back({r.offset(), r.length()});
+    region->window_writer = {resp.window_writer_incarnation(), resp.window_writer_region_id()};
+    region->window_expires = asked + absl::Milliseconds(resp.window_ttl_ms());
+  }
   absl::MutexLock lock(&mu_);
   if (staged) {
     // The same buffer as before (see ForgetRegion): stages still in flight hold its slots.
@@ -83,17 +96,29 @@ absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v
       region->staging_slots = std::move(slots);
       forgotten_slots_.erase(it);
     }
+    // One buffer, one pool of slots, however many windows it was opened through.
+    std::weak_ptr<RemoteRegion>& owner = staging_owners_[resp.staging().id()];
+    if (std::shared_ptr<RemoteRegion> first = owner.lock(); first != nullptr) {
+      region->staging_owner = std::move(first);
+    } else {
+      owner = region;
+    }
   }
-  regions_[d.region_id()] = region;
+  if (d.window_id() != 0) {  // windows come and go: keep only those still open
+    const absl::Time now = absl::Now();
+    absl::erase_if(regions_, [now](const auto& e) { return e.second->window_expires <= now; });
+    absl::erase_if(staging_owners_, [](const auto& e) { return e.second.expired(); });
+  }
+  regions_[key] = region;
   return region;
 }
 
-void PeerConnection::ForgetRegion(uint64_t region_id) {
+void PeerConnection::ForgetRegion(uint64_t region_id, uint64_t window_id) {
   absl::MutexLock lock(&mu_);
-  auto it = regions_.find(region_id);
+  auto it = regions_.find(std::make_pair(region_id, window_id));
   if (it == regions_.end()) return;
   RemoteRegion& region = *it->second;
-  if (region.staging.has_value()) {
+  if (region.staging.has_value() && region.staging_owner == nullptr) {
     absl::erase_if(forgotten_slots_, [](const auto& entry) { return entry.second.expired(); });
     absl::MutexLock slots_lock(&region.staging_mu);
     if (region.staging_slots != nullptr) forgotten_slots_[region.staging->id()] = region.staging_slots;

@@ -31,6 +31,7 @@
 #include "agent/common/slot_pool.h"
 #include "agent/common/token.h"
 #include "agent/fabric/fabric_nic.h"
+#include "agent/memory/write_windows.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
 
 namespace ferry {
@@ -56,6 +57,15 @@ struct RemoteRegion {
   // the first one (the staged path picks the slot size).
   absl::Mutex staging_mu;
   std::shared_ptr<SlotPool> staging_slots ABSL_GUARDED_BY(staging_mu);
+  // Opened through a write window (window_id != 0): the window's ranges (sorted, merged),
+  // its writer, and when it closes at the latest. The keys reach the ranges' extent only.
+  uint64_t window_id = 0;
+  std::vector<ByteSpan> window_ranges;
+  WindowWriter window_writer;
+  absl::Time window_expires = absl::InfiniteFuture();
+  // A staged region opened through several windows keeps one staging buffer for this
+  // agent: the entries after the first use the first's slots.
+  std::shared_ptr<RemoteRegion> staging_owner;
 };
 
 class PeerConnection {
@@ -94,10 +104,10 @@ class PeerConnection {
   // the last connection drop are fetched again (one of them may be what broke it).
   absl::StatusOr<std::shared_ptr<RemoteRegion>> OpenRegion(const v1::RegionDescriptor& d, absl::Time deadline,
                                                            PeerLookup lookup = PeerLookup::kMayConnect);
-  // Drops the cached region: the next transfer opens it again. A staged region's slot
-  // pool is kept while stages still hold it, for the re-opened region: the target
-  // answers this agent with the same staging buffer.
-  void ForgetRegion(uint64_t region_id);
+  // Drops the cached region (opened directly, or through `window_id`): the next transfer
+  // opens it again. A staged region's slot pool is kept while stages still hold it, for
+  // the re-opened region: the target answers this agent with the same staging buffer.
+  void ForgetRegion(uint64_t region_id, uint64_t window_id = 0);
   size_t open_regions() const;
   // The fabric connection to this peer dropped (a write failed with a connection reset).
   void NoteConnectionDrop() {
@@ -136,7 +146,9 @@ class PeerConnection {
   std::atomic<bool> retired_{false};
   std::atomic<int64_t> last_used_ns_{absl::ToUnixNanos(absl::Now())};
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<RemoteRegion>> regions_ ABSL_GUARDED_BY(mu_);
+  // By (region id, window id); window entries go once their window is past its time.
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::shared_ptr<RemoteRegion>> regions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::weak_ptr<RemoteRegion>> staging_owners_ ABSL_GUARDED_BY(mu_);  // by buffer id
   absl::Time last_drop_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Slot pools of forgotten staged regions, by staging buffer id.
   absl::flat_hash_map<uint64_t, std::weak_ptr<SlotPool>> forgotten_slots_ ABSL_GUARDED_BY(mu_);

@@ -32,6 +32,7 @@ v1::NotifyRequest DeliverNotifyRequest(const v1::RegionDescriptor& d, uint64_t s
   req.set_target_incarnation(d.agent_incarnation());
   req.set_region_id(d.region_id());
   req.set_token(d.token());
+  req.set_window_id(d.window_id());
   req.set_transfer_id(transfer_id);
   req.set_source_incarnation(source_incarnation);
   req.set_tag(tag);

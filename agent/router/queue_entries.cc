@@ -1,6 +1,7 @@
 #include "agent/router/queue_entries.h"
 
 #include <cstdio>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/poll_source.h"
@@ -34,8 +35,13 @@ bool QueueEntries::Handle(const std::shared_ptr<TransferQueue>& q, const queue::
   if (shutting_down_.load()) return refuse(absl::UnavailableError("the agent is shutting down"));
   std::shared_ptr<Session> session = sessions_->FindById(q->session_id());
   if (session == nullptr) return refuse(absl::UnavailableError("the session ended"));
-  if (e.flags & ~(queue::kFlagNotify | queue::kFlagPaged | queue::kFlagBatch | queue::kFlagMessage)) {
+  if (e.flags &
+      ~(queue::kFlagNotify | queue::kFlagPaged | queue::kFlagBatch | queue::kFlagMessage | queue::kFlagWindow)) {
     return refuse(absl::InvalidArgumentError(absl::StrCat("flags 0x", absl::Hex(e.flags), " has unknown bits")));
+  }
+  if ((e.flags & queue::kFlagWindow) && !(e.flags & queue::kFlagBatch)) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("flags 0x", absl::Hex(e.flags), ": a window (16) is for batch entries (4) only")));
   }
   if (e.flags & queue::kFlagMessage) {
     if (e.flags != queue::kFlagMessage) {
@@ -139,10 +145,32 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
   if (e.src_region != 0 || e.dst_offset != 0) {
     return absl::InvalidArgumentError("src_region and dst_offset of a batch entry must be 0 (each part names its own)");
   }
+  // With a window, each destination as the queue holds it but through the window; made
+  // at the first part that names it (a queue has at most 64).
+  thread_local std::vector<std::shared_ptr<const v1::RegionDescriptor>> through_window;
+  through_window.assign((e.flags & queue::kFlagWindow) ? q.destinations().size() : 0, nullptr);
+  uint32_t table = e.table_index;
+  std::string window_ref;
+  if (e.flags & queue::kFlagWindow) {
+    if (absl::Status s = q.CopyBytes(table, sizeof(queue::WindowRef), &window_ref); !s.ok()) return s;
+    table += queue::kWindowIds;
+  }
+  auto destination = [&](uint32_t index) -> std::shared_ptr<const v1::RegionDescriptor> {
+    if (through_window.empty()) return q.destinations()[index];
+    if (through_window[index] == nullptr) {
+      queue::WindowRef ref;
+      memcpy(&ref, window_ref.data(), sizeof(ref));
+      auto d = std::make_shared<v1::RegionDescriptor>(*q.destinations()[index]);
+      d->set_window_id(ref.window_id);
+      d->set_token(reinterpret_cast<const char*>(ref.token), sizeof(ref.token));
+      through_window[index] = std::move(d);
+    }
+    return through_window[index];
+  };
   thread_local std::vector<queue::TablePart> parts;
   thread_local std::vector<uint64_t> src_ids, dst_ids;
-  if (absl::Status s = q.CopyParts(e.table_index, n, &parts); !s.ok()) return s;
-  if (absl::Status s = q.CopyBlockIds(e.table_index + n * queue::kPartIds, e.blocks, &src_ids, &dst_ids); !s.ok()) {
+  if (absl::Status s = q.CopyParts(table, n, &parts); !s.ok()) return s;
+  if (absl::Status s = q.CopyBlockIds(table + n * queue::kPartIds, e.blocks, &src_ids, &dst_ids); !s.ok()) {
     return s;
   }
   WriteSpec whole;
@@ -153,8 +181,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
                                                    " bytes; at most ", kMaxNotifyPayloadBytes));
   }
   // No index here wraps: each copy checked the ids before it against the table's size.
-  if (absl::Status s =
-          q.CopyBytes(e.table_index + n * queue::kPartIds + 2 * e.blocks, e.src_offset, &whole.notify_payload);
+  if (absl::Status s = q.CopyBytes(table + n * queue::kPartIds + 2 * e.blocks, e.src_offset, &whole.notify_payload);
       !s.ok()) {
     return s;
   }
@@ -172,7 +199,9 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
           absl::StrCat("reserved is ", part.reserved, "; it must be 0 (a field of a later version of the ABI?)")));
     }
     if (absl::Status s = CheckDestination(q, part.dst_index, "dst_index"); !s.ok()) return batch.NextPartError(s);
-    absl::Status added = batch.Add(Spec(q, part.src_region, part.dst_index), [&](uint64_t src_size, uint64_t dst_size) {
+    WriteSpec spec = Spec(q, part.src_region, part.dst_index);
+    spec.dst = destination(part.dst_index);
+    absl::Status added = batch.Add(spec, [&](uint64_t src_size, uint64_t dst_size) {
       return PagedPlan(*ids, part.src_base, part.dst_base, src_size, dst_size);
     });
     if (!added.ok()) return added;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -15,7 +16,6 @@
 #include "agent/peers/remote_target.h"
 
 namespace ferry {
-
 absl::StatusOr<std::shared_ptr<Transfer>> TransferRouter::Prepare(const std::shared_ptr<Session>& session,
                                                                   const WriteSpec& spec, PlanChunks plan,
                                                                   bool cached_only) const {
@@ -49,7 +49,38 @@ absl::Status TransferRouter::PrepareInto(const std::shared_ptr<Session>& session
   absl::StatusOr<ChunkPlan> chunks = plan(t.src->size(), *dst_size);
   if (!chunks.ok()) return chunks.status();
   t.plan = std::move(*chunks);
+  if (t.window != nullptr) {
+    absl::Status inside = CheckWindowChunks(t, t.window->window().ranges(), t.window->window().id(), t.dst->id());
+    if (!inside.ok()) {
+      deps_.windows->Refuse(*t.dst, t.window->window().id(), inside);
+      return inside;
+    }
+  }
   return t.dst_descriptor != nullptr ? RouteRemote(t) : absl::OkStatus();
+}
+
+absl::Status TransferRouter::CheckWindowChunks(const Transfer& t, const std::vector<ByteSpan>& ranges,
+                                               uint64_t window_id, uint64_t region_id) {
+  for (size_t i = 0; i < t.plan.size(); ++i) {
+    const CopyChunk c = t.plan.chunk(i);
+    if (!SpansCover(ranges, c.dst_offset, c.length)) {
+      return absl::OutOfRangeError(absl::StrCat("destination range of chunk ", i, " [", c.dst_offset, ", +", c.length,
+                                                ") is outside write window ", window_id, " of region ", region_id,
+                                                "; nothing was written"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TransferRouter::CheckWriter(const WindowWriter& writer, const Transfer& t) const {
+  if (writer.any() || t.session == nullptr) return absl::OkStatus();  // no writer named, or no write (a probe)
+  if (writer.incarnation == deps_.incarnation) {
+    absl::StatusOr<std::shared_ptr<Region>> r = deps_.regions->Lookup(writer.region_id);
+    if (r.ok() && (*r)->owner_session() == t.session->id()) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat("this write window is for the session owning region ",
+                                                  writer.region_id, " on agent incarnation ", writer.incarnation,
+                                                  "; this session is not it; nothing was written"));
 }
 
 absl::StatusOr<std::shared_ptr<Region>> TransferRouter::Source(const Session& session, uint64_t id,
@@ -75,9 +106,16 @@ absl::Status TransferRouter::CheckDestination(const std::shared_ptr<const v1::Re
                                               absl::Time deadline) const {
   Transfer probe;
   probe.deadline = deadline;
-  absl::StatusOr<uint64_t> size = Destination(dst, probe);
+  // A region in window mode is a queue's destination all the same: its entries name a
+  // window (ring_layout.h, kFlagWindow).
+  absl::StatusOr<uint64_t> size = Destination(dst, probe, /*batch=*/nullptr, /*window_mode_ok=*/true);
   if (!size.ok()) return size.status();
-  return probe.dst_descriptor != nullptr ? RouteRemote(probe) : absl::OkStatus();
+  if (probe.dst_descriptor == nullptr) return absl::OkStatus();
+  absl::Status remote = RouteRemote(probe);
+  if (absl::IsFailedPrecondition(remote) && absl::StrContains(remote.message(), kWindowModeRefusal)) {
+    return absl::OkStatus();  // its agent answered: the peer is known, the region is there
+  }
+  return remote;
 }
 
 absl::Status TransferRouter::CheckNotifyPayload(bool notify, const std::string& payload) {
@@ -130,6 +168,22 @@ void NotifyRemoteFailure(const Transfer& t, uint64_t incarnation, const absl::St
   SendNotifyAsync(t.peer, std::move(req), absl::Now() + absl::Seconds(2), [id = t.id](absl::Status s) {
     if (!s.ok()) {
       FERRY_LOG(DEBUG) << "transfer " << id << ": telling the receiver it failed: " << s;
+    }
+  });
+}
+
+// Tells the owner of a remote region in window mode that a write through one of its
+// windows was refused here (NOTIFICATION_KIND_WINDOW_REFUSED through its agent, which
+// checks the window's token). Best effort and asynchronous.
+void TellRemoteRefusal(const Transfer& t, uint64_t incarnation, const absl::Status& why) {
+  if (t.peer == nullptr || t.dst_descriptor == nullptr) return;
+  v1::NotifyRequest req = DeliverNotifyRequest(*t.dst_descriptor, incarnation, v1::NOTIFICATION_KIND_WINDOW_REFUSED,
+                                               /*transfer_id=*/0, t.dst_descriptor->window_id(), /*bytes=*/0, "");
+  req.set_code(static_cast<int>(why.code()));
+  req.set_message(std::string(why.message()));
+  SendNotifyAsync(t.peer, std::move(req), absl::Now() + absl::Seconds(2), [](absl::Status s) {
+    if (!s.ok()) {
+      FERRY_LOG(DEBUG) << "telling a window's owner of a refused write: " << s;
     }
   });
 }
@@ -189,6 +243,7 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
   if (t->parts.empty()) {
     TransferExecutor* executor = t->executor;
     executor->Submit(t, [manager, t, incarnation, stopping = stopping_](absl::Status s) {
+      t->window.reset();  // its bytes are in: a Close waiting on it may return
       if (!s.ok() && !stopping->load()) NotifyRemoteFailure(*t, incarnation, s);
       manager->Finish(*t, s);
     });
@@ -204,7 +259,11 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
   for (const std::shared_ptr<Transfer>& part : t->parts) {
     part->id = t->id;
     if (part->executor != shared) shared = nullptr;
-    jobs.emplace_back(part, [end](absl::Status s) { end->PartDone(s); });
+    // The batch (held by `end`) keeps each part alive until every part is done.
+    jobs.emplace_back(part, [end, p = part.get()](absl::Status s) {
+      p->window.reset();
+      end->PartDone(s);
+    });
   }
   if (shared != nullptr) return shared->SubmitAll(std::move(jobs));
   for (auto& [part, done] : jobs) {  // parts on several paths
@@ -221,7 +280,7 @@ absl::Status TransferRouter::SendMessage(const std::shared_ptr<const v1::RegionD
   }
   Transfer probe;
   probe.deadline = deadline;
-  absl::StatusOr<uint64_t> size = Destination(dst, probe);
+  absl::StatusOr<uint64_t> size = Destination(dst, probe, /*batch=*/nullptr, /*window_mode_ok=*/true);
   if (!size.ok()) return size.status();
   if (probe.dst != nullptr) {  // this agent's region: its token was checked
     v1::Notification n;
@@ -247,7 +306,7 @@ absl::Status TransferRouter::SendMessage(const std::shared_ptr<const v1::RegionD
 }
 
 absl::StatusOr<uint64_t> TransferRouter::Destination(const std::shared_ptr<const v1::RegionDescriptor>& dst_ptr,
-                                                     Transfer& t, BatchLookups* batch) const {
+                                                     Transfer& t, BatchLookups* batch, bool window_mode_ok) const {
   const v1::RegionDescriptor& dst = *dst_ptr;
   if (batch != nullptr) {
     for (auto known = batch->local_dsts.rbegin(); known != batch->local_dsts.rend(); ++known) {
@@ -255,9 +314,11 @@ absl::StatusOr<uint64_t> TransferRouter::Destination(const std::shared_ptr<const
       // The fields the checks below read, equal to those of a descriptor that passed them.
       // Both tokens are the writer's own, so comparing them in variable time tells it
       // nothing.
-      if (&d == &dst || (d.region_id() == dst.region_id() && d.agent_incarnation() == dst.agent_incarnation() &&
-                         d.version() == dst.version() && d.token() == dst.token())) {
+      if (&d == &dst ||
+          (d.region_id() == dst.region_id() && d.agent_incarnation() == dst.agent_incarnation() &&
+           d.version() == dst.version() && d.window_id() == dst.window_id() && d.token() == dst.token())) {
         RouteLocal(known->region, t);
+        t.window = known->window;
         return known->region->size();
       }
     }
@@ -275,12 +336,31 @@ absl::StatusOr<uint64_t> TransferRouter::Destination(const std::shared_ptr<const
       return absl::NotFoundError(absl::StrCat("dst.region_id ", dst.region_id(),
                                               " is not registered (it was deregistered or its owner exited)"));
     }
-    if (!(*d)->token().Equals(*token)) {
-      return absl::PermissionDeniedError(absl::StrCat("dst.token does not match region ", dst.region_id()));
+    std::shared_ptr<WindowAdmission> window;
+    if (dst.window_id() != 0) {
+      absl::StatusOr<WindowAdmission> admitted = deps_.windows->Admit(dst.window_id(), *token, dst.region_id());
+      if (!admitted.ok()) return admitted.status();
+      window = std::make_shared<WindowAdmission>(*std::move(admitted));
+      if (absl::Status w = CheckWriter(window->window().writer(), t); !w.ok()) {
+        deps_.windows->Refuse(**d, dst.window_id(), w);
+        return w;
+      }
+    } else {
+      if (!(*d)->token().Equals(*token)) {
+        return absl::PermissionDeniedError(absl::StrCat("dst.token does not match region ", dst.region_id()));
+      }
+      if ((*d)->write_windows() && !window_mode_ok) {
+        absl::Status refused = WindowModeError(dst.region_id());
+        deps_.windows->Refuse(**d, 0, refused);
+        return refused;
+      }
     }
-    if (batch != nullptr && batch->local_dsts.size() < BatchLookups::kMax) batch->local_dsts.push_back({dst_ptr, *d});
+    if (batch != nullptr && batch->local_dsts.size() < BatchLookups::kMax) {
+      batch->local_dsts.push_back({dst_ptr, *d, window});
+    }
     const uint64_t size = (*d)->size();
     RouteLocal(*std::move(d), t);
+    t.window = std::move(window);
     return size;
   }
   if (dst.agent_address().empty() || dst.agent_address() == deps_.advertise_address) {
@@ -307,6 +387,16 @@ absl::Status TransferRouter::RouteRemote(Transfer& t) const {
   absl::Status resolved = ResolveRemoteTarget(*deps_.peers, t);
   if (!resolved.ok()) return resolved;
   const v1::RegionDescriptor& d = *t.dst_descriptor;
+  if (const RemoteRegion& window = *t.remote_region; window.window_id != 0) {
+    // The target's agent handed out keys that reach the window's extent only; the
+    // ranges and the writer inside it are checked here, where the writer is known.
+    absl::Status ok = CheckWriter(window.window_writer, t);
+    if (ok.ok()) ok = CheckWindowChunks(t, window.window_ranges, window.window_id, d.region_id());
+    if (!ok.ok()) {
+      TellRemoteRefusal(t, deps_.incarnation, ok);
+      return ok;
+    }
+  }
   const bool src_gpu = t.src != nullptr && t.src->kind() == MemoryKind::kCuda;
   // What the descriptor and source say; the region as its agent reports it decides.
   const bool staged_by_kind = deps_.stage_host_regions || d.kind() == v1::MEMORY_KIND_CUDA || src_gpu;

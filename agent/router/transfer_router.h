@@ -58,6 +58,7 @@ struct TransferRouterDeps {
   // Peer address written into descriptors; empty when the agent has no peer service.
   std::string advertise_address;
   RegionTable* regions = nullptr;
+  WriteWindows* windows = nullptr;  // of this agent's regions in window mode
   TransferManager* transfers = nullptr;
   TransferExecutor* local = nullptr;      // host memory on both sides
   TransferExecutor* gpu_local = nullptr;  // GPU memory on either side; null without CUDA
@@ -120,6 +121,7 @@ class TransferRouter {
     struct LocalDestination {
       std::shared_ptr<const v1::RegionDescriptor> descriptor;  // checked against ...
       std::shared_ptr<Region> region;                          // ... this agent's region
+      std::shared_ptr<WindowAdmission> window;                 // through the descriptor's window
     };
     absl::Time now;                                // when the batch was submitted
     std::vector<std::shared_ptr<Region>> sources;  // the batch's session's
@@ -133,8 +135,16 @@ class TransferRouter {
   absl::StatusOr<std::shared_ptr<Region>> Source(const Session& session, uint64_t id, BatchLookups* batch) const;
   // Fills t's destination from its descriptor: this agent's region (path LOCAL), or
   // another agent's (t.dst_descriptor). Returns the size the chunks are planned against.
+  // `window_mode_ok`: for a message (which a region in window mode takes with its own
+  // token) or a queue's destination, not a write.
   absl::StatusOr<uint64_t> Destination(const std::shared_ptr<const v1::RegionDescriptor>& dst, Transfer& t,
-                                       BatchLookups* batch = nullptr) const;
+                                       BatchLookups* batch = nullptr, bool window_mode_ok = false) const;
+  // Whether t's session is `writer` (a region of that session on that agent), when the
+  // window is for one writer.
+  absl::Status CheckWriter(const WindowWriter& writer, const Transfer& t) const;
+  // Every chunk of t's plan inside `ranges` of the window `window_id` of region `region_id`.
+  static absl::Status CheckWindowChunks(const Transfer& t, const std::vector<ByteSpan>& ranges, uint64_t window_id,
+                                        uint64_t region_id);
   // t's node-local destination `d` (its token checked): path and executor.
   void RouteLocal(std::shared_ptr<Region> d, Transfer& t) const;
   // For a remote destination, once the plan is known: resolves it and picks FABRIC or STAGED.

@@ -85,6 +85,7 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
   }
 
   auto region = std::make_shared<Region>(deps_.regions->NextId(), session.id(), Token::Random(), std::move(backing));
+  region->set_write_windows(req.write_windows());
   if (deps_.place) region->set_placement(deps_.place(session, region->backing()));
   if (deps_.registrar != nullptr) {
     absl::StatusOr<RegionRegistration> reg = deps_.registrar->Register(region->backing());
@@ -97,15 +98,76 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
 
   v1::RegisterMemoryResponse resp;
   resp.set_region_id(region->id());
-  v1::RegionDescriptor* d = resp.mutable_region();
-  d->set_version(1);
-  d->set_agent_address(deps_.advertise_address);
-  d->set_agent_incarnation(deps_.incarnation);
-  d->set_region_id(region->id());
-  d->set_token(region->token().bytes());
-  d->set_size(region->size());
-  d->set_kind(region->kind() == MemoryKind::kHost ? v1::MEMORY_KIND_HOST : v1::MEMORY_KIND_CUDA);
+  *resp.mutable_region() = DescriptorOf(*region);
   return resp;
+}
+
+v1::RegionDescriptor LocalService::DescriptorOf(const Region& region) const {
+  v1::RegionDescriptor d;
+  d.set_version(1);
+  d.set_agent_address(deps_.advertise_address);
+  d.set_agent_incarnation(deps_.incarnation);
+  d.set_region_id(region.id());
+  d.set_token(region.token().bytes());
+  d.set_size(region.size());
+  d.set_kind(region.kind() == MemoryKind::kHost ? v1::MEMORY_KIND_HOST : v1::MEMORY_KIND_CUDA);
+  return d;
+}
+
+// ---------------------------------------------------------------- write windows
+
+absl::StatusOr<v1::OpenWriteWindowResponse> LocalService::DoOpenWindow(const Session& session,
+                                                                       const v1::OpenWriteWindowRequest& req) {
+  if (req.timeout_ms() == 0 || req.timeout_ms() > deps_.config->max_transfer_timeout_ms) {
+    return absl::InvalidArgumentError(absl::StrCat("timeout_ms must be 1..", deps_.config->max_transfer_timeout_ms,
+                                                   " (--max_transfer_timeout_ms), got ", req.timeout_ms()));
+  }
+  WindowSpec spec;
+  spec.region_ids.assign(req.region_ids().begin(), req.region_ids().end());
+  for (const v1::ByteRange& r : req.ranges()) spec.ranges.push_back({r.offset(), r.length()});
+  spec.timeout = absl::Milliseconds(req.timeout_ms());
+  if (req.has_writer()) {
+    if (req.writer().agent_incarnation() == 0 || req.writer().region_id() == 0) {
+      return absl::InvalidArgumentError(
+          "writer: a descriptor of one of the writer's regions (its agent_incarnation "
+          "and region_id), or unset for any holder of the window");
+    }
+    spec.writer = {req.writer().agent_incarnation(), req.writer().region_id()};
+  }
+  absl::StatusOr<std::shared_ptr<const WriteWindow>> w = deps_.windows->Open(session.id(), spec);
+  if (!w.ok()) return w.status();
+  v1::OpenWriteWindowResponse resp;
+  resp.set_window_id((*w)->id());
+  for (const auto& region : (*w)->regions()) {
+    v1::RegionDescriptor* d = resp.add_regions();
+    *d = DescriptorOf(*region);
+    d->set_window_id((*w)->id());
+    d->set_token((*w)->token().bytes());
+  }
+  return resp;
+}
+
+grpc::Status LocalService::OpenWriteWindow(grpc::ServerContext* ctx, const v1::OpenWriteWindowRequest* req,
+                                           v1::OpenWriteWindowResponse* resp) {
+  absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
+  if (!session.ok()) return Reply("OpenWriteWindow", session.status());
+  absl::StatusOr<v1::OpenWriteWindowResponse> r = DoOpenWindow(**session, *req);
+  if (!r.ok()) return Reply("OpenWriteWindow", r.status());
+  *resp = std::move(*r);
+  return grpc::Status::OK;
+}
+
+grpc::Status LocalService::CloseWriteWindow(grpc::ServerContext* ctx, const v1::CloseWriteWindowRequest* req,
+                                            v1::CloseWriteWindowResponse*) {
+  absl::StatusOr<std::shared_ptr<Session>> session = SessionOf(ctx);
+  if (!session.ok()) return Reply("CloseWriteWindow", session.status());
+  if (req->wait_ms() > deps_.config->max_wait_ms) {
+    return Reply("CloseWriteWindow",
+                 absl::InvalidArgumentError(absl::StrCat("wait_ms must be 0..", deps_.config->max_wait_ms,
+                                                         " (--max_wait_ms), got ", req->wait_ms())));
+  }
+  return Reply("CloseWriteWindow",
+               deps_.windows->Close(req->window_id(), (*session)->id(), WaitBudget(*ctx, req->wait_ms())));
 }
 
 grpc::Status LocalService::RegisterMemory(grpc::ServerContext* ctx, const v1::RegisterMemoryRequest* req,

@@ -34,6 +34,7 @@ struct LocalServiceDeps {
   std::string advertise_address;
   Metrics* metrics = nullptr;
   RegionTable* regions = nullptr;
+  WriteWindows* windows = nullptr;
   SessionRegistry* sessions = nullptr;
   TransferManager* transfers = nullptr;
   // Checks writes and picks their path (agent/router).
@@ -84,10 +85,18 @@ class LocalService final : public v1::Agent::Service {
                            v1::GetTopologyResponse* resp) override;
   grpc::Status SendMessage(grpc::ServerContext* ctx, const v1::SendMessageRequest* req,
                            v1::SendMessageResponse* resp) override;
+  grpc::Status OpenWriteWindow(grpc::ServerContext* ctx, const v1::OpenWriteWindowRequest* req,
+                               v1::OpenWriteWindowResponse* resp) override;
+  grpc::Status CloseWriteWindow(grpc::ServerContext* ctx, const v1::CloseWriteWindowRequest* req,
+                                v1::CloseWriteWindowResponse* resp) override;
 
  private:
   absl::StatusOr<std::shared_ptr<Session>> SessionOf(grpc::ServerContext* ctx) const;
   absl::StatusOr<v1::RegisterMemoryResponse> DoRegister(Session& session, const v1::RegisterMemoryRequest& req);
+  absl::StatusOr<v1::OpenWriteWindowResponse> DoOpenWindow(const Session& session,
+                                                           const v1::OpenWriteWindowRequest& req);
+  // The descriptor of `region` that pods write with (its own token, no window).
+  v1::RegionDescriptor DescriptorOf(const Region& region) const;
   absl::StatusOr<std::shared_ptr<Transfer>> PrepareWrite(const std::shared_ptr<Session>& session,
                                                          const v1::WriteRequest& req);
   // Every part of a batch prepared (or the first part's error, named), joined into one.

@@ -94,7 +94,8 @@ void StagedExecutor::Work() {
   }
 }
 
-std::shared_ptr<SlotPool> StagedExecutor::RemoteSlots(RemoteRegion& region) const {
+std::shared_ptr<SlotPool> StagedExecutor::RemoteSlots(RemoteRegion& opened) const {
+  RemoteRegion& region = opened.staging_owner != nullptr ? *opened.staging_owner : opened;
   absl::MutexLock lock(&region.staging_mu);
   if (region.staging_slots == nullptr) {
     region.staging_slots = std::make_shared<SlotPool>(region.staging->size(), options_.stage_bytes);
@@ -201,6 +202,7 @@ absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, cons
     commit->req.set_region_id(d.region_id());
     commit->req.set_token(d.token());
     commit->req.set_staging_id(region->staging->id());
+    commit->req.set_window_id(d.window_id());
     commit->ctx.set_deadline(absl::ToChronoTime(std::max(t->deadline, absl::Now() + absl::Milliseconds(100))));
   }
   uint64_t packed = 0;
@@ -244,17 +246,17 @@ absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, cons
     peer->stub()->async()->CommitStaged(&commit->ctx, &commit->req, &commit->resp,
                                         [commit, remote_slots, remote_slot, tracker, peer, region](grpc::Status rpc) {
                                           remote_slots->Release(remote_slot);
-                                          tracker->Finish(CommitStatus(rpc, *peer, region->region_id));
+                                          tracker->Finish(CommitStatus(rpc, *peer, *region));
                                         });
   });
   return absl::OkStatus();
 }
 
-absl::Status StagedExecutor::CommitStatus(const grpc::Status& rpc, PeerConnection& peer, uint64_t region_id) {
+absl::Status StagedExecutor::CommitStatus(const grpc::Status& rpc, PeerConnection& peer, const RemoteRegion& region) {
   absl::Status status = FromGrpcStatus(rpc, absl::StrCat("committing a stage on agent ", peer.address(), " failed: "));
   if (absl::IsUnavailable(status) || absl::IsNotFound(status)) {
     // The target restarted or dropped the buffer: the next transfer opens the region anew.
-    peer.ForgetRegion(region_id);
+    peer.ForgetRegion(region.region_id, region.window_id);
     return absl::UnavailableError(status.message());
   }
   return status;

@@ -66,7 +66,7 @@ class StagedExecutor : public TransferExecutor {
   // The target region's slots, shared by every transfer into it.
   std::shared_ptr<SlotPool> RemoteSlots(RemoteRegion& region) const;
   // A CommitStaged result as a status (UNAVAILABLE when the target lost the buffer).
-  static absl::Status CommitStatus(const grpc::Status& rpc, PeerConnection& peer, uint64_t region_id);
+  static absl::Status CommitStatus(const grpc::Status& rpc, PeerConnection& peer, const RemoteRegion& region);
 
   const StagedExecutorOptions options_;
   FabricEngine* engine_;

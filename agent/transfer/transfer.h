@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "agent/memory/region.h"
 #include "agent/memory/region_table.h"
+#include "agent/memory/write_windows.h"
 #include "agent/metrics/metrics.h"
 #include "agent/qos/traffic_class.h"
 #include "agent/session/session_registry.h"
@@ -49,6 +50,9 @@ struct Transfer {
   TenantShare share;
   // Node-local destination (path LOCAL).
   std::shared_ptr<Region> dst;
+  // Set when the write goes through a write window of this agent's region (`dst`): held
+  // until the transfer goes, so that closing the window waits for its bytes.
+  std::shared_ptr<WindowAdmission> window;
   // Remote destination (path FABRIC / STAGED); shared by all entries of a queue. The
   // router resolves it to the target's agent and the region as that agent reports it.
   std::shared_ptr<const v1::RegionDescriptor> dst_descriptor;

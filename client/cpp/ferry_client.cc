@@ -220,12 +220,13 @@ absl::StatusOr<uint64_t> Client::SendFd(int fd) {
   return reply->b;
 }
 
-absl::StatusOr<v1::RegisterMemoryResponse> Client::RegisterHost(const HostBuffer& buffer) {
+absl::StatusOr<v1::RegisterMemoryResponse> Client::RegisterHost(const HostBuffer& buffer, bool write_windows) {
   absl::StatusOr<uint64_t> handle = SendFd(buffer.fd());
   if (!handle.ok()) return handle.status();
   v1::RegisterMemoryRequest req;
   req.set_size(buffer.size());
   req.mutable_host()->set_fd_handle(*handle);
+  req.set_write_windows(write_windows);
   v1::RegisterMemoryResponse resp;
   auto ctx = NewContext();
   absl::Status s = Checked(stub_->RegisterMemory(ctx.get(), req, &resp));
@@ -233,12 +234,41 @@ absl::StatusOr<v1::RegisterMemoryResponse> Client::RegisterHost(const HostBuffer
   return resp;
 }
 
-absl::StatusOr<HostRegion> Client::AllocateHost(uint64_t size) {
+absl::StatusOr<HostRegion> Client::AllocateHost(uint64_t size, bool write_windows) {
   absl::StatusOr<HostBuffer> buffer = HostBuffer::Create(size);
   if (!buffer.ok()) return buffer.status();
-  absl::StatusOr<v1::RegisterMemoryResponse> reg = RegisterHost(*buffer);
+  absl::StatusOr<v1::RegisterMemoryResponse> reg = RegisterHost(*buffer, write_windows);
   if (!reg.ok()) return reg.status();
   return HostRegion{std::move(*buffer), std::move(*reg)};
+}
+
+absl::StatusOr<v1::OpenWriteWindowResponse> Client::OpenWriteWindow(const std::vector<uint64_t>& regions,
+                                                                    const std::vector<ByteRange>& ranges,
+                                                                    const v1::RegionDescriptor* writer,
+                                                                    absl::Duration timeout) {
+  v1::OpenWriteWindowRequest req;
+  for (uint64_t id : regions) req.add_region_ids(id);
+  for (const ByteRange& r : ranges) {
+    v1::ByteRange* out = req.add_ranges();
+    out->set_offset(r.offset);
+    out->set_length(r.length);
+  }
+  if (writer != nullptr) *req.mutable_writer() = *writer;
+  req.set_timeout_ms(static_cast<uint32_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout))));
+  v1::OpenWriteWindowResponse resp;
+  auto ctx = NewContext();
+  absl::Status s = Checked(stub_->OpenWriteWindow(ctx.get(), req, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::Status Client::CloseWriteWindow(uint64_t window_id, absl::Duration wait) {
+  v1::CloseWriteWindowRequest req;
+  req.set_window_id(window_id);
+  req.set_wait_ms(static_cast<uint32_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(wait))));
+  v1::CloseWriteWindowResponse resp;
+  auto ctx = NewContext(wait + absl::Seconds(30));
+  return Checked(stub_->CloseWriteWindow(ctx.get(), req, &resp));
 }
 
 absl::Status Client::Deregister(uint64_t region_id) {

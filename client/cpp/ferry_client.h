@@ -71,6 +71,11 @@ struct ChunkSpec {
   uint64_t length;
 };
 
+struct ByteRange {
+  uint64_t offset;
+  uint64_t length;
+};
+
 class Client {
  public:
   // Opens a session (session socket beside `socket`) and a gRPC channel on `socket`.
@@ -88,9 +93,19 @@ class Client {
   // Sends `fd` (a dup of it) on the session socket; returns the agent's fd handle.
   absl::StatusOr<uint64_t> SendFd(int fd);
 
-  absl::StatusOr<v1::RegisterMemoryResponse> RegisterHost(const HostBuffer& buffer);
+  // `write_windows`: the region takes writes only through write windows this client
+  // opens (OpenWriteWindow), never with its own descriptor.
+  absl::StatusOr<v1::RegisterMemoryResponse> RegisterHost(const HostBuffer& buffer, bool write_windows = false);
   // HostBuffer::Create(size) and RegisterHost in one step.
-  absl::StatusOr<HostRegion> AllocateHost(uint64_t size);
+  absl::StatusOr<HostRegion> AllocateHost(uint64_t size, bool write_windows = false);
+  // Opens `ranges` of `regions` (this session's, in window mode) to the writer owning the
+  // region `writer` describes (null: any holder), for `timeout`; hand the response's
+  // descriptors to the writer. CloseWriteWindow returns once nothing can land through it.
+  absl::StatusOr<v1::OpenWriteWindowResponse> OpenWriteWindow(const std::vector<uint64_t>& regions,
+                                                              const std::vector<ByteRange>& ranges,
+                                                              const v1::RegionDescriptor* writer,
+                                                              absl::Duration timeout);
+  absl::Status CloseWriteWindow(uint64_t window_id, absl::Duration wait = absl::Seconds(1));
   absl::Status Deregister(uint64_t region_id);
 
   absl::StatusOr<uint64_t> Write(uint64_t src_region, const v1::RegionDescriptor& dst,

@@ -110,17 +110,31 @@ absl::Status WriteQueue::PostBatch(uint32_t table_index, absl::Span<const queue:
     return absl::InvalidArgumentError(
         absl::StrCat(src_ids.size(), " source ids but ", dst_ids.size(), " destination ids; they must pair up"));
   }
+  queue::WindowRef window{};
+  if (options.window != nullptr) {
+    if (options.window->window_id() == 0 || options.window->token().size() != sizeof(window.token)) {
+      return absl::InvalidArgumentError("window: a write window's descriptor (window_id set), from OpenWriteWindow");
+    }
+    window.window_id = options.window->window_id();
+    memcpy(window.token, options.window->token().data(), sizeof(window.token));
+  }
+  const uint64_t window_words = options.window != nullptr ? queue::kWindowIds : 0;
   const uint64_t payload_words = (options.payload.size() + sizeof(uint32_t) - 1) / sizeof(uint32_t);
-  const uint64_t words = uint64_t{parts.size()} * queue::kPartIds + 2 * uint64_t{src_ids.size()} + payload_words;
+  const uint64_t words =
+      window_words + uint64_t{parts.size()} * queue::kPartIds + 2 * uint64_t{src_ids.size()} + payload_words;
   if (absl::Status s = CheckTableRoom("batch", table_index, words); !s.ok()) return s;
   uint32_t* at = table_ + table_index;
+  if (options.window != nullptr) memcpy(at, &window, sizeof(window));
+  at += window_words;
   memcpy(at, parts.data(), parts.size() * sizeof(queue::TablePart));
   at += parts.size() * queue::kPartIds;
   memcpy(at, src_ids.data(), src_ids.size() * sizeof(uint32_t));
   memcpy(at + src_ids.size(), dst_ids.data(), dst_ids.size() * sizeof(uint32_t));
   memcpy(at + 2 * src_ids.size(), options.payload.data(), options.payload.size());
   return PostSlot({options.user_data, 0, options.payload.size(), 0, options.block_size, options.tag,
-                   static_cast<uint32_t>(parts.size()), queue::kFlagBatch | (options.notify ? queue::kFlagNotify : 0),
+                   static_cast<uint32_t>(parts.size()),
+                   queue::kFlagBatch | (options.notify ? queue::kFlagNotify : 0) |
+                       (options.window != nullptr ? queue::kFlagWindow : 0),
                    table_index, static_cast<uint32_t>(src_ids.size())});
 }
 

@@ -92,6 +92,10 @@ class WriteQueue {
     bool notify = false;  // the owner of parts[0]'s destination, once every part landed
     uint64_t tag = 0;
     std::string payload;  // with notify: up to 4 KiB handed to the owner with the notification
+    // Every part writes through this write window of its destination's owner (a
+    // descriptor from its OpenWriteWindow: only the window's id and token are used);
+    // null: with the destinations' own tokens.
+    const v1::RegionDescriptor* window = nullptr;
   };
   struct Completion {
     uint64_t user_data = 0;

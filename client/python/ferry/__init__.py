@@ -8,7 +8,7 @@
 See ferry.client for the full example.
 """
 from .client import (Client, HostRegion, Notification, Region, RegionDescriptor, TransferFuture,
-                     TransferResult)
+                     TransferResult, WriteWindow)
 from .errors import (AlreadyExists, Cancelled, DeadlineExceeded, FailedPrecondition, FerryError, Internal,
                      InvalidArgument, NotFound, OutOfRange, PermissionDenied, ResourceExhausted, Unauthenticated,
                      Unavailable)
@@ -19,6 +19,7 @@ from . import cuda  # noqa: F401  (ferry.cuda.empty, DeviceBuffer)
 
 __all__ = [
     "Client", "HostRegion", "Notification", "Region", "RegionDescriptor", "TransferFuture", "TransferResult",
+    "WriteWindow",
     "KVLayout", "WriteQueue", "Inbox", "FerryError", "AlreadyExists", "Cancelled", "DeadlineExceeded",
     "FailedPrecondition", "Internal", "InvalidArgument", "NotFound", "OutOfRange", "PermissionDenied",
     "ResourceExhausted", "Unauthenticated", "Unavailable",

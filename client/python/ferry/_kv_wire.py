@@ -33,6 +33,7 @@ MAGIC = b"FYKV"
 HELLO, PULL, CANCEL, PING = 1, 2, 3, 4
 DONE, REFUSED, DROPPED = 1, 2, 3  # tags of a producer's answers
 MAX_PAYLOAD = 4096  # a ferry message's payload
+WINDOW_BYTES = 24  # a write window in a PULL: its id (8 bytes, little-endian) and token (16)
 # What a consumer can take, in its HELLO's features word. SHARED_WRITES: it reads a
 # write's notification naming several requests (names_payload).
 SHARED_WRITES = 1
@@ -130,11 +131,15 @@ class Pull:
     ids: array.array
     reply: str
     secret: bytes = b""
+    # The write window the consumer opened over the request's blocks: its id and token
+    # (WINDOW_BYTES), the producer writing through it; empty from consumers whose caches
+    # take writes with their own descriptors (and from those before windows).
+    window: bytes = b""
 
     def encode(self) -> bytes:
         return (_pack_str(self.consumer) + _pack_str(self.request) +
                 struct.pack("<III", self.skip, self.total, self.first) + _pack_ids(self.ids) +
-                _pack_str(self.reply) + _pack_secret(self.secret))
+                _pack_str(self.reply) + _pack_secret(self.secret) + _pack_secret(self.window))
 
     @classmethod
     def decode(cls, body: bytes) -> "Pull":
@@ -143,18 +148,24 @@ class Pull:
         skip, total, first = struct.unpack_from("<III", body, at)
         ids, at = _unpack_ids(body, at + 12)
         reply, at = _unpack_str(body, at)
-        return cls(consumer, request, skip, total, first, ids, reply, _unpack_secret(body, at))
+        secret = _unpack_secret(body, at)
+        window = _unpack_secret(body, at + 1 + len(secret)) if at < len(body) else b""
+        if window and len(window) != WINDOW_BYTES:
+            raise struct.error(f"a PULL's window has {len(window)} bytes, not {WINDOW_BYTES}")
+        return cls(consumer, request, skip, total, first, ids, reply, secret, window)
 
     @classmethod
     def split(cls, consumer: str, request: str, skip: int, ids: array.array, reply: str,
-              secret: bytes) -> List["Pull"]:
+              secret: bytes, window: bytes = b"") -> List["Pull"]:
         """The PULLs that carry every id, as many per message as fit (at least one)."""
-        fixed = _HEADER + len(cls(consumer, request, skip, len(ids), 0, array.array("I"), reply, secret).encode())
+        fixed = _HEADER + len(cls(consumer, request, skip, len(ids), 0, array.array("I"), reply, secret,
+                                  window).encode())
         per_message = (MAX_PAYLOAD - fixed) // 4
         if per_message < 1:
             raise ValueError("the request's names and secret leave no room for block ids in a PULL")
         starts = range(0, len(ids), per_message) if len(ids) else [0]
-        return [cls(consumer, request, skip, len(ids), at, ids[at:at + per_message], reply, secret) for at in starts]
+        return [cls(consumer, request, skip, len(ids), at, ids[at:at + per_message], reply, secret, window)
+                for at in starts]
 
 
 @dataclasses.dataclass

@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Iterable, Iterator, Optional, Sequence, Tuple, Union
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -74,6 +74,11 @@ class RegionDescriptor:
     def is_gpu(self) -> bool:
         return self._proto.kind == ferry_pb2.MEMORY_KIND_CUDA
 
+    @property
+    def window_id(self) -> int:
+        """The write window this descriptor writes through (Client.open_write_window); 0: none."""
+        return self._proto.window_id
+
     def __repr__(self) -> str:
         kind = "cuda" if self.is_gpu else "host"
         return (f"RegionDescriptor(agent={self._proto.agent_address or 'local'}, region={self._proto.region_id}, "
@@ -83,11 +88,13 @@ class RegionDescriptor:
 class Region:
     """A region this client registered. Use as a context manager to deregister on exit."""
 
-    def __init__(self, client: "Client", response: ferry_pb2.RegisterMemoryResponse):
+    def __init__(self, client: "Client", response: ferry_pb2.RegisterMemoryResponse, write_windows: bool = False):
         self._client = client
         self.id: int = response.region_id
         self._descriptor = response.region
         self._registered = True
+        # Registered in window mode: writes land only through windows its client opens.
+        self.write_windows = write_windows
 
     @property
     def size(self) -> int:
@@ -109,11 +116,40 @@ class Region:
         self.deregister()
 
 
+class WriteWindow:
+    """Byte ranges of some of this client's regions (registered with write_windows=True),
+    open to one writer until closed or past its timeout (Client.open_write_window). Hand
+    ``descriptors`` to the writer; ``close()`` returns once no byte of any write through
+    the window can land any more. A context manager that closes it."""
+
+    def __init__(self, client: "Client", response: ferry_pb2.OpenWriteWindowResponse):
+        self._client = client
+        self.id: int = response.window_id
+        self.descriptors: List[RegionDescriptor] = [RegionDescriptor(d) for d in response.regions]
+        self._open = True
+
+    def close(self, wait: float = 1.0) -> None:
+        """Closes the window, waiting up to ``wait`` seconds for writes through it that are
+        copying on this agent. Raises DeadlineExceeded if some still were (the window is
+        closed all the same; close again to wait again)."""
+        self._open = False
+        self._client._call("CloseWriteWindow", ferry_pb2.CloseWriteWindowRequest(
+            window_id=self.id, wait_ms=self._client._wait_ms(wait)), timeout=self._client._call_timeout(wait))
+
+    def __enter__(self) -> "WriteWindow":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._open:
+            self.close()
+
+
 class HostRegion(Region):
     """Host memory shared with the agent (a memfd mapped here and there)."""
 
-    def __init__(self, client: "Client", response: ferry_pb2.RegisterMemoryResponse, mapping: mmap.mmap, fd: int):
-        super().__init__(client, response)
+    def __init__(self, client: "Client", response: ferry_pb2.RegisterMemoryResponse, mapping: mmap.mmap, fd: int,
+                 write_windows: bool = False):
+        super().__init__(client, response, write_windows)
         self._mmap = mapping
         self._fd = fd  # kept to register the same memory again after an agent restart
         self.buffer = memoryview(mapping)
@@ -327,7 +363,7 @@ class Client:
                 threading.Event().wait(0.1)
         for region in list(self._host_regions):
             if region._registered:
-                resp = self._register_fd(region._fd, region.size)
+                resp = self._register_fd(region._fd, region.size, write_windows=region.write_windows)
                 region.id, region._descriptor = resp.region_id, resp.region
 
     def __enter__(self) -> "Client":
@@ -338,8 +374,10 @@ class Client:
 
     # ------------------------------------------------------------------ memory
 
-    def register_host(self, size: int) -> HostRegion:
-        """Allocates ``size`` bytes of shared host memory and registers them."""
+    def register_host(self, size: int, *, write_windows: bool = False) -> HostRegion:
+        """Allocates ``size`` bytes of shared host memory and registers them. With
+        ``write_windows`` the region takes writes only through windows this client opens
+        (open_write_window), never with its own descriptor."""
         if size <= 0:
             raise errors.InvalidArgument(f"size must be at least 1 byte, got {size}")
         fd = os.memfd_create("ferry-region", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)  # the agent seals it
@@ -347,24 +385,39 @@ class Client:
             os.ftruncate(fd, size)
             mapping = mmap.mmap(fd, size)
             try:
-                resp = self._register_fd(fd, size)
+                resp = self._register_fd(fd, size, write_windows=write_windows)
             except Exception:
                 mapping.close()
                 raise
         except Exception:
             os.close(fd)
             raise
-        region = HostRegion(self, resp, mapping, fd)
+        region = HostRegion(self, resp, mapping, fd, write_windows)
         self._host_regions.add(region)
         return region
 
-    def _register_fd(self, fd: int, size: int, offset: int = 0) -> ferry_pb2.RegisterMemoryResponse:
+    def _register_fd(self, fd: int, size: int, offset: int = 0, *,
+                     write_windows: bool = False) -> ferry_pb2.RegisterMemoryResponse:
         """Registers ``size`` bytes at ``offset`` of the memfd ``fd`` (sent on the session socket)."""
         handle = self._session.send_fd(fd)
         return self._call("RegisterMemory", ferry_pb2.RegisterMemoryRequest(
-            size=size, host=ferry_pb2.HostMemory(fd_handle=handle, offset=offset)))
+            size=size, host=ferry_pb2.HostMemory(fd_handle=handle, offset=offset), write_windows=write_windows))
 
-    def register_cuda(self, tensor) -> Region:
+    def open_write_window(self, regions: Sequence[Region], ranges: Sequence[Tuple[int, int]], *,
+                          writer: Union[RegionDescriptor, bytes, None] = None, timeout: float = 30.0) -> WriteWindow:
+        """Opens ``ranges`` ((offset, length) byte ranges, the same in each region) of
+        ``regions`` (this client's, registered with write_windows=True) to one writer: the
+        pod owning the region ``writer`` describes (None: whoever holds the window's
+        descriptors), for at most ``timeout`` seconds. Every chunk of a write through it
+        must fall inside the ranges; the regions' agent checks, before a byte moves."""
+        req = ferry_pb2.OpenWriteWindowRequest(
+            region_ids=[r.id for r in regions], ranges=[ferry_pb2.ByteRange(offset=o, length=n) for o, n in ranges],
+            timeout_ms=self._timeout_ms(timeout))
+        if writer is not None:
+            req.writer.CopyFrom(self._descriptor(writer)._proto)
+        return WriteWindow(self, self._call("OpenWriteWindow", req))
+
+    def register_cuda(self, tensor, *, write_windows: bool = False) -> Region:
         """Registers a CUDA tensor's memory (PyTorch; contiguous). Tensors made with
         ferry.cuda.empty() go as a POSIX fd (preferred: nothing shared between pods, and
         the agent's GPU kernel can serve them); others as the legacy IPC handle of the
@@ -372,14 +425,16 @@ class Client:
         if not tensor.is_contiguous():
             raise errors.InvalidArgument("register_cuda needs a contiguous tensor")
         return self.register_cuda_ptr(tensor.data_ptr(), tensor.numel() * tensor.element_size(),
-                                      tensor.device.index if tensor.device.index is not None else 0)
+                                      tensor.device.index if tensor.device.index is not None else 0,
+                                      write_windows=write_windows)
 
-    def register_tensor(self, tensor) -> Region:
+    def register_tensor(self, tensor, *, write_windows: bool = False) -> Region:
         """Registers a contiguous PyTorch tensor's memory: a CUDA tensor as register_cuda
         does; a CPU tensor only if made by ferry.host.empty (an agent maps host memory
-        through a file descriptor, which PyTorch's CPU allocator has not)."""
+        through a file descriptor, which PyTorch's CPU allocator has not). With
+        ``write_windows``, as register_host's."""
         if tensor.is_cuda:
-            return self.register_cuda(tensor)
+            return self.register_cuda(tensor, write_windows=write_windows)
         if not tensor.is_contiguous():
             raise errors.InvalidArgument("register_tensor needs a contiguous tensor")
         from . import host
@@ -393,23 +448,23 @@ class Client:
         if offset % mmap.PAGESIZE:
             raise errors.InvalidArgument(f"the tensor starts {offset} bytes into its ferry.host buffer; "
                                          f"register a view that starts on a page ({mmap.PAGESIZE} bytes)")
-        return Region(self, self._register_fd(buf.fd, size, offset))
+        return Region(self, self._register_fd(buf.fd, size, offset, write_windows=write_windows), write_windows)
 
-    def register_cuda_ptr(self, ptr: int, size: int, device: int) -> Region:
+    def register_cuda_ptr(self, ptr: int, size: int, device: int, *, write_windows: bool = False) -> Region:
         """Registers ``size`` bytes of device memory at ``ptr`` on CUDA device ``device``."""
         from . import cuda
 
         buf = cuda.find_buffer(ptr)
         if buf is not None:
             handle = self._session.send_fd(buf.export_fd())
-            req = ferry_pb2.RegisterMemoryRequest(size=size, cuda_fd=ferry_pb2.CudaFdMemory(
+            req = ferry_pb2.RegisterMemoryRequest(size=size, write_windows=write_windows, cuda_fd=ferry_pb2.CudaFdMemory(
                 fd_handle=handle, fd_kind=ferry_pb2.CudaFdMemory.FD_KIND_POSIX, device=device, offset=ptr - buf.ptr,
                 allocation_size=buf.size, pci_bus_id=buf.pci_bus_id))
-            return Region(self, self._call("RegisterMemory", req))
+            return Region(self, self._call("RegisterMemory", req), write_windows)
         handle, offset, bus_id = cuda.ipc_handle(ptr, device)
-        req = ferry_pb2.RegisterMemoryRequest(size=size, cuda_ipc=ferry_pb2.CudaIpcMemory(
+        req = ferry_pb2.RegisterMemoryRequest(size=size, write_windows=write_windows, cuda_ipc=ferry_pb2.CudaIpcMemory(
             ipc_handle=handle, device=device, offset=offset, pci_bus_id=bus_id))
-        return Region(self, self._call("RegisterMemory", req))
+        return Region(self, self._call("RegisterMemory", req), write_windows)
 
     def _deregister(self, region_id: int) -> None:
         if not self._closed:

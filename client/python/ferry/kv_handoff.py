@@ -52,11 +52,11 @@ import struct
 import threading
 import time
 import weakref
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import _kv_wire as wire
 from . import errors
-from .client import Client, Region, RegionDescriptor, TransferFuture
+from .client import Client, Region, RegionDescriptor, TransferFuture, WriteWindow
 from .write_queue import _words
 
 logger = logging.getLogger("ferry.kv_handoff")
@@ -64,6 +64,11 @@ logger = logging.getLogger("ferry.kv_handoff")
 # such interval: a mailbox that is gone (its pod ended, its agent restarted) refuses it,
 # and the consumer fails that producer's requests at once, not at its timeout.
 _PROBE_S = 1.0
+# A request's write window outlives the consumer's own timeout by this much (the consumer
+# closes it when it gives up; this bounds a window whose consumer never does), and a close
+# waits this long for the agent's copies into it to end.
+_WINDOW_SLACK_S = 5.0
+_WINDOW_CLOSE_S = 2.0
 # KVConsumer.poll()'s reason for a request given up with cancel(): its blocks may be reused.
 CANCELLED = "cancelled"
 # What this consumer's HELLO says it can take (wire.FEATURES; a test may say less).
@@ -200,6 +205,29 @@ class _Pull:
     src_ids: array.array
     dst_ids: array.array
     reply: bytes  # the consumer's id for the request
+    window: bytes = b""  # the consumer's write window for it (wire.WINDOW_BYTES), if any
+
+
+def _through_window(descriptor: RegionDescriptor, window: bytes) -> RegionDescriptor:
+    """A consumer's layer descriptor, writing through its write window (a PULL's)."""
+    d = RegionDescriptor.from_bytes(descriptor.to_bytes())
+    d._proto.window_id = struct.unpack_from("<Q", window)[0]
+    d._proto.token = window[8:]
+    return d
+
+
+def _block_ranges(ids: Sequence[int], spec: "KVCacheSpec") -> List[Tuple[int, int]]:
+    """The byte ranges (offset, length) of blocks `ids` in each half of a layer's region:
+    runs of consecutive ids as one range."""
+    runs: List[Tuple[int, int]] = []
+    for i in sorted(ids):
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    half = spec.num_blocks * spec.block_bytes
+    return [(h * half + first * spec.block_bytes, count * spec.block_bytes)
+            for h in range(spec.halves) for first, count in runs]
 
 
 class _ConsumerQueue:
@@ -214,10 +242,10 @@ class _ConsumerQueue:
         self._ranges: Dict[int, tuple] = {}  # user_data -> (request ids, first id, end)
         self._user_data = 0
 
-    def post(self, rids: List[str], block_bytes: int, src_ids, dst_ids, payload: bytes) -> bool:
-        """Posts the requests' batch entry; False when the queue or its table is full (or
-        refused the entry)."""
-        words = self.queue.batch_table_ids(self._parts.count, len(src_ids), len(payload))
+    def post(self, rids: List[str], block_bytes: int, src_ids, dst_ids, payload: bytes, window=None) -> bool:
+        """Posts the requests' batch entry (through the consumer's write ``window``, if
+        any); False when the queue or its table is full (or refused the entry)."""
+        words = self.queue.batch_table_ids(self._parts.count, len(src_ids), len(payload), window=window is not None)
         if self.queue.inflight >= self.ENTRIES or words > self.TABLE_IDS:
             return False
         for start in (self._next, 0):  # after the last request's range, else from the start
@@ -229,7 +257,7 @@ class _ConsumerQueue:
         self._user_data += 1
         try:
             self.queue.post_batch(self._parts, block_bytes, src_ids, dst_ids, table_index=start, user_data=self._user_data,
-                                  notify=True, tag=wire.DONE, payload=payload)
+                                  notify=True, tag=wire.DONE, payload=payload, window=window)
         except errors.FerryError:
             return False  # the caller's write_batch says what is wrong, if anything
         self._ranges[self._user_data] = (rids, start, end)
@@ -546,7 +574,7 @@ class KVProducer:
             return
         held.answer_to = (descriptors[0], reply)
         held.future = _ACCEPTED
-        accepted.append(_Pull(consumer, rid, held, held.src_ids[skip:], dst_ids, reply.encode()))
+        accepted.append(_Pull(consumer, rid, held, held.src_ids[skip:], dst_ids, reply.encode(), pull.window))
 
     def _write(self, accepted: List[_Pull], progress: Progress) -> None:
         """Writes the pulls read in one pass over the inbox: those of one consumer as one
@@ -566,7 +594,8 @@ class KVProducer:
         for pull in accepted:
             if self._held.get(pull.rid) is not pull.held:  # cancelled after its PULL, in the same pass
                 continue
-            if not self._consumer_features.get(pull.consumer, 0) & wire.SHARED_WRITES:
+            if pull.window or not self._consumer_features.get(pull.consumer, 0) & wire.SHARED_WRITES:
+                # A request in its own window is written alone: a write goes through one window.
                 self._write_run(pull.consumer, [pull], progress)
                 continue
             run, count, blocks, names = runs.get(pull.consumer, ([], 0, set(), 1))
@@ -588,11 +617,14 @@ class KVProducer:
             dst_ids.extend(p.dst_ids)
         rids, payload = [p.rid for p in run], wire.names_payload([p.reply for p in run])
         descriptors = self._consumers[consumer]
+        window = _through_window(descriptors[0], run[0].window) if run[0].window else None
         q = self._queue_for(consumer, descriptors)
-        if q is not None and q.post(rids, self._spec.block_bytes, src_ids, dst_ids, payload):
+        if q is not None and q.post(rids, self._spec.block_bytes, src_ids, dst_ids, payload, window):
             for p in run:
                 p.held.future = _QUEUED  # poll() reaps its completion
             return
+        if window is not None:
+            descriptors = [_through_window(d, run[0].window) for d in descriptors]
         parts = [(self._layers[l], descriptors[l], s, d) for l, s, d in self._layer_halves(consumer)]
         try:
             future = self._client.write_batch(parts, self._spec.block_bytes, src_ids, dst_ids, notify=True, tag=wire.DONE,
@@ -722,6 +754,33 @@ class KVConsumer:
         self._next_probe: Dict[bytes, float] = {}  # producer mailbox -> when to PING it next
         self._cancelled: set = set()
         self._inbox = _Inbox(client, layers)
+        # Caches registered with write_windows: each pull opens a window over its blocks for
+        # its producer alone, closed before the request is reported: no write lands in the
+        # blocks after that, however late it comes.
+        self._layers = list(layers)
+        self._windowed = bool(layers) and all(getattr(r, "write_windows", False) for r in layers)
+        self._windows: Dict[str, WriteWindow] = {}  # request id -> its open window
+
+    def _open_window(self, request_id: str, producer_mailbox: bytes, ids: Sequence[int]) -> bytes:
+        """Opens the request's window (WINDOW_BYTES for its PULL), or b"" without windows."""
+        if not self._windowed or not len(ids):
+            return b""
+        window = self._client.open_write_window(self._layers, _block_ranges(ids, self._spec), writer=producer_mailbox,
+                                                timeout=self._timeout + _WINDOW_SLACK_S)
+        self._windows[request_id] = window
+        return struct.pack("<Q", window.id) + window.descriptors[0]._proto.token
+
+    def _close_window(self, request_id: str) -> Optional[str]:
+        """Closes the request's window, if it has one: afterwards no write lands in its
+        blocks. Why it could not be, if so (the blocks must not be reused then)."""
+        window = self._windows.pop(request_id, None)
+        if window is None:
+            return None
+        try:
+            window.close(wait=_WINDOW_CLOSE_S)
+            return None
+        except errors.FerryError as e:
+            return f"closing its write window failed ({e}); its blocks may still change"
 
     def pull(self, request_id: str, producer_mailbox: bytes, dst_block_ids: Sequence[int], skip: int = 0,
              producer_request_id: Optional[str] = None, secret: bytes = b"") -> None:
@@ -732,8 +791,13 @@ class KVConsumer:
         dst_block_ids = _block_ids(dst_block_ids, self._spec.num_blocks)
         mailbox = self._mailbox(producer_mailbox)
         self._introduce(producer_mailbox, mailbox)
-        pulls = wire.Pull.split(self._wire_name, producer_request_id or request_id, skip, dst_block_ids, request_id,
-                                secret)
+        window = self._open_window(request_id, producer_mailbox, dst_block_ids)
+        try:
+            pulls = wire.Pull.split(self._wire_name, producer_request_id or request_id, skip, dst_block_ids,
+                                    request_id, secret, window)
+        except ValueError:
+            self._close_window(request_id)
+            raise
         now = time.monotonic()
         self._waiting[request_id] = now + self._timeout
         self._waiting_on[request_id] = producer_mailbox
@@ -743,6 +807,7 @@ class KVConsumer:
                 mailbox.send(wire.PULL, message.encode(), request_id)
         except errors.FerryError:
             del self._waiting[request_id]  # the caller hears it now, not from poll()
+            self._close_window(request_id)
             raise
 
     def _mailbox(self, producer_mailbox: bytes) -> _Mailbox:
@@ -771,6 +836,8 @@ class KVConsumer:
         self._introduce(producer_mailbox, mailbox)
         cancel = wire.Cancel(self._wire_name, producer_request_id or request_id, request_id, secret)
         mailbox.send(wire.CANCEL, cancel.encode(), request_id)
+        if request_id in self._windows and self._close_window(request_id) is None:
+            self._waiting.pop(request_id, None)  # its window is closed: nothing can land any more
         if request_id in self._waiting:
             self._cancelled.add(request_id)
         return request_id not in self._waiting
@@ -823,6 +890,11 @@ class KVConsumer:
                 progress.done.discard(rid)
                 progress.failed[rid] = CANCELLED
         self._cancelled -= progress.done | set(progress.failed)
+        for rid in progress.done | set(progress.failed):  # reported: their blocks are the engine's again
+            why = self._close_window(rid)
+            if why is not None:
+                progress.done.discard(rid)
+                progress.failed[rid] = why
         return progress
 
     def _probe(self, now: float) -> None:
@@ -841,6 +913,8 @@ class KVConsumer:
                     pass  # a full queue to it: the producer is busy, not gone
 
     def close(self) -> None:
+        for rid in list(self._windows):
+            self._close_window(rid)
         self._inbox.close()
         for mailbox in self._mailboxes.values():
             mailbox.close()

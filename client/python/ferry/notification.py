@@ -15,7 +15,10 @@ class Notification:
     bytes: int  # bytes written; 0 for a message
     source_incarnation: int
     payload: bytes = b""  # the writer's notify_payload, or the message's payload
-    kind: str = "write"  # "write" (a notified write ended) or "message" (send_message)
+    # "write" (a notified write ended), "message" (send_message), or "window_refused" (a
+    # write into a region in window mode was refused, nothing of it written; tag is the
+    # window's id, 0 for a write that named no window; message says why).
+    kind: str = "write"
     # A write's outcome: code 0 when every byte landed; otherwise (a google.rpc code) it
     # failed after it started, and some of its bytes may be in the region.
     code: int = 0
@@ -29,7 +32,11 @@ class Notification:
         return self.code == 0
 
 
+_KINDS = {ferry_pb2.NOTIFICATION_KIND_MESSAGE: "message",
+          ferry_pb2.NOTIFICATION_KIND_WINDOW_REFUSED: "window_refused"}
+
+
 def _notification(n: ferry_pb2.Notification) -> Notification:
-    kind = "message" if n.kind == ferry_pb2.NOTIFICATION_KIND_MESSAGE else "write"
+    kind = _KINDS.get(n.kind, "write")
     return Notification(n.region_id, n.tag, n.transfer_id, n.bytes, n.source_incarnation, n.payload, kind, n.code,
                         n.message, n.lost_before)

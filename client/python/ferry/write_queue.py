@@ -58,7 +58,8 @@ _SUBMIT = struct.Struct("<QQQQQQIIII")
 _COMPLETION = struct.Struct("<QQQQiI216s")  # user_data transfer_id bytes duration_ns code path message
 _COMPLETION_HEAD = struct.Struct("<QQQQiI")  # all but the message, which only a failure needs
 _MESSAGE = struct.Struct("216s")
-_FLAG_NOTIFY, _FLAG_PAGED, _FLAG_BATCH, _FLAG_MESSAGE = 1, 2, 4, 8
+_FLAG_NOTIFY, _FLAG_PAGED, _FLAG_BATCH, _FLAG_MESSAGE, _FLAG_WINDOW = 1, 2, 4, 8, 16
+_WINDOW_IDS = 6  # a WindowRef: the window's id (8 bytes) and token (16)
 _MAX_PAYLOAD = 4096  # a notification's or message's payload
 _PART = struct.Struct("<QQQII")  # a batch part in the table: src_region src_base dst_base dst_index reserved
 _PART_IDS, _MAX_BATCH_PARTS = _PART.size // 4, 1024
@@ -177,10 +178,11 @@ class WriteQueue(SharedRing):
                         blocks=blocks))
 
     @staticmethod
-    def batch_table_ids(parts: int, blocks: int, payload_bytes: int = 0) -> int:
+    def batch_table_ids(parts: int, blocks: int, payload_bytes: int = 0, window: bool = False) -> int:
         """How many ids of the block table a ``post_batch`` of ``parts`` parts, ``blocks``
-        block pairs and a ``payload_bytes`` payload takes from its ``table_index``."""
-        return parts * _PART_IDS + 2 * blocks + (payload_bytes + 3) // 4
+        block pairs and a ``payload_bytes`` payload (through a window or not) takes from
+        its ``table_index``."""
+        return (_WINDOW_IDS if window else 0) + parts * _PART_IDS + 2 * blocks + (payload_bytes + 3) // 4
 
     def pack_parts(self, parts: Sequence) -> "BatchParts":
         """``post_batch``'s ``parts``, checked and packed once: a caller that posts the
@@ -200,7 +202,7 @@ class WriteQueue(SharedRing):
 
     def post_batch(self, parts, block_size: int, src_ids: Sequence[int], dst_ids: Sequence[int], *,
                    table_index: int = 0, user_data: int = 0, notify: bool = False, tag: int = 0,
-                   payload: bytes = b"") -> None:
+                   payload: bytes = b"", window=None) -> None:
         """Queues one block mapping over several regions as one transfer (the queue's form
         of ``Client.write_batch``): ``parts`` are ``(src Region, dst_index, src_base,
         dst_base)``; part p's block i copies ``block_size`` bytes from src_base +
@@ -209,7 +211,10 @@ class WriteQueue(SharedRing):
         copied as they are). Writes the parts and ids into ``self.table`` at ``table_index`` (they
         must stay as they are until the entry is reaped), then posts one entry: one
         completion, and with ``notify`` one notification (``tag``, ``payload`` of at most
-        4 KiB) to the owner of part 0's destination once every part has landed."""
+        4 KiB) to the owner of part 0's destination once every part has landed. With
+        ``window`` (a RegionDescriptor of a write window, from its owner: only its id and
+        token are used), every part writes through that window of its destination's owner
+        instead of with the destination's own token."""
         if self._map is None:
             raise errors.FailedPrecondition("this queue is closed")
         n = len(src_ids)
@@ -218,11 +223,19 @@ class WriteQueue(SharedRing):
         if not isinstance(parts, BatchParts):
             parts = self.pack_parts(parts)
         payload = bytes(payload)
-        words = self.batch_table_ids(parts.count, n, len(payload))
+        ref = b""
+        if window is not None:
+            proto = getattr(window, "_proto", None)
+            if proto is None or not proto.window_id or len(proto.token) != 16:
+                raise errors.InvalidArgument("window must be a write window's RegionDescriptor (its window_id set)")
+            ref = struct.pack("<Q", proto.window_id) + proto.token
+        words = self.batch_table_ids(parts.count, n, len(payload), window=bool(ref))
         self._check_table_room("batch", table_index, words)
         at = self._table_offset + 4 * table_index
+        self._map[at:at + len(ref)] = ref
+        at += len(ref)
         self._map[at:at + len(parts.packed)] = parts.packed
-        first = table_index + parts.count * _PART_IDS
+        first = table_index + len(ref) // 4 + parts.count * _PART_IDS
         try:
             self.table[first:first + n] = _words(src_ids)
             self.table[first + n:first + 2 * n] = _words(dst_ids)
@@ -230,7 +243,7 @@ class WriteQueue(SharedRing):
             raise errors.InvalidArgument(f"block ids must be integers in [0, 2**32): {e}") from None
         end = self._table_offset + 4 * (first + 2 * n)
         self._map[end:end + len(payload)] = payload
-        flags = _FLAG_BATCH | (_FLAG_NOTIFY if notify else 0)
+        flags = _FLAG_BATCH | (_FLAG_NOTIFY if notify else 0) | (_FLAG_WINDOW if ref else 0)
         self._post(_NO_REGION, len(payload), 0, block_size, tag, parts.count, flags, table_index, n, user_data,
                    dict(block_size=block_size))
 

@@ -481,3 +481,84 @@ def test_one_client_as_producer_and_consumer_shares_its_inbox(agent):
         finally:
             producer.close()
             consumer.close()
+
+
+@pytest.fixture
+def windowed_pair(fabric_agents):
+    """A consumer whose caches are in window mode (as FerryConnector registers them), and a
+    producer that answers pulls only when polled (so a test decides when its write comes)."""
+    a, b = fabric_agents
+    with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb:
+        pspec, cspec = KVCacheSpec(num_blocks=64, block_bytes=BLOCK), KVCacheSpec(num_blocks=48, block_bytes=BLOCK)
+        players = [ca.register_host(pspec.region_bytes) for _ in range(LAYERS)]
+        clayers = [cb.register_host(cspec.region_bytes, write_windows=True) for _ in range(LAYERS)]
+        for r in players:
+            r.buffer[:] = os.urandom(r.size)
+        producer = KVProducer(ca, pspec, players, "prefill-0", background=False)
+        consumer = KVConsumer(cb, cspec, clayers, "decode-0", timeout=0.5)
+        yield producer, consumer, players, clayers, pspec, cspec
+        producer.close()
+        consumer.close()
+
+
+def test_through_windows_a_request_lands_and_its_window_closes(windowed_pair):
+    producer, consumer, players, clayers, pspec, cspec = windowed_pair
+    src, dst = random.Random(3).sample(range(64), 12), random.Random(4).sample(range(48), 12)
+    producer.hold("req-w", src, secret=S)
+    consumer.pull("req-w", producer.mailbox, dst, secret=S)
+    assert set(consumer._windows) == {"req-w"}
+    p, c = until(producer, consumer)
+    assert (p.done, p.failed, c.done, c.failed) == ({"req-w"}, {}, {"req-w"}, {})
+    assert consumer._windows == {}
+    assert [q is not None for q in producer._queues.values()] == [True]  # a queue's batch entry, through the window
+    for layer in range(LAYERS):
+        for half in (0, 1):
+            for s, d in zip(src, dst):
+                assert block(clayers[layer], cspec, half, d) == block(players[layer], pspec, half, s)
+
+
+@pytest.mark.parametrize("windows", [True, False])
+def test_a_write_after_the_consumer_timed_out_and_reused_its_blocks(fabric_agents, windows):
+    """The consumer gives up on a request (its timeout), the engine hands the blocks to
+    another request, and only then does the producer's write come. Through windows it is
+    refused at the consumer's agent and the new owner's bytes stay; without them (caches
+    registered as before) it lands in the reused blocks: the hazard the windows close."""
+    a, b = fabric_agents
+    with ferry.Client(a.socket) as ca, ferry.Client(b.socket) as cb:
+        spec = KVCacheSpec(num_blocks=16, block_bytes=BLOCK)
+        players = [ca.register_host(spec.region_bytes) for _ in range(LAYERS)]
+        clayers = [cb.register_host(spec.region_bytes, write_windows=windows) for _ in range(LAYERS)]
+        for r in players:
+            r.buffer[:] = b"\xab" * r.size
+        producer = KVProducer(ca, spec, players, "prefill-0", background=False)
+        consumer = KVConsumer(cb, spec, clayers, "decode-0", timeout=0.3)
+        try:
+            producer.hold("late", [1, 2, 3], secret=S)
+            consumer.pull("late", producer.mailbox, [5, 6, 7], secret=S)
+            time.sleep(0.5)
+            (c,) = until(consumer)
+            assert "nothing heard" in c.failed["late"]
+            for r in clayers:  # the engine reuses blocks 5..7 for another request
+                r.buffer[:] = b"\x5a" * r.size
+            (p,) = until(producer)
+            intact = all(bytes(r.buffer) == b"\x5a" * r.size for r in clayers)
+            if windows:
+                assert "late" in p.failed and "write window" in p.failed["late"], p
+                assert intact, "a late write landed in blocks the consumer had given up"
+            else:
+                assert p.done == {"late"}
+                assert not intact
+        finally:
+            producer.close()
+            consumer.close()
+
+
+def test_a_cancel_through_a_window_settles_at_once(windowed_pair):
+    producer, consumer, players, clayers, pspec, cspec = windowed_pair
+    producer.hold("req-c", [1, 2], secret=S)
+    consumer.pull("req-c", producer.mailbox, [3, 4], secret=S)
+    assert consumer.cancel("req-c", producer.mailbox, secret=S) is True  # nothing can land any more
+    before = [bytes(r.buffer) for r in clayers]
+    (p,) = until(producer)
+    assert "req-c" not in p.done
+    assert [bytes(r.buffer) for r in clayers] == before

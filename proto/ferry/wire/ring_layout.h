@@ -44,6 +44,7 @@ inline constexpr uint32_t kFlagNotify = 1;
 inline constexpr uint32_t kFlagPaged = 2;
 inline constexpr uint32_t kFlagBatch = 4;
 inline constexpr uint32_t kFlagMessage = 8;
+inline constexpr uint32_t kFlagWindow = 16;  // with kFlagBatch: see WindowRef
 // The most parts of a batch entry (as ferry.v1.WriteBatchRequest's).
 inline constexpr uint32_t kMaxBatchParts = 1024;
 
@@ -84,6 +85,12 @@ struct RingHeader {
 // kFlagNotify the owner of part 0's destination is notified (tag, payload, every part's
 // bytes) once every part has landed.
 //
+// With kFlagBatch | kFlagWindow, every part writes through one write window of its
+// destination's owner (ferry.v1.OpenWriteWindow): a WindowRef (kWindowIds ids) at
+// table[table_index], then the batch's table as above, from table_index + kWindowIds.
+// Each part's destination is then the queue's descriptor with the window's id and token
+// in place of the region's.
+//
 // With kFlagMessage, a message (ferry.v1.SendMessageRequest: no bytes written): the
 // owner of destination `dst_index` gets a notification of kind MESSAGE with `tag` and
 // the src_offset bytes (at most 4 KiB) at table[table_index]; every other field is 0.
@@ -114,6 +121,14 @@ struct TablePart {
 };
 static_assert(sizeof(TablePart) == 32, "ABI");
 inline constexpr uint32_t kPartIds = sizeof(TablePart) / sizeof(uint32_t);
+
+// The write window a kFlagWindow batch entry writes through, as it lies in the table.
+struct WindowRef {
+  uint64_t window_id;
+  uint8_t token[16];
+};
+static_assert(sizeof(WindowRef) == 24, "ABI");
+inline constexpr uint32_t kWindowIds = sizeof(WindowRef) / sizeof(uint32_t);
 
 struct CompletionEntry {
   uint64_t user_data;

@@ -131,7 +131,10 @@ class FerryWorker:
         self._start()
 
     def _start(self) -> None:
-        regions = [self._client.register_tensor(physical_view(t)) for t in self._tensors]
+        # A consumer's caches take writes only through the windows it opens per pulled
+        # request, so that nothing lands in a block after vLLM gave it to another request.
+        regions = [self._client.register_tensor(physical_view(t), write_windows=bool(self._roles[1]))
+                   for t in self._tensors]
         if self._roles[0]:
             self.producer = KVProducer(self._client, self._spec, regions, self.engine_id)
         if self._roles[1]:

@@ -1,0 +1,181 @@
+"""Write windows, enforced by the receiving agent (real agents; no mocks): a region in
+window mode takes writes only through an open window of it, inside its ranges, from its
+writer; a late write (after the owner closed the window and reused the bytes) is refused
+and the new owner's bytes stay intact, on one agent and across two (fabric and staged
+paths); malformed windows are refused naming the field; the owner hears of refusals."""
+import time
+
+import pytest
+
+import ferry
+
+BLOCK = 4096
+FABRIC = ("--fabric_provider=tcp;ofi_rxm",)
+
+
+def _agents(agent_factory, *flags):
+    return tuple(agent_factory(f"--peer_address={ip}:0", f"--fabric_iface={ip}", *FABRIC, *flags)
+                 for ip in ("127.0.0.1", "127.0.0.2"))
+
+
+def _fill(region, start: int, end: int, value: int) -> None:
+    region.buffer[start:end] = bytes([value]) * (end - start)
+
+
+def _all(region, start: int, end: int, value: int) -> bool:
+    return bytes(region.buffer[start:end]) == bytes([value]) * (end - start)
+
+
+def _refusals(client, want: int, seconds: float = 5.0):
+    """The window refusals the owner's stream yields within `seconds` (at most `want`)."""
+    out = []
+    deadline = time.monotonic() + seconds
+    stream = client.notification_stream(timeout=seconds)
+    try:
+        for n in stream:
+            if n.kind == "window_refused":
+                out.append(n)
+            if len(out) >= want or time.monotonic() > deadline:
+                break
+    except ferry.DeadlineExceeded:
+        pass
+    finally:
+        stream.cancel()
+    return out
+
+
+def _late_write_is_refused(owner, writer, *, staged_or_fabric: str):
+    """The vLLM case: the consumer (owner) opens a window over blocks 2..3 for a request,
+    times it out and closes the window, reuses the blocks for another request; the
+    producer's write for the first request comes late and must not land."""
+    kv = owner.register_host(8 * BLOCK, write_windows=True)
+    src = writer.register_host(8 * BLOCK)
+    _fill(src, 0, src.size, 0xAB)
+    writer_id = writer.register_host(BLOCK)  # names the writer to the owner's agent
+    window = owner.open_write_window([kv], [(2 * BLOCK, 2 * BLOCK)], writer=writer_id.descriptor(), timeout=30)
+    (dst,) = window.descriptors
+    assert dst.window_id == window.id
+
+    # Inside the window: lands.
+    writer.write(src, dst, [(0, 2 * BLOCK, BLOCK)]).result(30)
+    assert _all(kv, 2 * BLOCK, 3 * BLOCK, 0xAB), staged_or_fabric
+
+    # Outside it (block 4, and block 1): refused before a byte moves.
+    with pytest.raises(ferry.OutOfRange, match="outside write window"):
+        writer.write(src, dst, [(0, 4 * BLOCK, BLOCK)]).result(30)
+    with pytest.raises(ferry.OutOfRange, match="outside write window"):
+        writer.write(src, dst, [(0, 3 * BLOCK, 2 * BLOCK)]).result(30)  # straddles its end
+    assert _all(kv, 4 * BLOCK, kv.size, 0) and _all(kv, 0, 2 * BLOCK, 0)
+
+    # With the region's own descriptor: refused, the region is in window mode.
+    with pytest.raises(ferry.FailedPrecondition, match="only through write windows"):
+        writer.write(src, kv.descriptor(), [(0, 2 * BLOCK, BLOCK)]).result(30)
+
+    # The owner times the request out: closes the window, reuses the blocks.
+    window.close()
+    _fill(kv, 2 * BLOCK, 4 * BLOCK, 0x11)
+    with pytest.raises(ferry.FailedPrecondition, match=f"write window {window.id} was"):
+        writer.write(src, dst, [(0, 2 * BLOCK, BLOCK)]).result(30)
+    with pytest.raises(ferry.FailedPrecondition, match=f"write window {window.id} was"):
+        writer.write(src, dst, [(0, 3 * BLOCK, BLOCK)]).result(30)
+    time.sleep(0.2)  # nothing lands late either
+    assert _all(kv, 2 * BLOCK, 4 * BLOCK, 0x11), "a late write landed in reused blocks"
+    return kv
+
+
+def test_a_late_write_is_refused_on_one_agent(agent):
+    with ferry.Client(agent.socket) as owner, ferry.Client(agent.socket) as writer:
+        kv = _late_write_is_refused(owner, writer, staged_or_fabric="local")
+        refused = _refusals(owner, want=5)
+        assert len(refused) >= 5, refused  # 2 outside, 1 own descriptor, 2 after close
+        assert all(n.region_id == kv.id and n.code != 0 and n.message for n in refused), refused
+
+
+def test_a_late_write_is_refused_across_agents_on_the_fabric(agent_factory):
+    a, b = _agents(agent_factory)
+    with ferry.Client(a.socket) as writer, ferry.Client(b.socket) as owner:
+        kv = _late_write_is_refused(owner, writer, staged_or_fabric="fabric")
+        # 2 outside the window (told by the writer's agent), 2 after close; a write with the
+        # region's own descriptor is refused its keys, which is not told.
+        refused = _refusals(owner, want=4)
+        assert len(refused) >= 4, refused
+        assert all(n.region_id == kv.id for n in refused), refused
+
+
+def test_a_late_write_is_refused_across_agents_on_the_staged_path(agent_factory):
+    a, b = _agents(agent_factory, "--stage_host_regions")
+    with ferry.Client(a.socket) as writer, ferry.Client(b.socket) as owner:
+        _late_write_is_refused(owner, writer, staged_or_fabric="staged")
+
+
+def test_only_the_named_writer_passes(agent_factory):
+    a, b = _agents(agent_factory)
+    with ferry.Client(a.socket) as writer, ferry.Client(a.socket) as other, ferry.Client(b.socket) as owner:
+        kv = owner.register_host(4 * BLOCK, write_windows=True)
+        named = writer.register_host(BLOCK)
+        window = owner.open_write_window([kv], [(0, BLOCK)], writer=named.descriptor(), timeout=30)
+        src = other.register_host(BLOCK)
+        _fill(src, 0, BLOCK, 7)
+        with pytest.raises(ferry.PermissionDenied, match="this session is not it"):
+            other.write(src, window.descriptors[0], [(0, 0, BLOCK)]).result(30)
+        local = owner.register_host(BLOCK)  # on the owner's own agent: another agent entirely
+        with pytest.raises(ferry.PermissionDenied, match="is not it"):
+            owner.write(local, window.descriptors[0], [(0, 0, BLOCK)]).result(30)
+        writer.write(named, window.descriptors[0], [(0, 0, BLOCK)]).result(30)
+        assert _all(kv, BLOCK, kv.size, 0)
+        window.close()
+
+
+def test_a_window_past_its_time_takes_no_write(agent_factory):
+    a, b = _agents(agent_factory)
+    with ferry.Client(a.socket) as writer, ferry.Client(b.socket) as owner:
+        kv = owner.register_host(4 * BLOCK, write_windows=True)
+        src = writer.register_host(BLOCK)
+        window = owner.open_write_window([kv], [(0, BLOCK)], timeout=0.3)
+        writer.write(src, window.descriptors[0], [(0, 0, BLOCK)]).result(30)  # opens it, keys cached
+        time.sleep(0.6)
+        _fill(kv, 0, BLOCK, 0x22)
+        _fill(src, 0, BLOCK, 0x33)
+        with pytest.raises(ferry.FailedPrecondition, match="expired"):
+            writer.write(src, window.descriptors[0], [(0, 0, BLOCK)]).result(30)
+        assert _all(kv, 0, BLOCK, 0x22)
+
+
+def test_malformed_windows_are_refused_precisely(agent):
+    with ferry.Client(agent.socket) as owner, ferry.Client(agent.socket) as stranger:
+        kv = owner.register_host(8 * BLOCK, write_windows=True)
+        plain = owner.register_host(BLOCK)
+        theirs = stranger.register_host(BLOCK, write_windows=True)
+        with pytest.raises(ferry.InvalidArgument, match="overlaps"):
+            owner.open_write_window([kv], [(0, 2 * BLOCK), (BLOCK, BLOCK)])
+        with pytest.raises(ferry.OutOfRange, match="past region"):
+            owner.open_write_window([kv], [(7 * BLOCK, 2 * BLOCK)])
+        with pytest.raises(ferry.NotFound, match=r"region_ids\[0\]"):
+            owner.open_write_window([theirs], [(0, BLOCK)])  # another session's region
+        with pytest.raises(ferry.FailedPrecondition, match="not registered with write_windows"):
+            owner.open_write_window([plain], [(0, BLOCK)])
+        with pytest.raises(ferry.InvalidArgument, match="length must be >= 1"):
+            owner.open_write_window([kv], [(0, 0)])
+        with pytest.raises(ferry.InvalidArgument, match="region_ids"):
+            owner.open_write_window([], [(0, BLOCK)])
+        with pytest.raises(ferry.InvalidArgument, match="timeout_ms"):
+            owner.open_write_window([kv], [(0, BLOCK)], timeout=1e6)
+        with pytest.raises(ferry.InvalidArgument, match="twice"):
+            owner.open_write_window([kv, kv], [(0, BLOCK)])
+        first = owner.open_write_window([kv], [(0, 2 * BLOCK)])
+        with pytest.raises(ferry.FailedPrecondition, match=f"in open write window {first.id}"):
+            owner.open_write_window([kv], [(BLOCK, BLOCK)])
+        second = owner.open_write_window([kv], [(2 * BLOCK, BLOCK), (3 * BLOCK, BLOCK)])  # adjacent: one range
+        with pytest.raises(ferry.NotFound, match="not a write window of this session"):
+            stranger._call("CloseWriteWindow", ferry._proto.ferry_pb2.CloseWriteWindowRequest(window_id=first.id))
+        first.close()
+        second.close()
+        first.close()  # closing again is harmless
+        # A descriptor with a window id its token does not open.
+        forged = ferry.RegionDescriptor.from_bytes(kv.descriptor())
+        forged._proto.window_id = second.id
+        src = stranger.register_host(BLOCK)
+        with pytest.raises(ferry.NotFound, match="not an open write window"):
+            stranger.write(src, forged, [(0, 0, BLOCK)]).result(30)
+        # Messages still reach a region in window mode with its own descriptor.
+        stranger.send_message(kv.descriptor(), b"hello")
