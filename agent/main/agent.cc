@@ -291,6 +291,7 @@ absl::Status Agent::StartFabric() {
   inbound_ = std::make_unique<InboundWrites>(InboundWritesOptions(), transfers_.get());
   peer_service_->set_inbound(inbound_.get());
   windows_->set_registrar(engine_.get());
+  windows_->set_announced([inbound = inbound_.get()](uint64_t window_id) { return inbound->InWindow(window_id); });
   peer_service_->set_windows(windows_.get());
   engine_->SetMessageHandler([p = peer_service_.get()](absl::string_view m) { p->AcceptMessage(m); });
   // The staged path, both sides: GPU memory through host staging buffers.

@@ -183,13 +183,29 @@ absl::Status WriteWindows::Close(uint64_t window_id, uint64_t session, absl::Dur
     w = it->second;
     CloseLocked(w, "closed by its owner");
   }
+  const absl::Time deadline = absl::Now() + wait;
   WriteWindow* closed = w.get();
-  absl::MutexLock window_lock(&closed->mu_);
-  auto idle = [closed]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(closed->mu_) { return closed->active_ == 0; };
-  if (closed->mu_.AwaitWithTimeout(absl::Condition(&idle), wait)) return absl::OkStatus();
-  return absl::DeadlineExceededError(absl::StrCat("window ", window_id, " is closed, but ", closed->active_,
-                                                  " writes through it were still copying after wait_ms; its ranges "
-                                                  "may still change until they end: close it again to wait"));
+  {
+    absl::MutexLock window_lock(&closed->mu_);
+    auto idle = [closed]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(closed->mu_) { return closed->active_ == 0; };
+    if (!closed->mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat("window ", window_id, " is closed, but ", closed->active_,
+                                                      " writes through it were still copying after wait_ms; its "
+                                                      "ranges may still change until they end: close it again to "
+                                                      "wait"));
+    }
+  }
+  // Fabric writes whose agents announced them: their keys are revoked, so each either
+  // landed already or fails; its agent says which, and only then is it over.
+  size_t announced = announced_ ? announced_(window_id) : 0;
+  while (announced > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+    announced = announced_(window_id);
+  }
+  if (announced == 0) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat("window ", window_id, " is closed, but ", announced,
+                                                  " writes other agents announced through it had not ended after "
+                                                  "wait_ms; close it again to wait"));
 }
 
 void WriteWindows::CloseSession(uint64_t session) {

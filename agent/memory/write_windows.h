@@ -141,6 +141,10 @@ class WriteWindows {
   ~WriteWindows();
   // What makes fabric keys (without one Keys fails). Set before the peer API serves.
   void set_registrar(RegionRegistrar* registrar) { registrar_ = registrar; }
+  // How many writes other agents announced through a window are still moving (their
+  // agents' NotifyRequest.begin, not yet ended): Close waits for those too. Set before
+  // the peer API serves.
+  void set_announced(std::function<size_t(uint64_t window_id)> announced) { announced_ = std::move(announced); }
 
   // Opens a window of `session` (the owner of every region named). INVALID_ARGUMENT /
   // NOT_FOUND / PERMISSION_DENIED / FAILED_PRECONDITION name the field; RESOURCE_EXHAUSTED
@@ -179,6 +183,7 @@ class WriteWindows {
 
   RegionTable* const regions_;
   RegionRegistrar* registrar_ = nullptr;
+  std::function<size_t(uint64_t)> announced_;
   const Refused refused_;
 
   mutable absl::Mutex mu_;

@@ -62,16 +62,32 @@ absl::Status InboundWrites::Begin(const v1::NotifyRequest& req, const std::share
   w.payload = req.payload();
   w.begun = now;
   w.deadline = now + (req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : absl::Hours(1));
+  w.window_id = req.window_id();
+  if (w.window_id != 0) ++per_window_[w.window_id];
   ++writes_;
   return absl::OkStatus();
+}
+
+void InboundWrites::Forget(const Write& w) {
+  --writes_;
+  if (w.window_id == 0) return;
+  auto it = per_window_.find(w.window_id);
+  if (it != per_window_.end() && --it->second == 0) per_window_.erase(it);
+}
+
+size_t InboundWrites::InWindow(uint64_t window_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = per_window_.find(window_id);
+  return it == per_window_.end() ? 0 : it->second;
 }
 
 void InboundWrites::End(uint64_t source_incarnation, uint64_t transfer_id) {
   absl::MutexLock lock(&mu_);
   Source& s = sources_[source_incarnation];
   s.last_activity = absl::Now();
-  if (s.writes.erase(transfer_id) > 0) {
-    --writes_;
+  if (auto w = s.writes.find(transfer_id); w != s.writes.end()) {
+    Forget(w->second);
+    s.writes.erase(w);
     return;
   }
   if (s.ended_early.insert(transfer_id).second) {
@@ -94,12 +110,12 @@ void InboundWrites::Check(absl::Time now) {
       absl::Time oldest = absl::InfiniteFuture();
       for (auto w = s.writes.begin(); w != s.writes.end();) {
         if (now > w->second.deadline + options_.grace) {
+          Forget(w->second);
           lost.push_back({std::move(w->second), w->first, it->first,
                           absl::DeadlineExceededError(
                               absl::StrCat("agent ", s.address, " never said how its write ended, ",
                                            absl::FormatDuration(options_.grace), " after the write's deadline"))});
           w = s.writes.erase(w);
-          --writes_;
           continue;
         }
         oldest = std::min(oldest, w->second.begun);
@@ -137,8 +153,10 @@ void InboundWrites::Check(absl::Time now) {
                                                 "answering (", s.failed_pings, " pings: ", answer.status().message(),
                                                 ")"));
     }
-    for (auto& [id, w] : s.writes) lost.push_back({std::move(w), id, incarnation, why});
-    writes_ -= s.writes.size();
+    for (auto& [id, w] : s.writes) {
+      Forget(w);
+      lost.push_back({std::move(w), id, incarnation, why});
+    }
     sources_.erase(it);  // that incarnation sends nothing more
   }
   Tell(std::move(lost));

@@ -73,6 +73,9 @@ class InboundWrites {
   // past their grace. The thread calls it every probe_every / 2.
   void Check(absl::Time now);
 
+  // Writes held that go through write window `window_id` (NotifyRequest.window_id): a
+  // window's Close waits for them.
+  size_t InWindow(uint64_t window_id) const;
   size_t size() const;  // writes held
   size_t sources() const;
 
@@ -83,6 +86,7 @@ class InboundWrites {
     std::string payload;
     absl::Time begun;
     absl::Time deadline;
+    uint64_t window_id = 0;
   };
   struct Source {
     std::string address;
@@ -102,6 +106,8 @@ class InboundWrites {
   };
 
   void Run();
+  // Counts a held write out (the caller erases it).
+  void Forget(const Write& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `lost` for their receivers (outside the lock).
   void Tell(std::vector<Lost> lost);
 
@@ -112,6 +118,7 @@ class InboundWrites {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Source> sources_ ABSL_GUARDED_BY(mu_);  // by incarnation
   size_t writes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, size_t> per_window_ ABSL_GUARDED_BY(mu_);  // window id -> writes held
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool probing_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

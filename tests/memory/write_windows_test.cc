@@ -3,6 +3,7 @@
 // and that a session's end and a deadline close windows.
 #include "agent/memory/write_windows.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <thread>
 #include <vector>
@@ -125,6 +126,18 @@ TEST_CASE("Close waits for admitted writes, bounded, and revokes the window's ke
     CHECK(f.windows.Close(id, kSession, absl::Seconds(10)).ok());
     CHECK(absl::Now() - start >= absl::Milliseconds(150));
     writer.join();
+  }
+  SECTION("a write another agent announced through it keeps Close waiting until its agent ends it") {
+    std::atomic<size_t> announced{1};
+    f.windows.set_announced([&](uint64_t window_id) { return window_id == id ? announced.load() : 0; });
+    std::thread writer_agent([&] {
+      absl::SleepFor(absl::Milliseconds(200));
+      announced = 0;
+    });
+    const absl::Time start = absl::Now();
+    CHECK(f.windows.Close(id, kSession, absl::Seconds(10)).ok());
+    CHECK(absl::Now() - start >= absl::Milliseconds(150));
+    writer_agent.join();
   }
   SECTION("past wait_ms Close says so, and the window stays closed") {
     auto admitted = std::make_unique<WindowAdmission>(*f.windows.Admit(id, token, f.region->id()));

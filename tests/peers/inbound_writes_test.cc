@@ -101,6 +101,24 @@ TEST_CASE("a write that ends, before or after its begin arrives, is forgotten wi
   CHECK(!r.Next().has_value());
 }
 
+TEST_CASE("writes through a window are counted until they end or are lost (a window's Close waits on them)") {
+  Receiver r;
+  v1::NotifyRequest through = r.Begin(1);
+  through.set_window_id(77);
+  REQUIRE(r.inbound.Begin(through, r.region).ok());
+  through.set_transfer_id(2);
+  REQUIRE(r.inbound.Begin(through, r.region).ok());
+  REQUIRE(r.inbound.Begin(r.Begin(3), r.region).ok());  // no window
+  CHECK(r.inbound.InWindow(77) == 2);
+  CHECK(r.inbound.InWindow(78) == 0);
+  r.inbound.End(kWriter, 1);
+  CHECK(r.inbound.InWindow(77) == 1);
+  r.answer = 999;  // the writer restarted: its writes are lost, and counted out
+  r.inbound.Check(absl::Now() + absl::Seconds(5));
+  CHECK(r.inbound.InWindow(77) == 0);
+  CHECK(r.inbound.size() == 0);
+}
+
 TEST_CASE("a writer that stops answering: its writes in flight end UNAVAILABLE for their receivers") {
   Receiver r;
   REQUIRE(r.Send(r.Begin(3)).ok());
