@@ -72,6 +72,19 @@ def requests(seed):
     return out
 
 
+def steps(reqs):
+    """The requests in steps whose destination blocks are disjoint, in order: vLLM never
+    gives a block to two requests at once (the recordings come from separate tests, and a
+    partial prefix hit refills a block its first request had freed), and two open write
+    windows over one block are refused."""
+    out = []
+    for r in reqs:
+        if not out or set(r[2]) & {b for q in out[-1] for b in q[2]}:
+            out.append([])
+        out[-1].append(r)
+    return out
+
+
 def secret(rid):
     """A request's secret, the same in both processes (the script plays the params' trip)."""
     import hashlib
@@ -132,14 +145,18 @@ def consumer(args):
     Pull, StepPlan = plans()
     layers = as_vllm_views(args.kind, [torch.zeros(physical_shape(args.kind), device=f"cuda:{args.device}",
                                                    dtype=torch.bfloat16) for _ in range(LAYERS)])
-    w = FerryWorker(args.socket, "decode", 0, producer=False, consumer=True, timeout=60)
+    # The caches in window mode: each pull's blocks open to the producer alone.
+    w = FerryWorker(args.socket, "decode", 0, producer=False, consumer=True, timeout=60, write_windows=True)
     w.register_kv_caches({f"model.layers.{i}.self_attn.attn": t for i, t in enumerate(layers)})
     wait_for(f"{args.dir}/mailbox")
     mailbox = open(f"{args.dir}/mailbox", "rb").read()
     reqs = requests(args.seed)
     t0 = time.monotonic()
-    w.apply(StepPlan(pull={rid: Pull(rid, [mailbox], dst, skip, secret(rid)) for rid, _, dst, skip in reqs}))
-    done, failed = run_worker(w, reqs, "finished_recving")
+    done, failed = set(), set()
+    for step in steps(reqs):
+        w.apply(StepPlan(pull={rid: Pull(rid, [mailbox], dst, skip, secret(rid)) for rid, _, dst, skip in step}))
+        d, f = run_worker(w, step, "finished_recving")
+        done, failed = done | d, failed | f
     elapsed = time.monotonic() - t0
     torch.cuda.synchronize()
     expect = cache(torch, args.device, args.seed, args.kind)  # the producer's tensors, rebuilt

@@ -11,10 +11,12 @@
 # memory, as a request's scattered blocks do, not from one block the CPUs keep cached).
 # Rounds alternate ferry and raw; medians are reported. --concurrent=N hands off N
 # requests of each size at once (raw: N times the writes), a throughput row.
-#   tools/bench.sh kv [--tokens=1024,4096,16384] [--rounds=3] [--concurrent=1] [--cpus_a=0 --cpus_b=1]
+# --write_windows=1 puts the consumer's caches in window mode, a window opened and closed
+# around each request (FerryConnector's write_windows; default 0).
+#   tools/bench.sh kv [--tokens=1024,4096,16384] [--rounds=3] [--concurrent=1] [--cpus_a=0 --cpus_b=1] [--write_windows=0]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-tokens=1024,4096,16384 rounds=3 concurrent=1 cpu_a=0 cpu_b=1
+tokens=1024,4096,16384 rounds=3 concurrent=1 cpu_a=0 cpu_b=1 windows=0
 [ "$(nproc)" -gt 1 ] || cpu_b=0
 for a in "$@"; do
   case $a in
@@ -23,6 +25,7 @@ for a in "$@"; do
     --concurrent=*) concurrent=${a#--concurrent=} ;;
     --cpus_a=*) cpu_a=${a#--cpus_a=} ;;
     --cpus_b=*) cpu_b=${a#--cpus_b=} ;;
+    --write_windows=*) windows=${a#--write_windows=} ;;
     *) echo "kv: unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -35,7 +38,7 @@ source tools/lib.sh
 
 echo "# ferry KV handoff benchmark  $(date -u +%Y-%m-%dT%H:%MZ)  $(nproc) CPUs, $(uname -r)"
 echo "# Llama-3-8B-shaped KV (32 layers x [2, blocks, 16, 8, 128] bf16), host memory, tcp;ofi_rxm 127.0.0.1 -> 127.0.0.2"
-echo "# producer side on CPUs $cpu_a, consumer side on CPUs $cpu_b; $rounds rounds, ferry and raw alternated; $concurrent request(s) at once"
+echo "# producer side on CPUs $cpu_a, consumer side on CPUs $cpu_b; $rounds rounds, ferry and raw alternated; $concurrent request(s) at once; write windows $windows"
 # The consumer's agent busy-polls its NIC while busy and 200 ms after, as the raw target
 # spins on fi_cq_read (tcp moves incoming data only while the target progresses), as in
 # tools/bench.sh cross-node.
@@ -64,7 +67,8 @@ for r in $(seq 1 "$rounds"); do
       for t in ${tokens//,/ }; do raw "$t"; done >> "$work/raw.txt"
     else
       taskset -c $cpu_a "$venv/bin/python" tools/bench/kv_handoff.py --producer="$work/a.sock" \
-        --consumer="$work/b.sock" --tokens="$tokens" --concurrent="$concurrent" >> "$work/ferry.txt"
+        --consumer="$work/b.sock" --tokens="$tokens" --concurrent="$concurrent" --write_windows="$windows" \
+        >> "$work/ferry.txt"
     fi
   done
 done

@@ -24,16 +24,18 @@
 # kernel: on the source GPU (the default), on the destination GPU (--gpu_kernel_pull),
 # and on the source GPU with every process a client of CUDA MPS (where the host has
 # nvidia-cuda-mps-control), so that kernels of different processes share the SMs.
-#   tools/bench.sh kv --device[=BUNDLE] [--rounds=R] [--busy]
+# --write_windows=1: the consumer's caches in window mode, a window per request.
+#   tools/bench.sh kv --device[=BUNDLE] [--rounds=R] [--busy] [--write_windows=0]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bundle=.gpu-bundle rounds=5 busy=
+bundle=.gpu-bundle rounds=5 busy= windows=0
 for a in "$@"; do
   case $a in
     --device) ;;
     --device=*) bundle=${a#--device=} ;;
     --rounds=*) rounds=${a#--rounds=} ;;
     --busy) busy=1 ;;
+    --write_windows=*) windows=${a#--write_windows=} ;;
     *) echo "kv --device: unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -64,7 +66,7 @@ if [ -n "$busy" ]; then
       loads=idle,producer
       [ "$consumer" = 0 ] || loads+=,consumer
       echo "# $name, GPU0 -> GPU$consumer"
-      python3 tools/bench/kv_handoff.py --producer="$work/busy$n.sock" --consumer="$work/busy$n.sock" \
+      python3 tools/bench/kv_handoff.py --write_windows="$windows" --producer="$work/busy$n.sock" --consumer="$work/busy$n.sock" \
         --tokens=1024,4096,16384 --rounds="$rounds" --device=cuda:0 --consumer_device=cuda:$consumer --two_processes \
         --step_ms=0.1 --loads=$loads || { echo "# $name: the handoffs failed (agent log below)"; tail -n 5 "$work/busy$n.log"; }
     done
@@ -88,7 +90,7 @@ for p in "${placements[@]}"; do
     set -- $shape
     echo "# $name, $2 request(s) at once"
     echo "# tokens bytes time_ms GBps submit_ms raw_copy_ms"
-    python3 tools/bench/kv_handoff.py --producer="$work/a.sock" --consumer="$work/a.sock" --tokens="$1" \
+    python3 tools/bench/kv_handoff.py --write_windows="$windows" --producer="$work/a.sock" --consumer="$work/a.sock" --tokens="$1" \
       --concurrent="$2" --rounds="$rounds" --device=cuda:0 --consumer_device="$consumer" --two_processes \
       --step_ms=0.1 || { cat "$work/a.log" >&2; exit 1; }
   done
@@ -105,7 +107,7 @@ wait_for "$work/b.ready" 30; wait_for "$work/c.ready" 30
 consumer=cuda:$((gpus > 1 ? 1 : 0))
 echo "# two agents (staged, tcp;ofi_rxm on loopback), GPU0 -> $consumer, 1 request at once"
 echo "# tokens bytes time_ms GBps submit_ms raw_copy_ms"
-python3 tools/bench/kv_handoff.py --producer="$work/b.sock" --consumer="$work/c.sock" --tokens=1024,4096,16384 \
+python3 tools/bench/kv_handoff.py --write_windows="$windows" --producer="$work/b.sock" --consumer="$work/c.sock" --tokens=1024,4096,16384 \
   --concurrent=1 --rounds="$rounds" --device=cuda:0 --consumer_device="$consumer" --two_processes --step_ms=0.1 ||
   { cat "$work/b.log" "$work/c.log" >&2; exit 1; }
 echo "# raw fi_write of as many bytes, host memory, 32 KiB writes, 16 in flight: tokens ms GBps"

@@ -214,7 +214,8 @@ def consumer_process(args, num_blocks, conn, seconds=120.0):
     ccache = caches(num_blocks, 2, args.consumer_device)
     expect = next(iter(caches(num_blocks, 1, args.device, layers=1).values())).to(args.consumer_device)
     layer = next(iter(ccache))
-    consumer = FerryWorker(args.consumer, "bench-decode", 0, producer=False, consumer=True, timeout=300)
+    consumer = FerryWorker(args.consumer, "bench-decode", 0, producer=False, consumer=True, timeout=300,
+                           write_windows=args.write_windows)
     consumer.register_kv_caches(ccache)
     mailbox = conn.recv()
     conn.send("ready")
@@ -306,6 +307,9 @@ def main():
     ap.add_argument("--producer", required=True)
     ap.add_argument("--consumer", required=True)
     ap.add_argument("--tokens", default="1024,4096,16384")
+    ap.add_argument("--write_windows", type=int, default=0,
+                    help="1: the consumer's caches in window mode, a window per request (FerryConnector's "
+                         "write_windows)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--device", default="cpu",
                     help="cpu (ferry.host memory) or cuda:N (also prints raw_copy_ms)")
@@ -355,7 +359,8 @@ def main():
         conn.recv()  # ready
     else:
         ccache = caches(num_blocks, 2, args.consumer_device)
-        consumer = FerryWorker(args.consumer, "bench-decode", 0, producer=False, consumer=True, timeout=300)
+        consumer = FerryWorker(args.consumer, "bench-decode", 0, producer=False, consumer=True, timeout=300,
+                               write_windows=args.write_windows)
         consumer.register_kv_caches(ccache)
     timeline = Timeline(producer, consumer) if args.phases else None
     pulls = PullTimer(producer)

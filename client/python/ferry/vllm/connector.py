@@ -10,6 +10,10 @@ this class only adapts vLLM's calls to them. Configuration, in
     timeout_s   consumer: how long a request waits for its KV before failing (default 30)
     traffic_class  the class of the handoffs' writes: latency, bulk or background (default:
                 the agent's rule for the pod; agent/qos/README.md)
+    write_windows  consumer: register the KV caches in window mode and open a write window
+                per pulled request, so that no write lands in a block after the request
+                ended (default false: it costs two RPCs per request and unshared writes;
+                agent/README.md, "Write windows")
 """
 from __future__ import annotations
 
@@ -86,7 +90,8 @@ def _layout(vllm_config, kv_cache_config) -> Layout:
 
 def _extra_config(extra) -> dict:
     """kv_connector_extra_config, checked: a wrong value names its key."""
-    out = {"socket": "/run/ferry/ferry.sock", "lease_s": 30.0, "timeout_s": 30.0, "traffic_class": None}
+    out = {"socket": "/run/ferry/ferry.sock", "lease_s": 30.0, "timeout_s": 30.0, "traffic_class": None,
+           "write_windows": False}
     for key, value in (extra or {}).items():
         if key == "socket":
             if not isinstance(value, str) or not value:
@@ -96,6 +101,9 @@ def _extra_config(extra) -> dict:
                 raise ValueError(f"kv_connector_extra_config[{key!r}] must be a positive number of seconds, "
                                  f"got {value!r}")
             value = float(value)
+        elif key == "write_windows":
+            if not isinstance(value, bool):
+                raise ValueError(f"kv_connector_extra_config['write_windows'] must be true or false, got {value!r}")
         elif key == "traffic_class":
             if value not in TRAFFIC_CLASSES:
                 raise ValueError(f"kv_connector_extra_config['traffic_class'] must be one of "
@@ -123,7 +131,7 @@ class FerryConnector(KVConnectorBase_V1):
         else:
             self._worker = FerryWorker(extra["socket"], engine_id, _tp_rank(), producer=cfg.is_kv_producer,
                                        consumer=cfg.is_kv_consumer, lease=extra["lease_s"], timeout=extra["timeout_s"],
-                                       traffic_class=extra["traffic_class"])
+                                       traffic_class=extra["traffic_class"], write_windows=extra["write_windows"])
 
     # ------------------------------------------------------------ scheduler side
 

@@ -99,9 +99,11 @@ def physical_view(t):
 class FerryWorker:
 
     def __init__(self, socket: str, engine_id: str, tp_rank: int, producer: bool, consumer: bool,
-                 lease: float = 30.0, timeout: float = 30.0, traffic_class: Optional[str] = None):
+                 lease: float = 30.0, timeout: float = 30.0, traffic_class: Optional[str] = None,
+                 write_windows: bool = False):
         self.engine_id, self.tp_rank = f"{engine_id}/{tp_rank}", tp_rank
         self._roles = (producer, consumer)
+        self._write_windows = write_windows and consumer
         self._lease, self._timeout = lease, timeout
         self._client = Client(socket, traffic_class=traffic_class)  # the class of the handoffs' writes
         self.producer: Optional[KVProducer] = None
@@ -133,7 +135,7 @@ class FerryWorker:
     def _start(self) -> None:
         # A consumer's caches take writes only through the windows it opens per pulled
         # request, so that nothing lands in a block after vLLM gave it to another request.
-        regions = [self._client.register_tensor(physical_view(t), write_windows=bool(self._roles[1]))
+        regions = [self._client.register_tensor(physical_view(t), write_windows=self._write_windows)
                    for t in self._tensors]
         if self._roles[0]:
             self.producer = KVProducer(self._client, self._spec, regions, self.engine_id)

@@ -513,3 +513,29 @@ def test_the_producer_pod_dying_mid_pull_fails_only_that_request(pd):
         assert time.monotonic() - t0 < 10, "the consumer waited for its timeout"
     run(d, until=lambda: d.free_blocks() == FREE)
     free_blocks_stay_untouched(d)
+
+
+@pytest.mark.parametrize("windows", [True, False])
+def test_a_write_after_the_consumers_timeout_lands_in_no_block_vllm_took_back(pd, windows):
+    """The producer answers late (its responder held back 2 s) and, as a write already on
+    its way would, takes no notice of the consumer's cancel; the decode engine's load times
+    out after 0.5 s and vLLM takes the request's blocks back. With write_windows the
+    consumer's agent refuses the producer's write when it comes; without, it lands in
+    blocks vLLM may already have given to another request (the hazard, shown)."""
+    p, d = pd(p_extra={"lease_s": 60}, d_extra={"timeout_s": 0.5, "write_windows": windows})
+    producer = p.worker._worker.producer
+    drain, until = producer._inbox.drain, time.monotonic() + 2.0
+    producer._inbox.drain = lambda: drain() if time.monotonic() > until else []
+    producer._on_cancel = lambda *args: None
+    prompt = list(range(PROMPT))
+    params = prefill(p, "p-1", prompt)
+    d.add("d-1", prompt, 2, params)
+    run(p, d, until=lambda: "d-1" in d.outputs and d.outputs["d-1"].finished, seconds=5)
+    assert d.load_errors and d.free_blocks() == FREE  # failed, and its blocks are vLLM's again
+    taken_back = [d.block_bytes(b) for b in range(64)]
+    run(p, d, until=lambda: p.free_blocks() == FREE, seconds=10)  # the producer's write came and ended
+    time.sleep(0.2)
+    if windows:
+        assert [d.block_bytes(b) for b in range(64)] == taken_back, "a late write landed"
+    else:
+        assert [d.block_bytes(b) for b in range(64)] != taken_back
