@@ -292,6 +292,9 @@ absl::Status Agent::StartFabric() {
   peer_service_->set_inbound(inbound_.get());
   windows_->set_registrar(engine_.get());
   windows_->set_announced([inbound = inbound_.get()](uint64_t window_id) { return inbound->InWindow(window_id); });
+  inbound_->set_fence([windows = windows_.get()](uint64_t window_id) {
+    return windows->Revoke(window_id, "closed when its writer's agent was lost");
+  });
   peer_service_->set_windows(windows_.get());
   engine_->SetMessageHandler([p = peer_service_.get()](absl::string_view m) { p->AcceptMessage(m); });
   // The staged path, both sides: GPU memory through host staging buffers.

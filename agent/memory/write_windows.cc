@@ -217,6 +217,14 @@ void WriteWindows::CloseSession(uint64_t session) {
   for (const auto& w : mine) CloseLocked(w, "closed when its session ended");
 }
 
+bool WriteWindows::Revoke(uint64_t window_id, const char* why) {
+  absl::MutexLock lock(&mu_);
+  auto it = open_.find(window_id);
+  if (it == open_.end()) return false;
+  CloseLocked(std::shared_ptr<WriteWindow>(it->second), why);
+  return true;
+}
+
 absl::StatusOr<WindowAdmission> WriteWindows::Admit(uint64_t id, const Token& token, uint64_t region_id) {
   std::shared_ptr<WriteWindow> w;
   {

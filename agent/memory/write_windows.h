@@ -154,6 +154,9 @@ class WriteWindows {
   absl::Status Close(uint64_t window_id, uint64_t session, absl::Duration wait);
   // A session ended: its windows close (nothing waits).
   void CloseSession(uint64_t session);
+  // Closes window `id` for the agent itself (`why`: "closed when ..."), nothing waiting;
+  // true if it was open.
+  bool Revoke(uint64_t window_id, const char* why);
 
   // A write through window `id` into region `region_id`, presenting `token`. Refusals
   // say which (closed and when, expired, not this region, wrong token); a refusal by

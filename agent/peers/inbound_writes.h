@@ -62,6 +62,9 @@ class InboundWrites {
   void StartProbing(Ping ping);
   // Stops it (before what `ping` uses goes away); Begin and End still work.
   void StopProbing();
+  // Closes write window `id` (true if it was open): a lost write through a window is
+  // fenced before its receiver is told. Set before StartProbing.
+  void set_fence(std::function<bool(uint64_t window_id)> fence) { fence_ = std::move(fence); }
 
   // A begin (req.begin(), for `region`, already authorized by its token). RESOURCE_EXHAUSTED
   // past max_writes; INVALID_ARGUMENT without a transfer id or source.
@@ -114,6 +117,7 @@ class InboundWrites {
   const InboundWritesOptions options_;
   TransferManager* const transfers_;
   Ping ping_;  // set once by StartProbing, before the thread starts
+  std::function<bool(uint64_t)> fence_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Source> sources_ ABSL_GUARDED_BY(mu_);  // by incarnation

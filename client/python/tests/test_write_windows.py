@@ -3,6 +3,8 @@ window mode takes writes only through an open window of it, inside its ranges, f
 writer; a late write (after the owner closed the window and reused the bytes) is refused
 and the new owner's bytes stay intact, on one agent and across two (fabric and staged
 paths); malformed windows are refused naming the field; the owner hears of refusals."""
+import hashlib
+import signal
 import time
 
 import pytest
@@ -179,3 +181,32 @@ def test_malformed_windows_are_refused_precisely(agent):
             stranger.write(src, forged, [(0, 0, BLOCK)]).result(30)
         # Messages still reach a region in window mode with its own descriptor.
         stranger.send_message(kv.descriptor(), b"hello")
+
+
+def test_a_write_its_receiver_was_told_will_not_complete_lands_no_more(agent_factory):
+    """Terminal means terminal: a notified write through a window, its writer's agent
+    stopped mid-write (SIGSTOP). The receiver's agent pings it, gets no answer, closes the
+    window and only then tells the receiver the write will not complete; once the writer's
+    agent runs again, nothing more of the write lands and the writer gets a failure."""
+    a, b = _agents(agent_factory)
+    size = 256 << 20
+    with ferry.Client(a.socket) as writer, ferry.Client(b.socket) as owner:
+        dst = owner.register_host(size, write_windows=True)
+        src = writer.register_host(size)
+        src.buffer[:] = b"\x77" * size
+        window = owner.open_write_window([dst], [(0, size)], timeout=60)
+        stream = owner.notification_stream(timeout=20)
+        future = writer.write(src, window.descriptors[0], [(0, 0, size)], notify=True, timeout=60)
+        time.sleep(0.02)
+        a.proc.send_signal(signal.SIGSTOP)
+        try:
+            told = next(n for n in stream if n.kind == "write")
+            assert told.code != 0 and "is closed, so none of it lands after this" in told.message, told
+            landed = hashlib.sha256(dst.buffer).digest()
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+            stream.cancel()
+        with pytest.raises(ferry.FerryError):
+            future.result(30)
+        time.sleep(0.3)
+        assert hashlib.sha256(dst.buffer).digest() == landed, "bytes landed after the receiver was told"
