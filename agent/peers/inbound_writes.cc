@@ -174,13 +174,13 @@ void InboundWrites::Tell(std::vector<Lost> lost) {
     n.set_payload(std::move(l.write.payload));
     n.set_kind(v1::NOTIFICATION_KIND_WRITE);
     n.set_code(static_cast<int>(l.status.code()));
-    // Through a write window: the window goes first (its keys revoked), so that "will not
-    // complete" is final even if the writer's agent was only stopped and writes on.
+    // Through a write window: the window goes first (its keys revoked), so that a writer's
+    // agent that was only stopped cannot go on writing once it resumes.
     if (l.write.window_id != 0 && fence_ && fence_(l.write.window_id)) {
       n.set_message(absl::StrCat(l.status.message(), ": write ", l.transfer_id, " will not complete; its write window ",
                                  l.write.window_id,
-                                 " is closed, so none of it lands after this (some, all or none of "
-                                 "its bytes may be in the region)"));
+                                 " is closed, so no further operation of it is accepted (one the NIC was already "
+                                 "receiving may still finish); some, all or none of its bytes may be in the region"));
     } else {
       n.set_message(absl::StrCat(l.status.message(), ": write ", l.transfer_id,
                                  " will not complete; some, all or none of its bytes may be in the region"));
