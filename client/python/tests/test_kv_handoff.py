@@ -495,7 +495,7 @@ def windowed_pair(fabric_agents):
         for r in players:
             r.buffer[:] = os.urandom(r.size)
         producer = KVProducer(ca, pspec, players, "prefill-0", background=False)
-        consumer = KVConsumer(cb, cspec, clayers, "decode-0", timeout=0.5)
+        consumer = KVConsumer(cb, cspec, clayers, "decode-0", timeout=10.0)
         yield producer, consumer, players, clayers, pspec, cspec
         producer.close()
         consumer.close()
