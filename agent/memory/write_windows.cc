@@ -30,9 +30,12 @@ const ByteSpan* FirstOverlap(const std::vector<ByteSpan>& a, const std::vector<B
 }  // namespace
 
 absl::Status WindowModeError(uint64_t region_id) {
-  return absl::FailedPreconditionError(absl::StrCat("dst: region ", region_id, " ", kWindowModeRefusal,
-                                                    " (it was registered with write_windows); write with a window's "
-                                                    "descriptor; nothing was written"));
+  absl::Status s = absl::FailedPreconditionError(
+      absl::StrCat("dst: region ", region_id,
+                   " takes writes only through write windows its owner opens (it was registered with write_windows); "
+                   "write with a window's descriptor; nothing was written"));
+  s.SetPayload(kWindowModePayload, absl::Cord());
+  return s;
 }
 
 bool SpansCover(const std::vector<ByteSpan>& ranges, uint64_t offset, uint64_t length) {

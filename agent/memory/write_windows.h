@@ -63,10 +63,11 @@ struct WindowSpec {
   absl::Duration timeout;
 };
 
-// What a write with the own descriptor of a region in window mode is refused with (a
-// FAILED_PRECONDITION whose message holds it, across agents too).
-inline constexpr char kWindowModeRefusal[] = "takes writes only through write windows its owner opens";
+// What a write with the own descriptor of a region in window mode is refused with: a
+// FAILED_PRECONDITION carrying kWindowModePayload, which crosses agents (grpc_status.h).
+inline constexpr char kWindowModePayload[] = "ferry.dev/window-mode";
 absl::Status WindowModeError(uint64_t region_id);
+inline bool IsWindowModeError(const absl::Status& s) { return s.GetPayload(kWindowModePayload).has_value(); }
 
 // Bounds on what one window and one session may hold.
 inline constexpr size_t kMaxWindowRegions = 256;

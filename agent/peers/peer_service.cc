@@ -42,12 +42,20 @@ grpc::Status PeerService::Handshake(grpc::ServerContext*, const v1::HandshakeReq
 
 absl::StatusOr<std::shared_ptr<Region>> PeerService::Authorize(uint64_t incarnation, uint64_t region_id,
                                                                const std::string& token, uint64_t window_id) {
+  absl::StatusOr<Token> t = ParseToken(incarnation, token);
+  if (!t.ok()) return t.status();
+  return Authorize(region_id, *t, window_id);
+}
+
+absl::StatusOr<Token> PeerService::ParseToken(uint64_t incarnation, const std::string& token) const {
   if (incarnation != incarnation_) {
     return absl::NotFoundError(absl::StrCat("stale descriptor: this agent is incarnation ", incarnation_,
                                             ", the descriptor names ", incarnation, " (the agent restarted)"));
   }
-  absl::StatusOr<Token> t = Token::FromBytes(token, "token");
-  if (!t.ok()) return t.status();
+  return Token::FromBytes(token, "token");
+}
+
+absl::StatusOr<std::shared_ptr<Region>> PeerService::Authorize(uint64_t region_id, const Token& t, uint64_t window_id) {
   absl::StatusOr<std::shared_ptr<Region>> region = regions_->Lookup(region_id);
   if (!region.ok()) {
     return absl::NotFoundError(
@@ -55,11 +63,11 @@ absl::StatusOr<std::shared_ptr<Region>> PeerService::Authorize(uint64_t incarnat
   }
   if (window_id != 0) {
     if (windows_ == nullptr) return absl::NotFoundError(absl::StrCat("dst.window_id ", window_id, " is not open"));
-    absl::Status verified = windows_->Verify(window_id, *t, region_id);
+    absl::Status verified = windows_->Verify(window_id, t, region_id);
     if (!verified.ok()) return verified;
     return region;
   }
-  if (!(*region)->token().Equals(*t)) {
+  if (!(*region)->token().Equals(t)) {
     return absl::PermissionDeniedError(absl::StrCat("dst.token does not match region ", region_id));
   }
   return region;
@@ -68,11 +76,13 @@ absl::StatusOr<std::shared_ptr<Region>> PeerService::Authorize(uint64_t incarnat
 absl::StatusOr<PeerService::WriteAccess> PeerService::AuthorizeWrite(uint64_t incarnation, uint64_t region_id,
                                                                      const std::string& token, uint64_t window_id,
                                                                      bool tell_owner) {
-  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(incarnation, region_id, token, window_id);
+  absl::StatusOr<Token> t = ParseToken(incarnation, token);
+  if (!t.ok()) return t.status();
+  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(region_id, *t, window_id);
   if (!region.ok()) return region.status();
   WriteAccess access{*std::move(region), std::nullopt};
   if (window_id != 0) {
-    absl::StatusOr<WindowAdmission> admitted = windows_->Admit(window_id, *Token::FromBytes(token, "token"), region_id);
+    absl::StatusOr<WindowAdmission> admitted = windows_->Admit(window_id, *t, region_id);
     if (!admitted.ok()) return admitted.status();
     access.window.emplace(*std::move(admitted));
   } else if (access.region->write_windows()) {

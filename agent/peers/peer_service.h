@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/common/token.h"
 #include "agent/fabric/fabric_nic.h"
 #include "agent/memory/region_table.h"
 #include "agent/memory/write_windows.h"
@@ -57,6 +58,9 @@ class PeerService final : public v1::Peer::Service {
   // `window_id` the window's: open or recently closed) are right.
   absl::StatusOr<std::shared_ptr<Region>> Authorize(uint64_t incarnation, uint64_t region_id, const std::string& token,
                                                     uint64_t window_id = 0);
+  // Authorize's two halves: the descriptor's incarnation and token, then the region.
+  absl::StatusOr<Token> ParseToken(uint64_t incarnation, const std::string& token) const;
+  absl::StatusOr<std::shared_ptr<Region>> Authorize(uint64_t region_id, const Token& token, uint64_t window_id);
   // As Authorize, for a write: a region in window mode only through an open window of
   // it, whose admission is returned (empty without a window). `tell_owner`: a write
   // with the region's own token into a region in window mode is told to its owner.

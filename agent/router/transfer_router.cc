@@ -2,8 +2,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
+#include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -16,6 +17,7 @@
 #include "agent/peers/remote_target.h"
 
 namespace ferry {
+
 absl::StatusOr<std::shared_ptr<Transfer>> TransferRouter::Prepare(const std::shared_ptr<Session>& session,
                                                                   const WriteSpec& spec, PlanChunks plan,
                                                                   bool cached_only) const {
@@ -112,7 +114,7 @@ absl::Status TransferRouter::CheckDestination(const std::shared_ptr<const v1::Re
   if (!size.ok()) return size.status();
   if (probe.dst_descriptor == nullptr) return absl::OkStatus();
   absl::Status remote = RouteRemote(probe);
-  if (absl::IsFailedPrecondition(remote) && absl::StrContains(remote.message(), kWindowModeRefusal)) {
+  if (IsWindowModeError(remote)) {
     return absl::OkStatus();  // its agent answered: the peer is known, the region is there
   }
   return remote;
@@ -156,36 +158,37 @@ void AnnounceRemoteWrite(const TransferRouterDeps& deps, const std::shared_ptr<T
   });
 }
 
-// Tells the remote receiver of a notified write that failed after it started, so that it
-// does not wait for it (TransferManager::Finish does this for local receivers). Best
-// effort and asynchronous: an agent that cannot be reached cannot be told.
-void NotifyRemoteFailure(const Transfer& t, uint64_t incarnation, const absl::Status& status) {
-  if (!NotifiesRemotely(t)) return;
-  v1::NotifyRequest req = DeliverNotifyRequest(*t.dst_descriptor, incarnation, v1::NOTIFICATION_KIND_WRITE, t.id, t.tag,
-                                               /*bytes=*/0, t.notify_payload);
+// Sends `req` carrying `status` to t's remote agent, best effort and asynchronous (an
+// agent that cannot be reached cannot be told); `what` names it in the log.
+void SendStatusNotify(const Transfer& t, v1::NotifyRequest req, const absl::Status& status, const char* what) {
   req.set_code(static_cast<int>(status.code()));
   req.set_message(std::string(status.message()));
-  SendNotifyAsync(t.peer, std::move(req), absl::Now() + absl::Seconds(2), [id = t.id](absl::Status s) {
+  SendNotifyAsync(t.peer, std::move(req), absl::Now() + absl::Seconds(2), [id = t.id, what](absl::Status s) {
     if (!s.ok()) {
-      FERRY_LOG(DEBUG) << "transfer " << id << ": telling the receiver it failed: " << s;
+      FERRY_LOG(DEBUG) << "transfer " << id << ": " << what << ": " << s;
     }
   });
 }
 
+// Tells the remote receiver of a notified write that failed after it started, so that it
+// does not wait for it (TransferManager::Finish does this for local receivers).
+void NotifyRemoteFailure(const Transfer& t, uint64_t incarnation, const absl::Status& status) {
+  if (!NotifiesRemotely(t)) return;
+  SendStatusNotify(t,
+                   DeliverNotifyRequest(*t.dst_descriptor, incarnation, v1::NOTIFICATION_KIND_WRITE, t.id, t.tag,
+                                        /*bytes=*/0, t.notify_payload),
+                   status, "telling the receiver it failed");
+}
+
 // Tells the owner of a remote region in window mode that a write through one of its
 // windows was refused here (NOTIFICATION_KIND_WINDOW_REFUSED through its agent, which
-// checks the window's token). Best effort and asynchronous.
+// checks the window's token).
 void TellRemoteRefusal(const Transfer& t, uint64_t incarnation, const absl::Status& why) {
   if (t.peer == nullptr || t.dst_descriptor == nullptr) return;
-  v1::NotifyRequest req = DeliverNotifyRequest(*t.dst_descriptor, incarnation, v1::NOTIFICATION_KIND_WINDOW_REFUSED,
-                                               /*transfer_id=*/0, t.dst_descriptor->window_id(), /*bytes=*/0, "");
-  req.set_code(static_cast<int>(why.code()));
-  req.set_message(std::string(why.message()));
-  SendNotifyAsync(t.peer, std::move(req), absl::Now() + absl::Seconds(2), [](absl::Status s) {
-    if (!s.ok()) {
-      FERRY_LOG(DEBUG) << "telling a window's owner of a refused write: " << s;
-    }
-  });
+  SendStatusNotify(t,
+                   DeliverNotifyRequest(*t.dst_descriptor, incarnation, v1::NOTIFICATION_KIND_WINDOW_REFUSED,
+                                        /*transfer_id=*/0, t.dst_descriptor->window_id(), /*bytes=*/0, ""),
+                   why, "telling a window's owner of a refused write");
 }
 
 // What a batch's parts share until the last of them lands: how many are still moving,
@@ -454,8 +457,53 @@ absl::Status TransferBatch::NextPartError(const absl::Status& s) const {
   return WithPrefix(s, absl::StrCat("parts[", parts_.size(), "]: "));
 }
 
-std::shared_ptr<Transfer> TransferBatch::Join(const WriteSpec& whole) && {
+absl::Status TransferBatch::CheckPartsDisjoint() const {
+  if (parts_.size() < 2) return absl::OkStatus();
+  struct Extent {
+    bool remote;
+    uint64_t incarnation, region;  // which region: this agent's, or one of another agent
+    DestinationExtent bytes;
+    const ChunkPlan* plan;
+  };
+  std::vector<Extent> extents;
+  extents.reserve(parts_.size());
+  for (const auto& part : parts_) {
+    const bool remote = part->dst == nullptr;
+    extents.push_back({remote, remote ? part->dst_descriptor->agent_incarnation() : 0,
+                       remote ? part->dst_descriptor->region_id() : part->dst->id(), ExtentOf(part->plan),
+                       &part->plan});
+  }
+  auto key = [](const Extent& e) { return std::make_tuple(e.remote, e.incarnation, e.region); };
+  std::sort(extents.begin(), extents.end(), [&](const Extent& a, const Extent& b) {
+    return std::make_tuple(a.remote, a.incarnation, a.region, a.bytes.begin) <
+           std::make_tuple(b.remote, b.incarnation, b.region, b.bytes.begin);
+  });
+  // Runs of parts into one region whose extents chain into each other: each run's chunks
+  // are checked together.
+  std::vector<const ChunkPlan*> run;
+  uint64_t run_end = 0;
+  for (size_t i = 0; i <= extents.size(); ++i) {
+    const bool joins = i > 0 && i < extents.size() && key(extents[i]) == key(extents[i - 1]) &&
+                       extents[i].bytes.begin < run_end;
+    if (!joins) {
+      if (run.size() > 1) {
+        if (absl::Status s = CheckDisjointDestinations(run); !s.ok()) {
+          return WithPrefix(s, absl::StrCat("parts: two parts write region ", extents[i - 1].region, ": "));
+        }
+      }
+      if (i == extents.size()) break;
+      run.clear();
+      run_end = 0;
+    }
+    run.push_back(extents[i].plan);
+    run_end = std::max(run_end, extents[i].bytes.end);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Transfer>> TransferBatch::Join(const WriteSpec& whole) && {
   FERRY_DCHECK(!parts_.empty()) << "a batch of no parts";
+  if (absl::Status s = CheckPartsDisjoint(); !s.ok()) return s;
   const Transfer& first = *parts_.front();
   auto t = std::make_shared<Transfer>();
   t->session = first.session;

@@ -163,7 +163,7 @@ class TransferRouter {
 //   for (size_t i = 0; i < n; ++i) {
 //     if (absl::Status s = batch.Add(spec[i], plan[i]); !s.ok()) return s;  // "parts[i]: ..."
 //   }
-//   std::shared_ptr<Transfer> t = std::move(batch).Join(whole);  // then Launch it
+//   absl::StatusOr<std::shared_ptr<Transfer>> t = std::move(batch).Join(whole);  // then Launch it
 //
 // What the parts share is looked up once: the time they start, and each region they
 // name (a batch over L layers names each layer's two regions in two parts, K and V).
@@ -187,10 +187,16 @@ class TransferBatch {
   Transfer& last() { return *parts_.back(); }
   // One transfer of every part added; with `whole.notify` the owner of the first
   // part's destination is notified (tag, payload, every part's bytes) once every part
-  // has landed. `whole.src_region_id` and `whole.dst` are ignored.
-  std::shared_ptr<Transfer> Join(const WriteSpec& whole) &&;
+  // has landed. `whole.src_region_id` and `whole.dst` are ignored. INVALID_ARGUMENT if
+  // two parts write overlapping bytes of one region (which would land in either order).
+  absl::StatusOr<std::shared_ptr<Transfer>> Join(const WriteSpec& whole) &&;
 
  private:
+  // Parts into one region compared by extent, and by chunk where extents meet: a KV
+  // batch's parts each fill another region (or far apart halves of one), so the common
+  // case sorts one extent per part.
+  absl::Status CheckPartsDisjoint() const;
+
   const TransferRouter& router_;
   const std::shared_ptr<Session> session_;
   const ChunkLimits limits_;

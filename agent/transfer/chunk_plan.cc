@@ -28,7 +28,7 @@ absl::Status AddChunk(ChunkPlan& plan, size_t index, uint64_t src, uint64_t dst,
   s = CheckRange("destination", index, dst, len, dst_size);
   if (!s.ok()) return s;
   plan.chunks.push_back({src, dst, len});
-  // May wrap only if destinations overlap, which CheckDisjointDestinations rejects.
+  // May wrap only if destinations overlap, which CheckDisjointChunks rejects.
   plan.total_bytes += len;
   return absl::OkStatus();
 }
@@ -40,7 +40,7 @@ bool BlockOffset(uint64_t base, uint64_t block, uint64_t block_size, uint64_t* o
   return !__builtin_add_overflow(base, product, out);
 }
 
-absl::Status CheckDisjointDestinations(std::vector<CopyChunk> chunks) {
+absl::Status CheckDisjointChunks(std::vector<CopyChunk> chunks) {
   std::sort(chunks.begin(), chunks.end(),
             [](const CopyChunk& a, const CopyChunk& b) { return a.dst_offset < b.dst_offset; });
   for (size_t i = 1; i < chunks.size(); ++i) {
@@ -127,7 +127,7 @@ absl::StatusOr<ChunkPlan> ChunkListPlan(const v1::ChunkList& chunks, uint64_t sr
     absl::Status s = AddChunk(plan, i, c.src_offset(), c.dst_offset(), c.length(), src_size, dst_size);
     if (!s.ok()) return s;
   }
-  absl::Status s = CheckDisjointDestinations(plan.chunks);
+  absl::Status s = CheckDisjointChunks(plan.chunks);
   if (!s.ok()) return s;
   return plan;
 }
@@ -205,9 +205,11 @@ absl::StatusOr<std::shared_ptr<const PagedIds>> CheckPagedIds(const BlockMapping
   ids->block_size = p.block_size;
   p.src.CopyTo(&ids->src);
   p.dst.CopyTo(&ids->dst);
+  ids->min_dst = ids->dst[0];
   for (size_t i = 0; i < ids->src.size(); ++i) {
     ids->max_src = std::max(ids->max_src, ids->src[i]);
     ids->max_dst = std::max(ids->max_dst, ids->dst[i]);
+    ids->min_dst = std::min(ids->min_dst, ids->dst[i]);
   }
   if (absl::Status s = CheckDistinctIds(ids->dst, ids->max_dst); !s.ok()) return s;
   return std::shared_ptr<const PagedIds>(std::move(ids));
@@ -236,6 +238,29 @@ absl::StatusOr<ChunkPlan> PagedPlan(std::shared_ptr<const PagedIds> ids, uint64_
     if (!s.ok()) return s;
   }
   return absl::InternalError("a paged block is out of range but none was found");  // BlockWithin and AddChunk disagree
+}
+
+DestinationExtent ExtentOf(const ChunkPlan& plan) {
+  if (plan.paged != nullptr) {
+    // No wrap: the plan checked that its largest block ends inside the region.
+    const uint64_t bs = plan.paged->block_size;
+    return {plan.dst_base + plan.paged->min_dst * bs, plan.dst_base + (plan.paged->max_dst + 1) * bs};
+  }
+  if (plan.chunks.empty()) return {};
+  DestinationExtent e{UINT64_MAX, 0};
+  for (const CopyChunk& c : plan.chunks) {
+    e.begin = std::min(e.begin, c.dst_offset);
+    e.end = std::max(e.end, c.dst_offset + c.length);
+  }
+  return e;
+}
+
+absl::Status CheckDisjointDestinations(absl::Span<const ChunkPlan* const> plans) {
+  std::vector<CopyChunk> chunks;
+  for (const ChunkPlan* plan : plans) {
+    for (size_t i = 0; i < plan->size(); ++i) chunks.push_back(plan->chunk(i));
+  }
+  return CheckDisjointChunks(std::move(chunks));
 }
 
 }  // namespace ferry

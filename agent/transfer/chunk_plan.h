@@ -36,6 +36,7 @@ struct PagedIds {
   uint64_t block_size = 0;
   std::vector<uint64_t> src, dst;
   uint64_t max_src = 0, max_dst = 0;  // bound every block's offset on each side
+  uint64_t min_dst = 0;               // with max_dst, where a plan's destination bytes lie
 };
 
 struct ChunkPlan {
@@ -108,6 +109,17 @@ absl::StatusOr<ChunkPlan> PagedPlan(const v1::PagedChunks& p, uint64_t src_base,
 
 // The plan of one chunk (a queue entry), checked as BuildChunkPlan checks chunk 0.
 absl::StatusOr<ChunkPlan> SingleChunkPlan(const CopyChunk& chunk, uint64_t src_size, uint64_t dst_size);
+
+// The destination bytes [begin, end) a checked plan's chunks lie within; O(1) for a
+// paged plan, one pass over a chunk list.
+struct DestinationExtent {
+  uint64_t begin = 0, end = 0;
+};
+DestinationExtent ExtentOf(const ChunkPlan& plan);
+// Whether the destination bytes of plans into one region are disjoint, each plan's own
+// being so (as every checked plan's are): INVALID_ARGUMENT naming two overlapping
+// ranges otherwise. Sorts all their chunks: callers compare extents first.
+absl::Status CheckDisjointDestinations(absl::Span<const ChunkPlan* const> plans);
 
 }  // namespace ferry
 

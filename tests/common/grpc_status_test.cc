@@ -18,5 +18,23 @@ TEST_CASE("A status crosses the gRPC edge with its code and message, a peer's an
   CHECK(FromGrpcStatus(out).message() == "--max_sessions");
 }
 
+TEST_CASE("The agent's own payloads cross with the error; others stay behind") {
+  absl::Status s = absl::FailedPreconditionError("region 3 takes writes only through windows");
+  s.SetPayload("ferry.dev/window-mode", absl::Cord());
+  s.SetPayload("ferry.dev/detail", absl::Cord("bytes\0kept"));
+  s.SetPayload("type.googleapis.com/other", absl::Cord("x"));
+  const grpc::Status wire = ToGrpcStatus(s);
+  CHECK(!wire.error_details().empty());
+  const absl::Status back = FromGrpcStatus(wire, "agent b: ");
+  CHECK(absl::IsFailedPrecondition(back));
+  CHECK(back.message() == "agent b: region 3 takes writes only through windows");
+  CHECK(back.GetPayload("ferry.dev/window-mode").has_value());
+  CHECK(back.GetPayload("ferry.dev/detail") == absl::Cord("bytes\0kept"));
+  CHECK(!back.GetPayload("type.googleapis.com/other").has_value());
+  // Without payloads of ours, no details; details that do not parse are ignored.
+  CHECK(ToGrpcStatus(absl::InternalError("x")).error_details().empty());
+  CHECK(FromGrpcStatus(grpc::Status(grpc::StatusCode::INTERNAL, "x", "\xff\xff")).message() == "x");
+}
+
 }  // namespace
 }  // namespace ferry

@@ -193,6 +193,29 @@ TEST_CASE("destination overlaps are refused, adjacency is fine") {
   CHECK(BuildChunkPlan(Chunks({{0, 0, 10}, {0, 50, 10}}), 100, 100, {}).ok());
 }
 
+TEST_CASE("plans into one region: extents, and overlaps across plans") {
+  const std::vector<uint64_t> src = {0, 1, 2}, even = {4, 0, 2};
+  auto ids = CheckPagedIds(BlockMapping{64, src, even}, {});
+  REQUIRE(ids.ok());
+  CHECK((*ids)->min_dst == 0);
+  auto k = PagedPlan(*ids, 0, 0, 3 * 64, 1 << 20);
+  auto interleaved = PagedPlan(*ids, 0, 64, 3 * 64, 1 << 20);  // the odd blocks
+  auto far = PagedPlan(*ids, 0, 1 << 19, 3 * 64, 1 << 20);
+  REQUIRE((k.ok() && interleaved.ok() && far.ok()));
+  CHECK(ExtentOf(*k).begin == 0);
+  CHECK(ExtentOf(*k).end == 5 * 64);
+  CHECK(ExtentOf(*far).begin == (1 << 19));
+  CHECK(CheckDisjointDestinations({&*k, &*interleaved, &*far}).ok());
+  const absl::Status twice = CheckDisjointDestinations({&*k, &*far, &*k});
+  CHECK(twice.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(twice.message()).find("destination ranges overlap") != std::string::npos);
+  auto list = BuildChunkPlan(Chunks({{0, 100, 10}, {0, 30, 10}}), 100, 1000, {});
+  REQUIRE(list.ok());
+  CHECK(ExtentOf(*list).begin == 30);
+  CHECK(ExtentOf(*list).end == 110);
+  CHECK(CheckDisjointDestinations({&*list, &*k}).code() == absl::StatusCode::kInvalidArgument);  // [64, 128)
+}
+
 TEST_CASE("limits, empties and missing layouts") {
   CHECK(BuildChunkPlan(Chunks({{0, 0, 1}, {0, 1, 1}, {0, 2, 1}}), 10, 10, {2}).status().code() ==
         absl::StatusCode::kResourceExhausted);

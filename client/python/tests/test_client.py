@@ -273,6 +273,15 @@ def test_write_batch_moves_one_block_mapping_into_every_layer_with_one_notificat
         with pytest.raises(ferry.OutOfRange, match=r"parts\[1\]"):
             producer.write_batch([(src[0], dst[0].descriptor(), 0, 0), (src[0], dst[0].descriptor(), 0, 2 * half)],
                                  block, src_ids, dst_ids)
+        # Parts into one region: interleaved blocks are fine, the same bytes twice are not
+        # (they would land in either order).
+        even = list(range(0, blocks, 2))
+        d0 = dst[0].descriptor()
+        producer.write_batch([(src[0], d0, 0, 0), (src[1], d0, 0, block)], block, even, even).result(30)
+        assert dst[0].buffer[block:2 * block] == src[1].buffer[:block]
+        with pytest.raises(ferry.InvalidArgument,
+                           match=rf"parts: two parts write region {dst[0].id}: destination ranges overlap"):
+            producer.write_batch([(src[0], d0, 0, 0), (src[1], d0, 0, 0)], block, even, even)
 
 
 def test_a_notified_write_that_fails_still_notifies_its_receiver(agent):

@@ -179,6 +179,11 @@ def test_a_batch_entry_is_one_transfer_with_one_notification(agent):
             q.post_batch(BatchParts(bytes(fields)), block, src_ids, dst_ids, user_data=12)
             (reserved,) = reap_all(q, 1)
             assert isinstance(reserved.error, ferry.InvalidArgument) and "parts[0]: reserved is 1" in reserved.error.message
+            # Two parts writing the same bytes of the target would land in either order.
+            q.post_batch([parts[0], (layers[1], 0, 0, 0)], block, src_ids, dst_ids, user_data=13)
+            (overlap,) = reap_all(q, 1)
+            assert isinstance(overlap.error, ferry.InvalidArgument), overlap.error
+            assert f"parts: two parts write region {target.id}: destination ranges overlap" in overlap.error.message
         watcher.join()
         assert [(n.tag, n.bytes, n.payload) for n in got] == [(55, 4 * moved * block, b"request-7")]  # one
         landed()
