@@ -131,14 +131,14 @@ absl::StatusOr<std::shared_ptr<const WriteWindow>> WriteWindows::Open(uint64_t s
 
   absl::MutexLock lock(&mu_);
   // Two open windows over the same bytes would let two writers fill them.
-  for (const auto& [id, other] : open_) {
-    if (other->owner_session() != session) continue;
-    for (const auto& r : regions) {
-      if (!other->HasRegion(r->id())) continue;
+  for (const auto& r : regions) {
+    auto over = over_region_.find(r->id());
+    if (over == over_region_.end()) continue;
+    for (const WriteWindow* other : over->second) {
       if (const ByteSpan* shared = FirstOverlap(merged, other->ranges()); shared != nullptr) {
         return absl::FailedPreconditionError(absl::StrCat("ranges: [", shared->offset, ", +", shared->length,
-                                                          ") of region ", r->id(), " is in open write window ", id,
-                                                          "; close it first"));
+                                                          ") of region ", r->id(), " is in open write window ",
+                                                          other->id(), "; close it first"));
       }
     }
   }
@@ -152,11 +152,19 @@ absl::StatusOr<std::shared_ptr<const WriteWindow>> WriteWindows::Open(uint64_t s
                                                    absl::Now() + spec.timeout, std::move(regions), std::move(merged)));
   ++held;
   open_[w->id()] = w;
+  for (const auto& r : w->regions()) over_region_[r->id()].push_back(w.get());
   return w;
 }
 
 void WriteWindows::CloseLocked(const std::shared_ptr<WriteWindow>& w, const char* why) {
   open_.erase(w->id());
+  for (const auto& r : w->regions()) {
+    auto over = over_region_.find(r->id());
+    if (over == over_region_.end()) continue;
+    std::vector<const WriteWindow*>& list = over->second;
+    list.erase(std::remove(list.begin(), list.end(), w.get()), list.end());
+    if (list.empty()) over_region_.erase(over);
+  }
   auto held = per_session_.find(w->owner_session());
   if (held != per_session_.end() && --held->second == 0) per_session_.erase(held);
   closed_[w->id()] = Closed{w->token(), absl::Now(), why};

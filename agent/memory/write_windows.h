@@ -194,6 +194,9 @@ class WriteWindows {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<WriteWindow>> open_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, size_t> per_session_ ABSL_GUARDED_BY(mu_);
+  // The open windows over each region, so that Open compares a new window with those
+  // only (a region belongs to one session, which holds at most kMaxWindowsPerSession).
+  absl::flat_hash_map<uint64_t, std::vector<const WriteWindow*>> over_region_ ABSL_GUARDED_BY(mu_);
   // The most recent closes (bounded), so a late write hears why.
   absl::flat_hash_map<uint64_t, Closed> closed_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> closed_order_ ABSL_GUARDED_BY(mu_);

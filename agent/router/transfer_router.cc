@@ -483,8 +483,8 @@ absl::Status TransferBatch::CheckPartsDisjoint() const {
   std::vector<const ChunkPlan*> run;
   uint64_t run_end = 0;
   for (size_t i = 0; i <= extents.size(); ++i) {
-    const bool joins = i > 0 && i < extents.size() && key(extents[i]) == key(extents[i - 1]) &&
-                       extents[i].bytes.begin < run_end;
+    const bool joins =
+        i > 0 && i < extents.size() && key(extents[i]) == key(extents[i - 1]) && extents[i].bytes.begin < run_end;
     if (!joins) {
       if (run.size() > 1) {
         if (absl::Status s = CheckDisjointDestinations(run); !s.ok()) {
