@@ -1,6 +1,6 @@
 #include "agent/session/session_socket.h"
 
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -180,84 +181,122 @@ bool ServeFrame(const Connection& conn, SessionRegistry* registry) {
 
 void SessionSocketServer::Loop() {
   NameThisThread("ferry-sessions");
-  std::vector<Connection> conns;
-  auto end_session = [&](size_t i) {
-    registry_->Close(conns[i].session_id);
-    close(conns[i].fd);
-    conns[i] = conns.back();
-    conns.pop_back();
+  // epoll rather than poll: with hundreds of sessions a poll list rebuilt for every
+  // event made opening a session cost milliseconds.
+  const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd < 0) {
+    FERRY_LOG(ERROR) << "session socket: epoll_create1: " << strerror(errno);
+    return;
+  }
+  auto watch = [epoll_fd](int op, int fd, uint32_t events) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.fd = fd;
+    return epoll_ctl(epoll_fd, op, fd, &ev) == 0;
+  };
+  watch(EPOLL_CTL_ADD, wake_fd_, EPOLLIN);
+  watch(EPOLL_CTL_ADD, listen_fd_, EPOLLIN);
+  absl::flat_hash_map<int, uint64_t> sessions;  // connection fd -> session id
+  auto end_session = [&](int fd) {
+    auto it = sessions.find(fd);
+    registry_->Close(it->second);
+    epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+    close(fd);
+    sessions.erase(it);
   };
   // At the fd limit accept() fails without taking the connection, which stays ready:
   // the listening socket is left alone for a while instead of spinning on it.
   absl::Time accept_paused_until = absl::InfinitePast();
   absl::Time last_accept_warning = absl::InfinitePast();
-  for (;;) {
-    const absl::Time now = absl::Now();
-    const bool accepting = now >= accept_paused_until;
-    std::vector<pollfd> pfds;
-    pfds.push_back({wake_fd_, POLLIN, 0});
-    pfds.push_back({listen_fd_, static_cast<short>(accepting ? POLLIN : 0), 0});
-    for (const Connection& c : conns) pfds.push_back({c.fd, POLLIN, 0});
-    const int timeout_ms = accepting ? -1 : static_cast<int>(absl::ToInt64Milliseconds(accept_paused_until - now)) + 1;
-    int ready = poll(pfds.data(), pfds.size(), timeout_ms);
+  bool stopping = false;
+  while (!stopping) {
+    int timeout_ms = -1;
+    if (accept_paused_until != absl::InfinitePast()) {
+      const absl::Time now = absl::Now();
+      if (now >= accept_paused_until) {
+        watch(EPOLL_CTL_MOD, listen_fd_, EPOLLIN);
+        accept_paused_until = absl::InfinitePast();
+      } else {
+        timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(accept_paused_until - now)) + 1;
+      }
+    }
+    epoll_event events[64];
+    const int ready = epoll_wait(epoll_fd, events, 64, timeout_ms);
     if (ready < 0) {
       if (errno == EINTR) continue;
-      FERRY_LOG(ERROR) << "session socket poll: " << strerror(errno);
+      FERRY_LOG(ERROR) << "session socket epoll_wait: " << strerror(errno);
       break;
     }
-    if (pfds[0].revents) break;  // Stop()
-    // Connections first (indices shift as sessions end, so walk backwards).
-    for (size_t i = pfds.size(); i-- > 2;) {
-      short ev = pfds[i].revents;
-      if (ev == 0) continue;
-      size_t ci = i - 2;
-      bool keep = (ev & POLLIN) ? ServeFrame(conns[ci], registry_) : false;
-      if (!keep) end_session(ci);
-    }
-    if (pfds[1].revents & POLLIN) {
-      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+    for (int i = 0; i < ready; ++i) {
+      const int fd = events[i].data.fd;
+      if (fd == wake_fd_) {
+        stopping = true;  // Stop()
+        break;
+      }
+      if (fd != listen_fd_) {
+        auto it = sessions.find(fd);
+        if (it == sessions.end()) continue;
+        const bool keep = (events[i].events & EPOLLIN) ? ServeFrame(Connection{fd, it->second}, registry_) : false;
+        if (!keep) end_session(fd);
+        continue;
+      }
+      const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (conn < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
         if (absl::Now() - last_accept_warning > absl::Seconds(10)) {
           FERRY_LOG(WARNING) << "session socket: cannot accept (" << strerror(errno)
                              << "): the agent is out of fds or memory; new clients wait";
           last_accept_warning = absl::Now();
         }
         accept_paused_until = absl::Now() + absl::Milliseconds(100);
+        watch(EPOLL_CTL_MOD, listen_fd_, 0);
         continue;
       }
-      if (fd < 0) continue;
-      ucred cred{};
-      socklen_t len = sizeof(cred);
-      if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-        close(fd);
+      if (conn < 0) continue;
+      absl::StatusOr<uint64_t> session = Open(conn);
+      if (!session.ok()) {
+        close(conn);
         continue;
       }
-      PeerCredentials creds{cred.pid, cred.uid, cred.gid};
-      absl::Status admitted = admit_ ? admit_(creds) : absl::OkStatus();
-      absl::StatusOr<std::shared_ptr<Session>> created =
-          admitted.ok() ? registry_->Create(creds) : absl::StatusOr<std::shared_ptr<Session>>(admitted);
-      if (!created.ok()) {
-        FERRY_LOG(WARNING) << "refused session for pid " << cred.pid << " uid " << cred.uid << ": "
-                           << created.status().message();
-        SendRefusal(fd, created.status());
-        close(fd);
+      if (!watch(EPOLL_CTL_ADD, conn, EPOLLIN)) {
+        FERRY_LOG(WARNING) << "session " << *session << ": epoll_ctl: " << strerror(errno) << "; ending session";
+        registry_->Close(*session);
+        close(conn);
         continue;
       }
-      std::shared_ptr<Session> session = std::move(*created);
-      const auto& t = session->token().raw();
-      uint64_t lo, hi;
-      memcpy(&lo, t.data(), 8);
-      memcpy(&hi, t.data() + 8, 8);
-      if (!SendFrame(fd, SessionFrameType::kHello, session->id(), lo, hi)) {
-        registry_->Close(session->id());
-        close(fd);
-        continue;
-      }
-      FERRY_LOG(INFO) << "session " << session->id() << " opened by pid " << cred.pid << " uid " << cred.uid;
-      conns.push_back({fd, session->id()});
+      sessions.emplace(conn, *session);
     }
   }
-  while (!conns.empty()) end_session(conns.size() - 1);
+  while (!sessions.empty()) end_session(sessions.begin()->first);
+  close(epoll_fd);
+}
+
+absl::StatusOr<uint64_t> SessionSocketServer::Open(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return absl::InternalError(absl::StrCat("SO_PEERCRED: ", strerror(errno)));
+  }
+  PeerCredentials creds{cred.pid, cred.uid, cred.gid};
+  absl::Status admitted = admit_ ? admit_(creds) : absl::OkStatus();
+  absl::StatusOr<std::shared_ptr<Session>> created =
+      admitted.ok() ? registry_->Create(creds) : absl::StatusOr<std::shared_ptr<Session>>(admitted);
+  if (!created.ok()) {
+    FERRY_LOG(WARNING) << "refused session for pid " << cred.pid << " uid " << cred.uid << ": "
+                       << created.status().message();
+    SendRefusal(fd, created.status());
+    return created.status();
+  }
+  std::shared_ptr<Session> session = std::move(*created);
+  const auto& t = session->token().raw();
+  uint64_t lo, hi;
+  memcpy(&lo, t.data(), 8);
+  memcpy(&hi, t.data() + 8, 8);
+  if (!SendFrame(fd, SessionFrameType::kHello, session->id(), lo, hi)) {
+    registry_->Close(session->id());
+    return absl::UnavailableError("the client left before its HELLO");
+  }
+  FERRY_LOG(INFO) << "session " << session->id() << " opened by pid " << cred.pid << " uid " << cred.uid;
+  return session->id();
 }
 
 }  // namespace ferry

@@ -6,8 +6,8 @@
 //   ...
 //   server.Stop();   // closes every connection, which closes every session
 //
-// One thread polls the listening socket and every connection; nothing it does blocks
-// (frames are fixed-size, sends are MSG_DONTWAIT).
+// One thread waits on the listening socket and every connection (epoll); nothing it
+// does blocks (frames are fixed-size, sends are MSG_DONTWAIT).
 #ifndef FERRY_AGENT_SESSION_SESSION_SOCKET_H_
 #define FERRY_AGENT_SESSION_SESSION_SOCKET_H_
 
@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/session/session_registry.h"
 
@@ -46,12 +47,15 @@ class SessionSocketServer {
 
  private:
   void Loop();
+  // A session for the accepted connection `fd` (admitted, created, told its HELLO);
+  // on failure the client was told why where it could be, and `fd` is the caller's.
+  absl::StatusOr<uint64_t> Open(int fd);
 
   SessionRegistry* registry_;
   Admit admit_;
   std::string path_;
   int listen_fd_ = -1;
-  int wake_fd_ = -1;  // eventfd: Stop() wakes the poll loop
+  int wake_fd_ = -1;  // eventfd: Stop() wakes the loop
   std::thread thread_;
 };
 

@@ -135,6 +135,49 @@ def test_an_agent_out_of_fds_neither_spins_nor_ends_an_honest_session(agent_fact
         honest.write(kept, region.descriptor(), [(0, 0, 64)]).result(timeout=10)  # the session lived on
 
 
+def test_opening_a_session_costs_the_same_beside_thousands_of_open_ones(agent_factory):
+    # Before, the session loop rebuilt and polled a list of every connection on each
+    # event: opening one took 1.1 ms beside 4,000 open sessions against 0.05 ms idle
+    # (15 ms at 10k). On epoll it does not depend on how many are open.
+    import resource
+    import statistics
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held_count = min(4000, hard - 300)
+    assert held_count >= 1000, f"the fd limit ({hard}) is too low for this test"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    agent = agent_factory("--max_sessions=10000", "--max_sessions_per_uid=10000",
+                          wrap=("prlimit", f"--nofile={held_count + 200}"))
+    path = session_socket_path(agent.socket)
+
+    def open_session():
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.settimeout(10)
+        start = time.perf_counter()
+        s.connect(path)
+        assert len(s.recv(64)) == 32  # the HELLO frame
+        return s, time.perf_counter() - start
+
+    def median_open(n=200):
+        times = []
+        for _ in range(n):
+            s, took = open_session()
+            times.append(took)
+            s.close()
+        return statistics.median(times)
+
+    held = []
+    try:
+        idle = median_open()
+        held = [open_session()[0] for _ in range(held_count)]
+        beside = median_open()
+        assert beside < 3 * idle + 0.0003, \
+            f"opening a session took {beside * 1e3:.3f} ms beside {held_count} open ones, {idle * 1e3:.3f} ms idle"
+    finally:
+        for s in held:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 HOSTILE_QUEUE = r"""
 import os, sys, time, ferry
 os.setgid(65534)
