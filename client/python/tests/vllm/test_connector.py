@@ -539,3 +539,35 @@ def test_a_write_after_the_consumers_timeout_lands_in_no_block_vllm_took_back(pd
         assert [d.block_bytes(b) for b in range(64)] == taken_back, "a late write landed"
     else:
         assert [d.block_bytes(b) for b in range(64)] != taken_back
+
+
+def test_a_decode_request_waiting_for_its_kv_is_never_preempted_and_lands_whole(pd):
+    """Memory pressure on the decode engine while a handoff is pending: vLLM preempts only
+    running requests, and a request waiting for its KV is not one, so it keeps its blocks
+    until the write has landed (which is why FerryConnector needs no handle_preemptions:
+    it writes into no block of a running request, and a producer writes only from blocks
+    of a finished one). Here a local request grows until it needs a block the cache does
+    not have; it is preempted, the pending handoff is not, and both end whole."""
+    p, d = pd(p_extra={"lease_s": 60}, d_extra={"num_blocks": 8})  # 7 usable blocks
+    producer = p.worker._worker.producer
+    drain, held = producer._inbox.drain, [True]
+    producer._inbox.drain = lambda: [] if held[0] else drain()  # the producer answers when told
+    rng = random.Random(14)
+    prompt = [rng.randrange(1000) for _ in range(PROMPT)]  # 3 blocks
+    params = prefill(p, "p-1", prompt)
+    src_bytes = [p.block_bytes(s) for s in params["remote_block_ids"]]
+    local = d.add("local", [rng.randrange(1000) for _ in range(48)], 40)  # 3 blocks, growing to 6
+    d.step()
+    d.add("d-1", prompt, 2, params)
+    d.step()  # the pull is out; d-1 holds its 3 blocks
+    waiting = d.scheduler.requests["d-1"]
+    assert waiting.status.name == "WAITING_FOR_REMOTE_KVS"
+    held_blocks = d.blocks("d-1")
+    run(d, until=lambda: local.num_preemptions > 0, seconds=10)
+    assert waiting.status.name == "WAITING_FOR_REMOTE_KVS" and d.blocks("d-1") == held_blocks
+    held[0] = False
+    run(p, d, until=lambda: all(r in d.outputs and d.outputs[r].finished for r in ("d-1", "local")), seconds=15)
+    assert d.outputs["d-1"].finish_reason.name == "LENGTH" and d.outputs["local"].finish_reason.name == "LENGTH"
+    assert [d.block_bytes(b) for b in held_blocks] == src_bytes
+    assert not d.load_errors
+    run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == 7)
