@@ -147,7 +147,7 @@ void Agent::StartTransferPaths() {
   route.local = local_copier_.get();
   route.gpu_local = gpu_copier_.get();
   if (engine_ != nullptr) {
-    route.peers = engine_->peers();
+    route.remote_targets = engine_->peers();
     route.fabric_nics = engine_->nics().size();
     route.fabric = engine_.get();
     route.notify_peer = [e = engine_.get()](const std::shared_ptr<Transfer>& t,

@@ -1,7 +1,7 @@
 // PeerTable: what this agent knows about other agents it writes to.
 //
-//   absl::StatusOr<std::shared_ptr<PeerConnection>> peer = table.Resolve(descriptor, deadline);
-//   absl::StatusOr<std::shared_ptr<RemoteRegion>> region = (*peer)->OpenRegion(descriptor, deadline);
+//   absl::StatusOr<std::shared_ptr<PeerConnection>> peer = table.Resolve(descriptor, deadline, lookup);
+//   absl::StatusOr<std::shared_ptr<RemoteRegion>> region = (*peer)->OpenRegion(descriptor, deadline, lookup);
 //
 // Peers are found from descriptors alone: the first transfer to an address performs
 // the handshake (protocol version, incarnation, fabric address per NIC) and inserts the
@@ -32,15 +32,12 @@
 #include "agent/common/token.h"
 #include "agent/fabric/fabric_nic.h"
 #include "agent/memory/write_windows.h"
+#include "agent/peers/remote_targets.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
 
 namespace ferry {
 
 inline constexpr uint32_t kPeerProtocolVersion = 1;
-
-// kCachedOnly: what needs an RPC (a handshake, an OpenRegion) fails with
-// WouldBlockError instead, for callers that must not block.
-enum class PeerLookup { kMayConnect, kCachedOnly };
 
 // A region on another agent, opened with its capability token.
 struct RemoteRegion {
@@ -154,7 +151,7 @@ class PeerConnection {
   absl::flat_hash_map<uint64_t, std::weak_ptr<SlotPool>> forgotten_slots_ ABSL_GUARDED_BY(mu_);
 };
 
-class PeerTable {
+class PeerTable : public RemoteTargets {
  public:
   struct Self {
     uint64_t incarnation;
@@ -180,7 +177,13 @@ class PeerTable {
   // NOT_FOUND when the descriptor's incarnation is not the peer's current one (stale),
   // UNAVAILABLE when the peer cannot be reached.
   absl::StatusOr<std::shared_ptr<PeerConnection>> Resolve(const v1::RegionDescriptor& d, absl::Time deadline,
-                                                          PeerLookup lookup = PeerLookup::kMayConnect);
+                                                          PeerLookup lookup) override;
+  // PeerConnection::OpenRegion.
+  absl::StatusOr<std::shared_ptr<RemoteRegion>> OpenRegion(const std::shared_ptr<PeerConnection>& peer,
+                                                           const v1::RegionDescriptor& d, absl::Time deadline,
+                                                           PeerLookup lookup) override {
+    return peer->OpenRegion(d, deadline, lookup);
+  }
 
   struct PeerInfo {
     std::string address;

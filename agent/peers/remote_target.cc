@@ -5,12 +5,12 @@
 
 namespace ferry {
 
-absl::Status ResolveRemoteTarget(PeerTable& peers, Transfer& t) {
+absl::Status ResolveRemoteTarget(RemoteTargets& targets, Transfer& t) {
   const v1::RegionDescriptor& d = *t.dst_descriptor;
   const PeerLookup lookup = t.cached_only ? PeerLookup::kCachedOnly : PeerLookup::kMayConnect;
-  absl::StatusOr<std::shared_ptr<PeerConnection>> peer = peers.Resolve(d, t.deadline, lookup);
+  absl::StatusOr<std::shared_ptr<PeerConnection>> peer = targets.Resolve(d, t.deadline, lookup);
   if (!peer.ok()) return peer.status();
-  absl::StatusOr<std::shared_ptr<RemoteRegion>> region = (*peer)->OpenRegion(d, t.deadline, lookup);
+  absl::StatusOr<std::shared_ptr<RemoteRegion>> region = targets.OpenRegion(*peer, d, t.deadline, lookup);
   if (!region.ok()) return region.status();
   for (size_t i = 0; i < t.plan.size(); ++i) {
     const CopyChunk c = t.plan.chunk(i);

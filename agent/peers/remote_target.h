@@ -1,7 +1,7 @@
 // ResolveRemoteTarget: a transfer's remote destination, from its descriptor to the peer
 // agent and the region as that agent reports it.
 //
-//   absl::Status s = ResolveRemoteTarget(peers, t);   // sets t.peer and t.remote_region
+//   absl::Status s = ResolveRemoteTarget(targets, t);   // sets t.peer and t.remote_region
 //
 // The router calls it once per transfer when it decides the path; the engine calls it
 // again only to write a transfer anew after a dropped connection (fresh keys). The
@@ -18,11 +18,12 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "agent/peers/peer_table.h"
+#include "agent/peers/remote_targets.h"
 #include "agent/transfer/transfer.h"
 
 namespace ferry {
 
-absl::Status ResolveRemoteTarget(PeerTable& peers, Transfer& t);
+absl::Status ResolveRemoteTarget(RemoteTargets& targets, Transfer& t);
 
 // The peer Notify that has `d`'s agent deliver a Notification (deliver = true) to the
 // region's owner: after a write landed (kind WRITE, its transfer id and bytes) or for a

@@ -43,7 +43,7 @@ absl::Status TransferRouter::PrepareInto(const std::shared_ptr<Session>& session
   t.notify = spec.notify;
   t.tag = spec.tag;
   t.notify_payload = spec.notify_payload;
-  t.submitted = batch != nullptr ? batch->now : absl::Now();
+  t.submitted = batch != nullptr ? batch->now : deps_.clock->Now();
   t.cached_only = cached_only;
   t.deadline = t.submitted + spec.timeout;
   absl::StatusOr<uint64_t> dst_size = Destination(spec.dst, t, batch);
@@ -149,7 +149,7 @@ void AnnounceRemoteWrite(const TransferRouterDeps& deps, const std::shared_ptr<T
   req.set_deliver(false);
   req.set_begin(true);
   req.set_source_address(deps.advertise_address);
-  const int64_t left_ms = absl::ToInt64Milliseconds(absl::Ceil(t->deadline - absl::Now(), absl::Milliseconds(1)));
+  const int64_t left_ms = absl::ToInt64Milliseconds(absl::Ceil(t->deadline - deps.clock->Now(), absl::Milliseconds(1)));
   req.set_timeout_ms(static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, UINT32_MAX)));
   deps.announce_peer(t, std::move(req), [id = t->id](absl::Status s) {
     if (!s.ok()) {
@@ -294,7 +294,8 @@ absl::Status TransferRouter::SendMessage(const std::shared_ptr<const v1::RegionD
     n.set_kind(v1::NOTIFICATION_KIND_MESSAGE);
     return deps_.transfers->Notify(*probe.dst, n, TransferManager::SenderKey(deps_.incarnation, sender_uid));
   }
-  absl::StatusOr<std::shared_ptr<PeerConnection>> peer = deps_.peers->Resolve(*dst, deadline);
+  absl::StatusOr<std::shared_ptr<PeerConnection>> peer =
+      deps_.remote_targets->Resolve(*dst, deadline, PeerLookup::kMayConnect);
   if (!peer.ok()) return peer.status();
   v1::NotifyRequest req = DeliverNotifyRequest(*dst, deps_.incarnation, v1::NOTIFICATION_KIND_MESSAGE,
                                                /*transfer_id=*/0, tag, /*bytes=*/0, payload);
@@ -371,7 +372,7 @@ absl::StatusOr<uint64_t> TransferRouter::Destination(const std::shared_ptr<const
         absl::StrCat("dst is a stale descriptor: it names agent incarnation ", dst.agent_incarnation(),
                      ", which no longer runs (the agent restarted); ask the region's owner for a new descriptor"));
   }
-  if (deps_.peers == nullptr) {
+  if (deps_.remote_targets == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("dst lives on agent ", dst.agent_address(),
                                                       " but this agent runs without a fabric (--peer_address unset)"));
   }
@@ -387,7 +388,7 @@ void TransferRouter::RouteLocal(std::shared_ptr<Region> d, Transfer& t) const {
 }
 
 absl::Status TransferRouter::RouteRemote(Transfer& t) const {
-  absl::Status resolved = ResolveRemoteTarget(*deps_.peers, t);
+  absl::Status resolved = ResolveRemoteTarget(*deps_.remote_targets, t);
   if (!resolved.ok()) return resolved;
   const v1::RegionDescriptor& d = *t.dst_descriptor;
   if (const RemoteRegion& window = *t.remote_region; window.window_id != 0) {
@@ -435,7 +436,7 @@ TransferBatch::TransferBatch(const TransferRouter& router, std::shared_ptr<Sessi
     : router_(router), session_(std::move(session)), limits_(limits), cached_only_(cached_only), block_(parts) {
   FERRY_DCHECK(parts > 0) << "a batch of no parts";
   parts_.reserve(parts);
-  lookups_.now = absl::Now();
+  lookups_.now = router_.deps_.clock->Now();
 }
 
 absl::Status TransferBatch::Add(const WriteSpec& spec, PlanChunks plan) {

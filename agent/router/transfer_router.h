@@ -29,8 +29,10 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "agent/common/clock.h"
 #include "agent/memory/region_table.h"
 #include "agent/peers/peer_table.h"
+#include "agent/peers/remote_targets.h"
 #include "agent/session/session.h"
 #include "agent/transfer/chunk_plan.h"
 #include "agent/transfer/executor.h"
@@ -63,18 +65,20 @@ struct TransferRouterDeps {
   TransferExecutor* local = nullptr;      // host memory on both sides
   TransferExecutor* gpu_local = nullptr;  // GPU memory on either side; null without CUDA
   // Cross-node; all null when the agent runs without fabric/peers.
-  PeerTable* peers = nullptr;
-  size_t fabric_nics = 0;              // every host region is registered on each
-  TransferExecutor* fabric = nullptr;  // FabricEngine
-  TransferExecutor* staged = nullptr;  // StagedExecutor
+  RemoteTargets* remote_targets = nullptr;  // PeerTable
+  size_t fabric_nics = 0;                   // every host region is registered on each
+  TransferExecutor* fabric = nullptr;       // FabricEngine
+  TransferExecutor* staged = nullptr;       // StagedExecutor
   // Tells a WriteBatch's remote owner (t->peer) that every part landed
-  // (FabricEngine::NotifyPeer); set whenever `peers` is.
+  // (FabricEngine::NotifyPeer); set whenever `remote_targets` is.
   std::function<void(const std::shared_ptr<Transfer>&, std::function<void(absl::Status)>)> notify_peer;
   // Sends a notified write's begin (NotifyRequest.begin) to t->peer, best effort and
-  // without blocking (FabricEngine::AnnounceToPeer); set whenever `peers` is.
+  // without blocking (FabricEngine::AnnounceToPeer); set whenever `remote_targets` is.
   std::function<void(const std::shared_ptr<Transfer>&, v1::NotifyRequest, std::function<void(absl::Status)>)>
       announce_peer;
   bool stage_host_regions = false;  // --stage_host_regions
+  // Where a transfer's submission time, and so its deadline, is read.
+  const Clock* clock = Clock::Real();
 };
 
 class TransferRouter {
