@@ -44,7 +44,7 @@ absl::Status InboundWrites::Begin(const v1::NotifyRequest& req, const std::share
   if (req.transfer_id() == 0 || req.source_incarnation() == 0 || req.source_address().empty()) {
     return absl::InvalidArgumentError("a write's begin needs transfer_id, source_incarnation and source_address");
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   absl::MutexLock lock(&mu_);
   Source& s = sources_[req.source_incarnation()];
   s.address = req.source_address();
@@ -84,7 +84,7 @@ size_t InboundWrites::InWindow(uint64_t window_id) const {
 void InboundWrites::End(uint64_t source_incarnation, uint64_t transfer_id) {
   absl::MutexLock lock(&mu_);
   Source& s = sources_[source_incarnation];
-  s.last_activity = absl::Now();
+  s.last_activity = options_.clock->Now();
   if (auto w = s.writes.find(transfer_id); w != s.writes.end()) {
     Forget(w->second);
     s.writes.erase(w);
@@ -199,7 +199,7 @@ void InboundWrites::Run() {
       mu_.AwaitWithTimeout(absl::Condition(&wake), kIdleSource);
       if (stopping_) return;
     }
-    Check(absl::Now());
+    Check(options_.clock->Now());
     absl::MutexLock lock(&mu_);
     auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
     mu_.AwaitWithTimeout(absl::Condition(&stop), options_.probe_every / 2);

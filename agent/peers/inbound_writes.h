@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/common/clock.h"
 #include "agent/memory/region.h"
 #include "agent/transfer/transfer.h"
 #include "proto/ferry/v1/peer.pb.h"
@@ -47,6 +48,7 @@ struct InboundWritesOptions {
   absl::Duration grace = absl::Seconds(2);  // past a write's deadline
   size_t max_writes = 1 << 16;              // held at once; a begin beyond is refused
   bool run_thread = true;                   // false: the caller runs Check (tests)
+  const Clock* clock = Clock::Real();       // when a write began, and its writer was last heard
 };
 
 class InboundWrites {

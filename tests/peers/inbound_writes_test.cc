@@ -7,7 +7,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 
-#include "absl/time/clock.h"
+#include "agent/common/clock.h"
 #include "agent/peers/peer_service.h"
 #include "agent/session/session_registry.h"
 #include "tests/testing/host_region.h"
@@ -19,11 +19,12 @@ constexpr uint64_t kIncarnation = 0x5eed;
 constexpr uint64_t kWriter = 0xabc;
 
 struct Receiver {
+  ManualClock clock{absl::FromUnixSeconds(1'000'000)};
   Metrics metrics;
   SessionRegistry sessions{{}, nullptr};
   RegionTable regions;
   TransferManager transfers{kIncarnation, &metrics, &sessions, &regions};
-  InboundWrites inbound{Options(), &transfers};
+  InboundWrites inbound{Options(&clock), &transfers};
   PeerService service{kIncarnation, {}, &regions, &transfers, &metrics};
   std::shared_ptr<Session> owner = sessions.Create({}).value();
   std::shared_ptr<Region> region = testing::MemfdRegion(7, 4096, owner->id());
@@ -31,9 +32,10 @@ struct Receiver {
   absl::StatusOr<uint64_t> answer = kWriter;
   int pings = 0;
 
-  static InboundWritesOptions Options() {
+  static InboundWritesOptions Options(const Clock* clock) {
     InboundWritesOptions o;
-    o.run_thread = false;  // the test runs Check with its own clock
+    o.run_thread = false;  // the test runs Check, at times of its clock
+    o.clock = clock;
     o.max_writes = 4;
     return o;
   }
@@ -96,7 +98,7 @@ TEST_CASE("a write that ends, before or after its begin arrives, is forgotten wi
   CHECK(r.inbound.size() == 0);
   // Nothing is held, so nobody is pinged, however long it has been.
   r.answer = absl::UnavailableError("connection refused");
-  r.inbound.Check(absl::Now() + absl::Hours(2));
+  r.inbound.Check(r.clock.Now() + absl::Hours(2));
   CHECK(r.pings == 0);
   CHECK(!r.Next().has_value());
 }
@@ -114,7 +116,7 @@ TEST_CASE("writes through a window are counted until they end or are lost (a win
   r.inbound.End(kWriter, 1);
   CHECK(r.inbound.InWindow(77) == 1);
   r.answer = 999;  // the writer restarted: its writes are lost, and counted out
-  r.inbound.Check(absl::Now() + absl::Seconds(5));
+  r.inbound.Check(r.clock.Now() + absl::Seconds(5));
   CHECK(r.inbound.InWindow(77) == 0);
   CHECK(r.inbound.size() == 0);
 }
@@ -122,7 +124,7 @@ TEST_CASE("writes through a window are counted until they end or are lost (a win
 TEST_CASE("a writer that stops answering: its writes in flight end UNAVAILABLE for their receivers") {
   Receiver r;
   REQUIRE(r.Send(r.Begin(3)).ok());
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = r.clock.Now();
   r.inbound.Check(t0);  // too young to ask about
   CHECK(r.pings == 0);
   r.inbound.Check(t0 + absl::Seconds(1));
@@ -153,7 +155,7 @@ TEST_CASE("a writer that restarted (another incarnation answers) loses its write
   REQUIRE(r.Send(r.Begin(4)).ok());
   REQUIRE(r.Send(r.Begin(5)).ok());
   r.answer = kWriter + 1;
-  r.inbound.Check(absl::Now() + absl::Seconds(1));
+  r.inbound.Check(r.clock.Now() + absl::Seconds(1));
   for (uint64_t id : {4, 5}) {
     std::optional<v1::Notification> n = r.Next();
     REQUIRE(n.has_value());
@@ -167,7 +169,7 @@ TEST_CASE("a writer that restarted (another incarnation answers) loses its write
 TEST_CASE("a writer that answers but never ends its write: DEADLINE_EXCEEDED after the grace") {
   Receiver r;
   REQUIRE(r.Send(r.Begin(6, /*timeout_ms=*/1000)).ok());
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = r.clock.Now();
   r.inbound.Check(t0 + absl::Seconds(2));  // past the deadline, within the grace
   CHECK(!r.Next().has_value());
   r.inbound.Check(t0 + absl::Seconds(4));
@@ -197,7 +199,7 @@ TEST_CASE("a receiver that deregistered its region is not told (nobody waits on 
   REQUIRE(r.regions.Remove(r.region->id(), r.owner->id()).ok());
   r.region.reset();
   r.answer = kWriter + 1;
-  r.inbound.Check(absl::Now() + absl::Seconds(1));
+  r.inbound.Check(r.clock.Now() + absl::Seconds(1));
   CHECK(!r.Next().has_value());
   CHECK(r.inbound.size() == 0);
 }
