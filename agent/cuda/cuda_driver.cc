@@ -8,6 +8,7 @@
 #include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/common/status_macros.h"
 
 namespace ferry {
 namespace {
@@ -111,8 +112,7 @@ absl::StatusOr<int> EnablePeerAccess(const CudaDriver& cu, int device) {
     FERRY_RETURN_IF_CU_ERROR(&cu, cu.cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
     peers.push_back(ctx);
   }
-  absl::Status use = UseDevice(cu, device);
-  if (!use.ok()) return use;
+  FERRY_RETURN_IF_ERROR(UseDevice(cu, device));
   for (CUcontext peer : peers) {
     CUresult r = cu.cuCtxEnablePeerAccess(peer, 0);
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {

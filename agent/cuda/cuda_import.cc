@@ -17,6 +17,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
+#include "agent/common/status_macros.h"
 #include "agent/common/status_prefix.h"
 
 namespace ferry {
@@ -241,8 +242,7 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> CudaMemory::ImportIpc(const v1::C
   absl::StatusOr<std::shared_ptr<CudaImport>> import = cache_.GetOrImport(
       absl::StrCat("ipc:", m.ipc_handle()),
       [&]() -> absl::StatusOr<std::shared_ptr<CudaImport>> {
-        absl::Status use = UseDevice(*cu_, *device);
-        if (!use.ok()) return use;
+        FERRY_RETURN_IF_ERROR(UseDevice(*cu_, *device));
         CUipcMemHandle h;
         memcpy(&h, m.ipc_handle().data(), sizeof(h));
         // Opened in the named device's context. The driver does not say where legacy
@@ -274,8 +274,7 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> CudaMemory::ImportIpc(const v1::C
                                                    (*import)->device(), ", not device ", *device));
   }
   if (hit && on_cache_hit_) on_cache_hit_();
-  absl::Status window = CheckWindow("cuda_ipc", m.offset(), size, (*import)->size());
-  if (!window.ok()) return window;
+  FERRY_RETURN_IF_ERROR(CheckWindow("cuda_ipc", m.offset(), size, (*import)->size()));
   return std::make_unique<CudaBacking>(std::move(*import), m.offset(), size);
 }
 
@@ -309,11 +308,9 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> CudaMemory::ImportFd(int fd, cons
   absl::StatusOr<std::shared_ptr<CudaImport>> import =
       cache_.MatchOrImport([fd](const CudaImport& i) { return i.SameFile(fd); },
                            [&]() -> absl::StatusOr<std::shared_ptr<CudaImport>> {
-                             absl::Status use = UseDevice(*cu_, *device);
-                             if (!use.ok()) return use;
+                             FERRY_RETURN_IF_ERROR(UseDevice(*cu_, *device));
                              auto import = std::make_shared<VmmImport>(cu_, *device);
-                             absl::Status mapped = import->Map(fd, m.allocation_size());
-                             if (!mapped.ok()) return mapped;
+                             FERRY_RETURN_IF_ERROR(import->Map(fd, m.allocation_size()));
                              return import;
                            },
                            &hit);

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "agent/common/check.h"
 #include "agent/common/log.h"
+#include "agent/common/status_macros.h"
 #include "agent/common/thread_name.h"
 #include "agent/peers/remote_target.h"
 #include "agent/topology/cpu_list.h"
@@ -30,12 +31,11 @@ absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricE
     o.tx_size = options.tx_size;
     o.hmem = options.hmem;
     if (options.fabric_messages) o.on_message = [p = e.get()](absl::string_view m) { p->OnMessage(m); };
-    absl::StatusOr<std::unique_ptr<FabricNic>> nic = FabricNic::Open(o);
-    if (!nic.ok()) return nic.status();
-    if (!e->nics_.empty() && (*nic)->provider() != e->nics_[0]->provider()) {
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<FabricNic> nic, FabricNic::Open(o));
+    if (!e->nics_.empty() && nic->provider() != e->nics_[0]->provider()) {
       return absl::FailedPreconditionError("--fabric_iface: all NICs must resolve to the same provider");
     }
-    e->nics_.push_back(std::move(*nic));
+    e->nics_.push_back(std::move(nic));
   }
   e->main_nics_ = main_nics;
   // Split at --fabric_max_op_bytes, and never past what the provider accepts in one op.

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "agent/common/log.h"
+#include "agent/common/status_macros.h"
 
 namespace ferry {
 namespace {
@@ -176,8 +177,7 @@ absl::StatusOr<std::unique_ptr<FabricNic>> FabricNic::Open(const FabricNicOption
   if (rc) return FiError("fi_enable", rc);
   if ((info->caps & FI_MSG) && options.on_message) {
     nic->on_message_ = options.on_message;
-    absl::Status buffers = nic->OpenMessageBuffers();
-    if (!buffers.ok()) return buffers;
+    FERRY_RETURN_IF_ERROR(nic->OpenMessageBuffers());
   }
 
   char name[256];

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "agent/common/check.h"
 #include "agent/common/log.h"
+#include "agent/common/status_macros.h"
 #include "agent/common/thread_name.h"
 #include "agent/cuda/copy_kernel.h"
 
@@ -165,8 +166,7 @@ class GpuCopier::Lane {
   static constexpr absl::Duration kExpectSpin = absl::Microseconds(250);
 
   absl::Status Setup() {
-    absl::Status s = UseDevice(*cu_, device_);
-    if (!s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(UseDevice(*cu_, device_));
     absl::StatusOr<int> peers = EnablePeerAccess(*cu_, device_);
     if (!peers.ok()) return peers.status();
     FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");

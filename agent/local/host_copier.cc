@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/status_macros.h"
 #include "agent/common/thread_name.h"
 #include "agent/memory/region_copy.h"
 
@@ -29,7 +30,7 @@ void HostCopier::Submit(std::shared_ptr<Transfer> t, Done done) {
 }
 
 absl::Status HostCopier::Run(const Transfer& t) {
-  if (absl::Status s = t.Stopped(absl::Now(), " before it started"); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(t.Stopped(absl::Now(), " before it started"));
   return Copy(t);
 }
 
@@ -47,7 +48,7 @@ absl::Status HostCopier::Copy(const Transfer& t) {
     if (since_check >= (16u << 20) || ++chunks_since_check >= 1024) {
       since_check = 0;
       chunks_since_check = 0;
-      if (absl::Status s = t.Stopped(absl::Now()); !s.ok()) return s;
+      FERRY_RETURN_IF_ERROR(t.Stopped(absl::Now()));
     }
   }
   return absl::OkStatus();

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/log.h"
+#include "agent/common/status_macros.h"
 #include "agent/common/token.h"
 #include "agent/main/topology_report.h"
 #include "agent/peers/peer_tls.h"
@@ -118,8 +119,7 @@ absl::Status Agent::Init() {
   }
 
   if (!config_.peer_address.empty()) {
-    absl::Status fabric = StartFabric();
-    if (!fabric.ok()) return fabric;
+    FERRY_RETURN_IF_ERROR(StartFabric());
     m->SetBuildInfo(kFerryVersion, LibfabricVersion(), engine_->provider());
   } else {
     m->SetBuildInfo(kFerryVersion, LibfabricVersion(), "");
@@ -206,8 +206,7 @@ absl::Status Agent::StartLocalApi() {
     queue_poller_->Start(QueuePoller::Mode::kOwnThread);
   }
 
-  absl::Status claimed = ClaimSocketPath(config_.socket);
-  if (!claimed.ok()) return claimed;
+  FERRY_RETURN_IF_ERROR(ClaimSocketPath(config_.socket));
   // Beside the API, the standard services a Kubernetes gRPC probe, grpc-health-probe and
   // grpcurl expect: grpc.health.v1.Health (SERVING until Shutdown starts draining) and
   // server reflection (the API's descriptors, so no .proto is needed to call it).
@@ -223,8 +222,7 @@ absl::Status Agent::StartLocalApi() {
         absl::StrCat("cannot serve gRPC on unix:", config_.socket, " (does the directory exist and is it writable?)"));
   }
   local_server_->GetHealthCheckService()->SetServingStatus(v1::Agent::service_full_name(), true);
-  absl::Status perms = SetSocketPermissions(config_.socket, config_.socket_mode, config_.socket_gid);
-  if (!perms.ok()) return perms;
+  FERRY_RETURN_IF_ERROR(SetSocketPermissions(config_.socket, config_.socket_mode, config_.socket_gid));
 
   session_server_ = std::make_unique<SessionSocketServer>(sessions_.get(), [this](const PeerCredentials& c) {
     if (config_.allowed_uids.empty() ||
@@ -233,8 +231,7 @@ absl::Status Agent::StartLocalApi() {
     }
     return absl::PermissionDeniedError(absl::StrCat("uid ", c.uid, " is not in --allowed_uids"));
   });
-  absl::Status started = session_server_->Start(config_.session_socket, config_.socket_mode, config_.socket_gid);
-  if (!started.ok()) return started;
+  FERRY_RETURN_IF_ERROR(session_server_->Start(config_.session_socket, config_.socket_mode, config_.socket_gid));
 
   serving_.store(true);
   FERRY_LOG(INFO) << "ferryd " << kFerryVersion << " incarnation " << incarnation_ << " serving unix:" << config_.socket
@@ -284,8 +281,7 @@ absl::Status Agent::StartFabric() {
                          dev != nullptr ? dev->pci.numa_node : -1, dev != nullptr ? dev->pci.pcie_root : "");
   }
 
-  absl::StatusOr<PeerTls> tls = PeerTls::Load(config_);
-  if (!tls.ok()) return tls.status();
+  FERRY_ASSIGN_OR_RETURN(PeerTls tls, PeerTls::Load(config_));
   peer_service_ =
       std::make_unique<PeerService>(incarnation_, engine_->nics(), regions_.get(), transfers_.get(), metrics_.get());
   inbound_ = std::make_unique<InboundWrites>(InboundWritesOptions(), transfers_.get());
@@ -317,7 +313,7 @@ absl::Status Agent::StartFabric() {
   staged_ = std::make_unique<StagedExecutor>(staged, engine_.get(), cu, stage_copier_.get());
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config_.peer_address, tls->server, &port);
+  builder.AddListeningPort(config_.peer_address, tls.server, &port);
   builder.RegisterService(peer_service_.get());
   peer_server_ = builder.BuildAndStart();
   if (peer_server_ == nullptr || port == 0) {
@@ -338,12 +334,12 @@ absl::Status Agent::StartFabric() {
     }
     advertise_address_ = absl::StrCat(host, ":", port);
   }
-  engine_->StartPeers(advertise_address_, tls->channel, tls->channel_args);
+  engine_->StartPeers(advertise_address_, tls.channel, tls.channel_args);
   inbound_->StartProbing([peers = engine_->peers()](const std::string& address, absl::Duration timeout) {
     return peers->Ping(address, timeout);
   });
   FERRY_LOG(INFO) << "peer API on " << config_.peer_address << ", advertised as " << advertise_address_
-                  << (tls->enabled ? " (mTLS)" : " (plaintext)");
+                  << (tls.enabled ? " (mTLS)" : " (plaintext)");
   return absl::OkStatus();
 }
 

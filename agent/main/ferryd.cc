@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/common/log.h"
+#include "agent/common/status_macros.h"
 #include "agent/main/agent.h"
 
 ABSL_FLAG(std::string, socket, "/run/ferry/ferry.sock",
@@ -255,9 +256,8 @@ absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
   qos.window_bytes = absl::GetFlag(FLAGS_qos_window_bytes);
   qos.latency_window_bytes = absl::GetFlag(FLAGS_qos_latency_window_bytes);
   qos.max_op_bytes = config.fabric_max_op_bytes;
-  absl::StatusOr<ferry::QosPolicy> policy = ferry::ParseQosPolicy(qos);
-  if (!policy.ok()) return policy.status();
-  config.qos = *std::move(policy);
+  FERRY_ASSIGN_OR_RETURN(ferry::QosPolicy policy, ferry::ParseQosPolicy(qos));
+  config.qos = std::move(policy);
   if (config.fabric_latency_lane && !config.qos.scheduling.enabled) {
     return absl::InvalidArgumentError("--fabric_latency_lane needs --qos (the lanes carry the latency class)");
   }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
 #include "agent/common/sealed_file.h"
+#include "agent/common/status_macros.h"
 #include "agent/memory/retired_memory.h"
 
 namespace ferry {
@@ -70,7 +71,7 @@ absl::StatusOr<std::unique_ptr<MemoryBacking>> MapHostFd(int fd, uint64_t offset
         "pipe, socket, directory or device");
   }
   // Sealed before its size is read: from here on it can only grow.
-  if (absl::Status s = SealAgainstShrinking(fd, "host.fd_handle"); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(SealAgainstShrinking(fd, "host.fd_handle"));
   if (fstat(fd, &st) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("host.fd_handle: fstat failed: ", strerror(errno)));
   }

@@ -1,6 +1,7 @@
 #include "agent/memory/region_table.h"
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
 
 namespace ferry {
 
@@ -53,8 +54,7 @@ absl::Status RegionTable::Insert(std::shared_ptr<Region> region, uid_t uid, cons
   MemoryKind kind = region->kind();
   {
     absl::MutexLock lock(&mu_);
-    absl::Status room = AdmitsLocked(region->owner_session(), uid, quota);
-    if (!room.ok()) return room;
+    FERRY_RETURN_IF_ERROR(AdmitsLocked(region->owner_session(), uid, quota));
     Owner& owner = per_session_[region->owner_session()];
     owner.uid = uid;
     ++owner.regions;

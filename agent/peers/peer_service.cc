@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/grpc_status.h"
 #include "agent/common/log.h"
+#include "agent/common/status_macros.h"
 #include "agent/common/token.h"
 #include "agent/peers/peer_table.h"
 
@@ -42,9 +43,8 @@ grpc::Status PeerService::Handshake(grpc::ServerContext*, const v1::HandshakeReq
 
 absl::StatusOr<std::shared_ptr<Region>> PeerService::Authorize(uint64_t incarnation, uint64_t region_id,
                                                                const std::string& token, uint64_t window_id) {
-  absl::StatusOr<Token> t = ParseToken(incarnation, token);
-  if (!t.ok()) return t.status();
-  return Authorize(region_id, *t, window_id);
+  FERRY_ASSIGN_OR_RETURN(Token t, ParseToken(incarnation, token));
+  return Authorize(region_id, t, window_id);
 }
 
 absl::StatusOr<Token> PeerService::ParseToken(uint64_t incarnation, const std::string& token) const {
@@ -63,8 +63,7 @@ absl::StatusOr<std::shared_ptr<Region>> PeerService::Authorize(uint64_t region_i
   }
   if (window_id != 0) {
     if (windows_ == nullptr) return absl::NotFoundError(absl::StrCat("dst.window_id ", window_id, " is not open"));
-    absl::Status verified = windows_->Verify(window_id, t, region_id);
-    if (!verified.ok()) return verified;
+    FERRY_RETURN_IF_ERROR(windows_->Verify(window_id, t, region_id));
     return region;
   }
   if (!(*region)->token().Equals(t)) {
@@ -76,15 +75,13 @@ absl::StatusOr<std::shared_ptr<Region>> PeerService::Authorize(uint64_t region_i
 absl::StatusOr<PeerService::WriteAccess> PeerService::AuthorizeWrite(uint64_t incarnation, uint64_t region_id,
                                                                      const std::string& token, uint64_t window_id,
                                                                      bool tell_owner) {
-  absl::StatusOr<Token> t = ParseToken(incarnation, token);
-  if (!t.ok()) return t.status();
-  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(region_id, *t, window_id);
+  FERRY_ASSIGN_OR_RETURN(Token t, ParseToken(incarnation, token));
+  absl::StatusOr<std::shared_ptr<Region>> region = Authorize(region_id, t, window_id);
   if (!region.ok()) return region.status();
   WriteAccess access{*std::move(region), std::nullopt};
   if (window_id != 0) {
-    absl::StatusOr<WindowAdmission> admitted = windows_->Admit(window_id, *t, region_id);
-    if (!admitted.ok()) return admitted.status();
-    access.window.emplace(*std::move(admitted));
+    FERRY_ASSIGN_OR_RETURN(WindowAdmission admitted, windows_->Admit(window_id, t, region_id));
+    access.window.emplace(std::move(admitted));
   } else if (access.region->write_windows()) {
     absl::Status refused = WindowModeError(region_id);
     // An OpenRegion asks for keys, and a queue's destination is opened ahead of its

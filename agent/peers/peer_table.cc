@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 #include "agent/common/grpc_status.h"
 #include "agent/common/log.h"
+#include "agent/common/status_macros.h"
 
 namespace ferry {
 namespace {
@@ -59,8 +60,7 @@ absl::StatusOr<std::shared_ptr<RemoteRegion>> PeerConnection::OpenRegion(const v
   grpc::ClientContext ctx;
   SetDeadline(ctx, deadline);
   const absl::Time asked = absl::Now();
-  absl::Status s = FromRpc(stub_->OpenRegion(&ctx, req, &resp), absl::StrCat("agent ", address_));
-  if (!s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(FromRpc(stub_->OpenRegion(&ctx, req, &resp), absl::StrCat("agent ", address_)));
   const bool staged = resp.has_staging();
   const size_t want_keys = staged ? 0 : remote_nic_count_;
   if (static_cast<size_t>(resp.keys_size()) != want_keys ||
@@ -153,8 +153,7 @@ absl::StatusOr<v1::HandshakeResponse> PeerTable::Handshake(grpc::Channel& channe
   v1::HandshakeResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(ctx, deadline);
-  absl::Status s = FromRpc(stub->Handshake(&ctx, req, &resp), absl::StrCat("handshake with agent ", address));
-  if (!s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(FromRpc(stub->Handshake(&ctx, req, &resp), absl::StrCat("handshake with agent ", address)));
   if (resp.protocol_version() != kPeerProtocolVersion) {
     return absl::FailedPreconditionError(absl::StrCat("agent ", address, " speaks peer protocol ",
                                                       resp.protocol_version(), ", this agent ", kPeerProtocolVersion));
@@ -182,9 +181,8 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Connect(const std::st
   addrs.reserve(nics_.size() * remote);
   for (FabricNic* nic : nics_) {
     for (const std::string& a : resp.fabric_addresses()) {
-      absl::StatusOr<fi_addr_t> fa = nic->InsertPeer(a);
-      if (!fa.ok()) return fa.status();
-      addrs.push_back(*fa);
+      FERRY_ASSIGN_OR_RETURN(fi_addr_t fa, nic->InsertPeer(a));
+      addrs.push_back(fa);
     }
   }
   FERRY_LOG(INFO) << "peer " << address << " incarnation " << resp.incarnation() << ": "
@@ -327,9 +325,8 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::Reg
       RetireLocked(it->second);
       peers_.erase(it);
     }
-    absl::StatusOr<std::shared_ptr<PeerConnection>> fresh = Connect(address, channel, *resp);
-    if (!fresh.ok()) return fresh.status();
-    current = *fresh;
+    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<PeerConnection> fresh, Connect(address, channel, *resp));
+    current = fresh;
     peers_[address] = current;
   }
   if (current->incarnation() != d.agent_incarnation()) {

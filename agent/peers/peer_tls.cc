@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
 
 namespace ferry {
 namespace {
@@ -33,22 +34,19 @@ absl::StatusOr<PeerTls> PeerTls::Load(const AgentConfig& config) {
   if (given != 3) {
     return absl::InvalidArgumentError("--peer_tls_cert, --peer_tls_key and --peer_tls_ca go together: give all three");
   }
-  absl::StatusOr<std::string> cert = ReadPem(config.peer_tls_cert, "--peer_tls_cert");
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadPem(config.peer_tls_key, "--peer_tls_key");
-  if (!key.ok()) return key.status();
-  absl::StatusOr<std::string> ca = ReadPem(config.peer_tls_ca, "--peer_tls_ca");
-  if (!ca.ok()) return ca.status();
+  FERRY_ASSIGN_OR_RETURN(std::string cert, ReadPem(config.peer_tls_cert, "--peer_tls_cert"));
+  FERRY_ASSIGN_OR_RETURN(std::string key, ReadPem(config.peer_tls_key, "--peer_tls_key"));
+  FERRY_ASSIGN_OR_RETURN(std::string ca, ReadPem(config.peer_tls_ca, "--peer_tls_ca"));
 
   grpc::SslServerCredentialsOptions server(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  server.pem_root_certs = *ca;
-  server.pem_key_cert_pairs.push_back({*key, *cert});
+  server.pem_root_certs = ca;
+  server.pem_key_cert_pairs.push_back({key, cert});
   tls.server = grpc::SslServerCredentials(server);
 
   grpc::SslCredentialsOptions channel;
-  channel.pem_root_certs = *ca;
-  channel.pem_private_key = *key;
-  channel.pem_cert_chain = *cert;
+  channel.pem_root_certs = ca;
+  channel.pem_private_key = key;
+  channel.pem_cert_chain = cert;
   tls.channel = grpc::SslCredentials(channel);
   tls.channel_args.SetSslTargetNameOverride(config.peer_tls_server_name);
   tls.enabled = true;

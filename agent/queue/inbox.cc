@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/status_macros.h"
 #include "agent/common/thread_name.h"
 
 namespace ferry {
@@ -21,18 +22,17 @@ absl::StatusOr<std::unique_ptr<Inbox>> Inbox::Open(std::shared_ptr<Session> sess
     return absl::InvalidArgumentError(
         absl::StrCat("slots must be a power of two in [", inbox::kMinSlots, ", ", inbox::kMaxSlots, "], got ", slots));
   }
-  if (absl::Status s = CheckDoorbellSocket(doorbell.get(), "doorbell_fd"); !s.ok()) return s;
-  absl::StatusOr<SharedMapping> map = SharedMapping::Map(std::move(ring), inbox::InboxBytes(slots), "ring_fd",
-                                                         absl::StrCat("an inbox of ", slots, " slots"));
-  if (!map.ok()) return map.status();
-  const auto* header = reinterpret_cast<const inbox::InboxHeader*>(map->data());
+  FERRY_RETURN_IF_ERROR(CheckDoorbellSocket(doorbell.get(), "doorbell_fd"));
+  FERRY_ASSIGN_OR_RETURN(SharedMapping map, SharedMapping::Map(std::move(ring), inbox::InboxBytes(slots), "ring_fd",
+                                                               absl::StrCat("an inbox of ", slots, " slots")));
+  const auto* header = reinterpret_cast<const inbox::InboxHeader*>(map.data());
   if (header->magic != inbox::kInboxMagic || header->slots != slots) {
     return absl::InvalidArgumentError("ring_fd does not hold an initialised inbox header (magic, slots)");
   }
   if (header->head.value.load() != header->tail.value.load()) {
     return absl::InvalidArgumentError("a new inbox must start empty (head == tail)");
   }
-  return std::unique_ptr<Inbox>(new Inbox(std::move(session), std::move(*map), std::move(doorbell), slots));
+  return std::unique_ptr<Inbox>(new Inbox(std::move(session), std::move(map), std::move(doorbell), slots));
 }
 
 Inbox::Inbox(std::shared_ptr<Session> session, SharedMapping map, UniqueFd doorbell, uint32_t slots)

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/sealed_file.h"
+#include "agent/common/status_macros.h"
 
 namespace ferry {
 
@@ -23,7 +24,7 @@ absl::StatusOr<SharedMapping> SharedMapping::Map(UniqueFd fd, size_t bytes, absl
     return absl::InvalidArgumentError(absl::StrCat(field, " must be a memfd or regular file"));
   }
   // Sealed before its size is read: from here on it can only grow.
-  if (absl::Status s = SealAgainstShrinking(fd.get(), field); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(SealAgainstShrinking(fd.get(), field));
   if (fstat(fd.get(), &st) != 0) return absl::InvalidArgumentError(absl::StrCat(field, ": fstat failed"));
   if (static_cast<uint64_t>(st.st_size) < bytes) {
     return absl::InvalidArgumentError(absl::StrCat(field, " holds ", st.st_size, " bytes; ", what, " needs ", bytes));

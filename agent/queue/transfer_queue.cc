@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
+#include "agent/common/status_macros.h"
 
 namespace ferry {
 
@@ -21,8 +22,8 @@ absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(
     return absl::InvalidArgumentError(
         absl::StrCat("table_ids must be at most ", queue::kMaxTableIds, ", got ", table_ids));
   }
-  if (absl::Status s = CheckEventFd(submit_doorbell.get(), "submit_doorbell_fd"); !s.ok()) return s;
-  if (absl::Status s = CheckDoorbellSocket(complete_doorbell.get(), "complete_doorbell_fd"); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(CheckEventFd(submit_doorbell.get(), "submit_doorbell_fd"));
+  FERRY_RETURN_IF_ERROR(CheckDoorbellSocket(complete_doorbell.get(), "complete_doorbell_fd"));
   absl::StatusOr<SharedMapping> map =
       SharedMapping::Map(std::move(ring), queue::RingBytes(entries, table_ids), "ring_fd",
                          absl::StrCat("a queue of ", entries, " entries and ", table_ids, " table ids"));

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/poll_source.h"
+#include "agent/common/status_macros.h"
 
 namespace ferry {
 namespace {
@@ -81,7 +82,7 @@ absl::Status QueueEntries::SendMessage(const TransferQueue& q, const queue::Subm
     return absl::InvalidArgumentError(
         "src_region, dst_offset, length and blocks of a message entry must be 0 (it writes no bytes)");
   }
-  if (absl::Status s = CheckDestination(q, e.dst_index, "dst_index"); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(CheckDestination(q, e.dst_index, "dst_index"));
   if (e.src_offset > kMaxNotifyPayloadBytes) {  // checked before the copy: the length is the client's
     return absl::InvalidArgumentError(
         absl::StrCat("the message payload (src_offset) is ", e.src_offset, " bytes; at most ", kMaxNotifyPayloadBytes));
@@ -90,7 +91,7 @@ absl::Status QueueEntries::SendMessage(const TransferQueue& q, const queue::Subm
   // Another agent's region: an RPC to it, on the poller's own thread.
   if (!may_block && !router_->IsLocal(*dst)) return WouldBlockError("a message to another agent");
   thread_local std::string payload;
-  if (absl::Status s = q.CopyBytes(e.table_index, e.src_offset, &payload); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(q.CopyBytes(e.table_index, e.src_offset, &payload));
   return router_->SendMessage(dst, e.tag, payload, absl::Now() + absl::Milliseconds(q.timeout_ms()), q.owner_uid());
 }
 
@@ -112,13 +113,13 @@ absl::Status QueueEntries::CheckDestination(const TransferQueue& q, uint32_t dst
 absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::Prepare(const std::shared_ptr<Session>& session,
                                                                 const TransferQueue& q, const queue::SubmitEntry& e,
                                                                 bool may_block) const {
-  if (absl::Status s = CheckDestination(q, e.dst_index, "dst_index"); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(CheckDestination(q, e.dst_index, "dst_index"));
   // A paged entry's ids, copied out of the block table before anything looks at them
   // (per thread: entries run on NIC workers and the poller at once).
   thread_local std::vector<uint64_t> src_ids, dst_ids;
   const bool paged = (e.flags & queue::kFlagPaged) != 0;
   if (paged) {
-    if (absl::Status s = q.CopyBlockIds(e.table_index, e.blocks, &src_ids, &dst_ids); !s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(q.CopyBlockIds(e.table_index, e.blocks, &src_ids, &dst_ids));
   }
   WriteSpec spec = Spec(q, e.src_region, e.dst_index);
   spec.notify = (e.flags & queue::kFlagNotify) != 0;
@@ -152,7 +153,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
   uint32_t table = e.table_index;
   std::string window_ref;
   if (e.flags & queue::kFlagWindow) {
-    if (absl::Status s = q.CopyBytes(table, sizeof(queue::WindowRef), &window_ref); !s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(q.CopyBytes(table, sizeof(queue::WindowRef), &window_ref));
     table += queue::kWindowIds;
   }
   auto destination = [&](uint32_t index) -> std::shared_ptr<const v1::RegionDescriptor> {
@@ -169,10 +170,8 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
   };
   thread_local std::vector<queue::TablePart> parts;
   thread_local std::vector<uint64_t> src_ids, dst_ids;
-  if (absl::Status s = q.CopyParts(table, n, &parts); !s.ok()) return s;
-  if (absl::Status s = q.CopyBlockIds(table + n * queue::kPartIds, e.blocks, &src_ids, &dst_ids); !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(q.CopyParts(table, n, &parts));
+  FERRY_RETURN_IF_ERROR(q.CopyBlockIds(table + n * queue::kPartIds, e.blocks, &src_ids, &dst_ids));
   WriteSpec whole;
   whole.notify = (e.flags & queue::kFlagNotify) != 0;
   whole.tag = e.tag;
@@ -181,11 +180,8 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
                                                    " bytes; at most ", kMaxNotifyPayloadBytes));
   }
   // No index here wraps: each copy checked the ids before it against the table's size.
-  if (absl::Status s = q.CopyBytes(table + n * queue::kPartIds + 2 * e.blocks, e.src_offset, &whole.notify_payload);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = TransferRouter::CheckNotifyPayload(whole.notify, whole.notify_payload); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(q.CopyBytes(table + n * queue::kPartIds + 2 * e.blocks, e.src_offset, &whole.notify_payload));
+  FERRY_RETURN_IF_ERROR(TransferRouter::CheckNotifyPayload(whole.notify, whole.notify_payload));
   // The ids are checked once for every part; each part's plan then only checks that they
   // fit its regions.
   absl::StatusOr<std::shared_ptr<const PagedIds>> ids =

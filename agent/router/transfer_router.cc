@@ -12,6 +12,7 @@
 #include "agent/common/grpc_status.h"
 #include "agent/common/log.h"
 #include "agent/common/poll_source.h"
+#include "agent/common/status_macros.h"
 #include "agent/common/status_prefix.h"
 #include "agent/common/token.h"
 #include "agent/peers/remote_target.h"
@@ -22,7 +23,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> TransferRouter::Prepare(const std::sha
                                                                   const WriteSpec& spec, PlanChunks plan,
                                                                   bool cached_only) const {
   auto t = std::make_shared<Transfer>();
-  if (absl::Status s = PrepareInto(session, spec, plan, cached_only, /*batch=*/nullptr, *t); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(PrepareInto(session, spec, plan, cached_only, /*batch=*/nullptr, *t));
   return t;
 }
 
@@ -32,13 +33,11 @@ absl::Status TransferRouter::PrepareInto(const std::shared_ptr<Session>& session
   if (!src.ok()) return src.status();
   if (spec.dst == nullptr) return absl::InvalidArgumentError("dst: the destination RegionDescriptor is missing");
 
-  absl::Status payload = CheckNotifyPayload(spec.notify, spec.notify_payload);
-  if (!payload.ok()) return payload;
-  absl::StatusOr<TrafficClass> traffic_class = ResolveClass(session->qos_rule(), spec.traffic_class);
-  if (!traffic_class.ok()) return traffic_class.status();
+  FERRY_RETURN_IF_ERROR(CheckNotifyPayload(spec.notify, spec.notify_payload));
+  FERRY_ASSIGN_OR_RETURN(TrafficClass traffic_class, ResolveClass(session->qos_rule(), spec.traffic_class));
 
   t.session = session;
-  t.share = session->Share(*traffic_class);
+  t.share = session->Share(traffic_class);
   t.src = *std::move(src);
   t.notify = spec.notify;
   t.tag = spec.tag;
@@ -46,11 +45,9 @@ absl::Status TransferRouter::PrepareInto(const std::shared_ptr<Session>& session
   t.submitted = batch != nullptr ? batch->now : deps_.clock->Now();
   t.cached_only = cached_only;
   t.deadline = t.submitted + spec.timeout;
-  absl::StatusOr<uint64_t> dst_size = Destination(spec.dst, t, batch);
-  if (!dst_size.ok()) return dst_size.status();
-  absl::StatusOr<ChunkPlan> chunks = plan(t.src->size(), *dst_size);
-  if (!chunks.ok()) return chunks.status();
-  t.plan = std::move(*chunks);
+  FERRY_ASSIGN_OR_RETURN(uint64_t dst_size, Destination(spec.dst, t, batch));
+  FERRY_ASSIGN_OR_RETURN(ChunkPlan chunks, plan(t.src->size(), dst_size));
+  t.plan = std::move(chunks);
   if (t.window != nullptr) {
     absl::Status inside = CheckWindowChunks(t, t.window->window().ranges(), t.window->window().id(), t.dst->id());
     if (!inside.ok()) {
@@ -110,8 +107,7 @@ absl::Status TransferRouter::CheckDestination(const std::shared_ptr<const v1::Re
   probe.deadline = deadline;
   // A region in window mode is a queue's destination all the same: its entries name a
   // window (ring_layout.h, kFlagWindow).
-  absl::StatusOr<uint64_t> size = Destination(dst, probe, /*batch=*/nullptr, /*window_mode_ok=*/true);
-  if (!size.ok()) return size.status();
+  FERRY_ASSIGN_OR_RETURN(uint64_t size, Destination(dst, probe, /*batch=*/nullptr, /*window_mode_ok=*/true));
   if (probe.dst_descriptor == nullptr) return absl::OkStatus();
   absl::Status remote = RouteRemote(probe);
   if (IsWindowModeError(remote)) {
@@ -193,35 +189,38 @@ void TellRemoteRefusal(const Transfer& t, uint64_t incarnation, const absl::Stat
 
 // What a batch's parts share until the last of them lands: how many are still moving,
 // the first error among them, and what ending the batch takes. Owned by the parts'
-// callbacks together: the last to run ends the batch and deletes it.
+// callbacks together: the one whose PartDone returns true (the last) takes it and ends
+// the batch.
+//
+//   if (end->PartDone(s)) std::unique_ptr<BatchEnd>(end)->End();
 class BatchEnd {
  public:
   BatchEnd(std::shared_ptr<Transfer> t, size_t parts, const TransferRouterDeps& deps,
            std::shared_ptr<std::atomic<bool>> stopping)
       : t_(std::move(t)), deps_(deps), stopping_(std::move(stopping)), left_(parts) {}
 
-  void PartDone(const absl::Status& s) {
+  // Counts a part's end; true for the last.
+  bool PartDone(const absl::Status& s) {
+    absl::MutexLock lock(&mu_);
+    if (!s.ok() && error_.ok()) error_ = s;
+    return --left_ == 0;
+  }
+
+  // Every part ended. A local owner is notified by Finish; a remote one through its
+  // agent first, so that the writer's success means "notified".
+  void End() {
     absl::Status result;
     {
       absl::MutexLock lock(&mu_);
-      if (!s.ok() && error_.ok()) error_ = s;
-      if (--left_ > 0) return;
       result = error_;
     }
-    End(result);
-    delete this;
-  }
-
- private:
-  // Every part's bytes landed. A local owner is notified by Finish; a remote one through
-  // its agent first, so that the writer's success means "notified".
-  void End(const absl::Status& result) {
     TransferManager* manager = deps_.transfers;
     if (!result.ok() && !stopping_->load()) NotifyRemoteFailure(*t_, deps_.incarnation, result);
     if (!result.ok() || !t_->notify || t_->dst != nullptr) return manager->Finish(*t_, result);
     deps_.notify_peer(t_, [manager, t = t_](absl::Status notified) { manager->Finish(*t, notified); });
   }
 
+ private:
   const std::shared_ptr<Transfer> t_;
   const TransferRouterDeps& deps_;  // the router's, which outlives its transfers
   const std::shared_ptr<std::atomic<bool>> stopping_;
@@ -265,7 +264,7 @@ void TransferRouter::Launch(std::shared_ptr<Transfer> t) const {
     // The batch (held by `end`) keeps each part alive until every part is done.
     jobs.emplace_back(part, [end, p = part.get()](absl::Status s) {
       p->window.reset();
-      end->PartDone(s);
+      if (end->PartDone(s)) std::unique_ptr<BatchEnd>(end)->End();
     });
   }
   if (shared != nullptr) return shared->SubmitAll(std::move(jobs));
@@ -342,9 +341,8 @@ absl::StatusOr<uint64_t> TransferRouter::Destination(const std::shared_ptr<const
     }
     std::shared_ptr<WindowAdmission> window;
     if (dst.window_id() != 0) {
-      absl::StatusOr<WindowAdmission> admitted = deps_.windows->Admit(dst.window_id(), *token, dst.region_id());
-      if (!admitted.ok()) return admitted.status();
-      window = std::make_shared<WindowAdmission>(*std::move(admitted));
+      FERRY_ASSIGN_OR_RETURN(WindowAdmission admitted, deps_.windows->Admit(dst.window_id(), *token, dst.region_id()));
+      window = std::make_shared<WindowAdmission>(std::move(admitted));
       if (absl::Status w = CheckWriter(window->window().writer(), t); !w.ok()) {
         deps_.windows->Refuse(**d, dst.window_id(), w);
         return w;
@@ -388,8 +386,7 @@ void TransferRouter::RouteLocal(std::shared_ptr<Region> d, Transfer& t) const {
 }
 
 absl::Status TransferRouter::RouteRemote(Transfer& t) const {
-  absl::Status resolved = ResolveRemoteTarget(*deps_.remote_targets, t);
-  if (!resolved.ok()) return resolved;
+  FERRY_RETURN_IF_ERROR(ResolveRemoteTarget(*deps_.remote_targets, t));
   const v1::RegionDescriptor& d = *t.dst_descriptor;
   if (const RemoteRegion& window = *t.remote_region; window.window_id != 0) {
     // The target's agent handed out keys that reach the window's extent only; the
@@ -504,7 +501,7 @@ absl::Status TransferBatch::CheckPartsDisjoint() const {
 
 absl::StatusOr<std::shared_ptr<Transfer>> TransferBatch::Join(const WriteSpec& whole) && {
   FERRY_DCHECK(!parts_.empty()) << "a batch of no parts";
-  if (absl::Status s = CheckPartsDisjoint(); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(CheckPartsDisjoint());
   const Transfer& first = *parts_.front();
   auto t = std::make_shared<Transfer>();
   t->session = first.session;

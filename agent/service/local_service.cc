@@ -9,6 +9,7 @@
 #include "agent/common/grpc_status.h"
 #include "agent/common/log.h"
 #include "agent/common/poll_source.h"
+#include "agent/common/status_macros.h"
 #include "agent/common/status_prefix.h"
 
 namespace ferry {
@@ -49,24 +50,22 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
   }
   const RegionQuota quota{cfg.max_regions_per_session, cfg.max_regions_per_uid, cfg.max_regions};
   // Before anything is mapped: a pod at its bound must not take mappings to find out.
-  absl::Status room = deps_.regions->Admits(session.id(), session.creds().uid, quota);
-  if (!room.ok()) return room;
+  FERRY_RETURN_IF_ERROR(deps_.regions->Admits(session.id(), session.creds().uid, quota));
   std::unique_ptr<MemoryBacking> backing;
   switch (req.memory_case()) {
     case v1::RegisterMemoryRequest::kHost: {
       absl::StatusOr<UniqueFd> fd = session.TakeFd(req.host().fd_handle());
       if (!fd.ok()) return WithPrefix(fd.status(), "host.");
-      absl::StatusOr<std::unique_ptr<MemoryBacking>> b = MapHostFd(fd->release(), req.host().offset(), req.size());
-      if (!b.ok()) return b.status();
-      backing = std::move(*b);
+      FERRY_ASSIGN_OR_RETURN(std::unique_ptr<MemoryBacking> b,
+                             MapHostFd(fd->release(), req.host().offset(), req.size()));
+      backing = std::move(b);
       break;
     }
     case v1::RegisterMemoryRequest::kCudaIpc: {
       if (deps_.cuda == nullptr)
         return absl::FailedPreconditionError(absl::StrCat("cuda_ipc: ", deps_.cuda_unavailable.message()));
-      absl::StatusOr<std::unique_ptr<MemoryBacking>> b = deps_.cuda->ImportIpc(req.cuda_ipc(), req.size());
-      if (!b.ok()) return b.status();
-      backing = std::move(*b);
+      FERRY_ASSIGN_OR_RETURN(std::unique_ptr<MemoryBacking> b, deps_.cuda->ImportIpc(req.cuda_ipc(), req.size()));
+      backing = std::move(b);
       break;
     }
     case v1::RegisterMemoryRequest::kCudaFd: {
@@ -75,9 +74,9 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
       if (!fd.ok()) return WithPrefix(fd.status(), "cuda_fd.");
       if (deps_.cuda == nullptr)
         return absl::FailedPreconditionError(absl::StrCat("cuda_fd: ", deps_.cuda_unavailable.message()));
-      absl::StatusOr<std::unique_ptr<MemoryBacking>> b = deps_.cuda->ImportFd(fd->get(), req.cuda_fd(), req.size());
-      if (!b.ok()) return b.status();
-      backing = std::move(*b);
+      FERRY_ASSIGN_OR_RETURN(std::unique_ptr<MemoryBacking> b,
+                             deps_.cuda->ImportFd(fd->get(), req.cuda_fd(), req.size()));
+      backing = std::move(b);
       break;
     }
     default:
@@ -88,12 +87,10 @@ absl::StatusOr<v1::RegisterMemoryResponse> LocalService::DoRegister(Session& ses
   region->set_write_windows(req.write_windows());
   if (deps_.place) region->set_placement(deps_.place(session, region->backing()));
   if (deps_.registrar != nullptr) {
-    absl::StatusOr<RegionRegistration> reg = deps_.registrar->Register(region->backing());
-    if (!reg.ok()) return reg.status();
-    region->set_registration(std::move(*reg));
+    FERRY_ASSIGN_OR_RETURN(RegionRegistration reg, deps_.registrar->Register(region->backing()));
+    region->set_registration(std::move(reg));
   }
-  absl::Status inserted = deps_.regions->Insert(region, session.creds().uid, quota);
-  if (!inserted.ok()) return inserted;
+  FERRY_RETURN_IF_ERROR(deps_.regions->Insert(region, session.creds().uid, quota));
   if (region->kind() == MemoryKind::kCuda && deps_.gpu_warm_up) deps_.gpu_warm_up(region->device());
 
   v1::RegisterMemoryResponse resp;
@@ -134,15 +131,14 @@ absl::StatusOr<v1::OpenWriteWindowResponse> LocalService::DoOpenWindow(const Ses
     }
     spec.writer = {req.writer().agent_incarnation(), req.writer().region_id()};
   }
-  absl::StatusOr<std::shared_ptr<const WriteWindow>> w = deps_.windows->Open(session.id(), spec);
-  if (!w.ok()) return w.status();
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const WriteWindow> w, deps_.windows->Open(session.id(), spec));
   v1::OpenWriteWindowResponse resp;
-  resp.set_window_id((*w)->id());
-  for (const auto& region : (*w)->regions()) {
+  resp.set_window_id(w->id());
+  for (const auto& region : w->regions()) {
     v1::RegionDescriptor* d = resp.add_regions();
     *d = DescriptorOf(*region);
-    d->set_window_id((*w)->id());
-    d->set_token((*w)->token().bytes());
+    d->set_window_id(w->id());
+    d->set_token(w->token().bytes());
   }
   return resp;
 }
@@ -208,9 +204,8 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareWrite(const std::
   spec.notify = req.notify();
   spec.tag = req.tag();
   spec.notify_payload = req.notify_payload();
-  absl::StatusOr<uint32_t> timeout_ms = TimeoutMs(req.timeout_ms());
-  if (!timeout_ms.ok()) return timeout_ms.status();
-  spec.timeout = absl::Milliseconds(*timeout_ms);
+  FERRY_ASSIGN_OR_RETURN(uint32_t timeout_ms, TimeoutMs(req.timeout_ms()));
+  spec.timeout = absl::Milliseconds(timeout_ms);
   spec.traffic_class = req.traffic_class();
   const ChunkLimits limits{deps_.config->max_chunks_per_write};
   return deps_.router->Prepare(
@@ -225,12 +220,10 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::
   if (req.parts_size() < 1 || req.parts_size() > kMaxParts) {
     return absl::InvalidArgumentError(absl::StrCat("parts must hold 1..", kMaxParts, " parts, got ", req.parts_size()));
   }
-  absl::Status payload = TransferRouter::CheckNotifyPayload(req.notify(), req.notify_payload());
-  if (!payload.ok()) return payload;
+  FERRY_RETURN_IF_ERROR(TransferRouter::CheckNotifyPayload(req.notify(), req.notify_payload()));
   const ChunkLimits limits{deps_.config->max_chunks_per_write};
-  absl::StatusOr<uint32_t> timeout_ms = TimeoutMs(req.timeout_ms());
-  if (!timeout_ms.ok()) return timeout_ms.status();
-  const absl::Duration timeout = absl::Milliseconds(*timeout_ms);
+  FERRY_ASSIGN_OR_RETURN(uint32_t timeout_ms, TimeoutMs(req.timeout_ms()));
+  const absl::Duration timeout = absl::Milliseconds(timeout_ms);
   TransferBatch batch(*deps_.router, session, req.parts_size(), limits, /*cached_only=*/false);
   std::shared_ptr<const PagedIds> batch_ids;  // req.blocks, checked at the first part that uses them
   for (int i = 0; i < req.parts_size(); ++i) {
@@ -251,16 +244,14 @@ absl::StatusOr<std::shared_ptr<Transfer>> LocalService::PrepareBatch(const std::
             return absl::InvalidArgumentError("layout: set chunks or paged, or the batch's blocks");
           }
           if (batch_ids == nullptr) {
-            absl::StatusOr<BlockMapping> mapping = MappingOf(req.blocks());
-            if (!mapping.ok()) return mapping.status();
-            absl::StatusOr<std::shared_ptr<const PagedIds>> ids = CheckPagedIds(*mapping, limits);
-            if (!ids.ok()) return ids.status();
-            batch_ids = *std::move(ids);
+            FERRY_ASSIGN_OR_RETURN(BlockMapping mapping, MappingOf(req.blocks()));
+            FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const PagedIds> ids, CheckPagedIds(mapping, limits));
+            batch_ids = std::move(ids);
           }
           return PagedPlan(batch_ids, part.src_base(), part.dst_base(), src_size, dst_size);
       }
     };
-    if (absl::Status s = batch.Add(spec, plan); !s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(batch.Add(spec, plan));
   }
   WriteSpec whole;
   whole.notify = req.notify();
@@ -293,8 +284,7 @@ void LocalService::Answer(const grpc::ServerContext& ctx, Session& session, uint
 
 absl::StatusOr<uint64_t> LocalService::Start(Session& session, std::shared_ptr<Transfer> t) {
   t->id = deps_.transfers->NextId();
-  absl::Status begun = session.BeginTransfer(t->id);
-  if (!begun.ok()) return begun;
+  FERRY_RETURN_IF_ERROR(session.BeginTransfer(t->id));
   const uint64_t id = t->id;
   deps_.router->Launch(std::move(t));
   return id;
@@ -360,8 +350,7 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
     return absl::InvalidArgumentError(
         absl::StrCat("destinations must hold 1..", kMaxDestinations, " descriptors, got ", req.destinations_size()));
   }
-  absl::StatusOr<uint32_t> timeout_ms = TimeoutMs(req.timeout_ms());
-  if (!timeout_ms.ok()) return timeout_ms.status();
+  FERRY_ASSIGN_OR_RETURN(uint32_t timeout_ms, TimeoutMs(req.timeout_ms()));
   absl::StatusOr<TrafficClass> traffic_class = ResolveClass(session->qos_rule(), req.traffic_class());
   if (!traffic_class.ok()) return traffic_class.status();
   // Check every destination now and warm the peer and region caches, so that entries
@@ -369,7 +358,7 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
   std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations;
   for (int i = 0; i < req.destinations_size(); ++i) {
     destinations.push_back(std::make_shared<const v1::RegionDescriptor>(req.destinations(i)));
-    absl::Status s = deps_.router->CheckDestination(destinations.back(), absl::Now() + absl::Milliseconds(*timeout_ms));
+    absl::Status s = deps_.router->CheckDestination(destinations.back(), absl::Now() + absl::Milliseconds(timeout_ms));
     if (!s.ok()) return WithPrefix(s, absl::StrCat("destinations[", i, "]: "));
   }
   absl::StatusOr<UniqueFd> ring = session->TakeFd(req.ring_fd());
@@ -387,11 +376,10 @@ absl::StatusOr<uint64_t> LocalService::DoCreateQueue(const std::shared_ptr<Sessi
       TransferQueue::Open(id, session->id(), std::move(*ring), std::move(*submit), std::move(*complete), req.entries(),
                           req.table_ids(), std::move(destinations));
   if (!q.ok()) return q.status();
-  (*q)->set_timeout_ms(*timeout_ms);
+  (*q)->set_timeout_ms(timeout_ms);
   (*q)->set_traffic_class(req.traffic_class());
   (*q)->set_owner_uid(session->creds().uid);
-  absl::Status added = deps_.queues->Add(*q, deps_.config->max_queues, deps_.config->max_queues_per_uid);
-  if (!added.ok()) return added;
+  FERRY_RETURN_IF_ERROR(deps_.queues->Add(*q, deps_.config->max_queues, deps_.config->max_queues_per_uid));
   return id;
 }
 
@@ -414,7 +402,7 @@ absl::Status LocalService::DoOpenInbox(const std::shared_ptr<Session>& session, 
     return WithPrefix(doorbell.status(), "doorbell_fd: ");
   }
   // Claimed before the pump starts: from then on it drains the session's notifications.
-  if (absl::Status s = session->ClaimNotifications(Session::NotificationReader::kInbox); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(session->ClaimNotifications(Session::NotificationReader::kInbox));
   absl::StatusOr<std::unique_ptr<Inbox>> inbox =
       Inbox::Open(session, std::move(*ring), std::move(*doorbell), req.slots());
   if (!inbox.ok()) {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/log.h"
+#include "agent/common/status_macros.h"
 #include "agent/common/thread_name.h"
 #include "proto/ferry/wire/session_wire.h"
 
@@ -66,8 +67,7 @@ absl::Status SetSocketPermissions(const std::string& path, mode_t mode, gid_t gi
 }
 
 absl::StatusOr<int> ListenUnix(const std::string& path, int type, mode_t mode, gid_t gid) {
-  absl::Status claimed = ClaimSocketPath(path);
-  if (!claimed.ok()) return claimed;
+  FERRY_RETURN_IF_ERROR(ClaimSocketPath(path));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   memcpy(addr.sun_path, path.c_str(), path.size() + 1);
@@ -87,9 +87,8 @@ absl::StatusOr<int> ListenUnix(const std::string& path, int type, mode_t mode, g
 }
 
 absl::Status SessionSocketServer::Start(const std::string& path, mode_t mode, gid_t gid) {
-  absl::StatusOr<int> fd = ListenUnix(path, SOCK_SEQPACKET, mode, gid);
-  if (!fd.ok()) return fd.status();
-  listen_fd_ = *fd;
+  FERRY_ASSIGN_OR_RETURN(int fd, ListenUnix(path, SOCK_SEQPACKET, mode, gid));
+  listen_fd_ = fd;
   path_ = path;
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));

@@ -1,5 +1,6 @@
 #include "agent/staged/stage_copier.h"
 
+#include "agent/common/status_macros.h"
 #include "agent/memory/region_copy.h"
 
 namespace ferry {
@@ -20,8 +21,7 @@ absl::Status HostStageCopier::FromRegion(const Region& region, uint8_t* staging,
 absl::Status CudaStageCopier::ToRegion(const Region& region, const uint8_t* staging,
                                        const std::vector<CopyChunk>& chunks) {
   if (region.kind() != MemoryKind::kCuda) return host_.ToRegion(region, staging, chunks);
-  absl::Status use = UseDevice(*cu_, region.device());
-  if (!use.ok()) return use;
+  FERRY_RETURN_IF_ERROR(UseDevice(*cu_, region.device()));
   const CUdeviceptr base = reinterpret_cast<CUdeviceptr>(region.data());
   for (const CopyChunk& c : chunks) {
     FERRY_RETURN_IF_CU_ERROR(cu_,
@@ -33,8 +33,7 @@ absl::Status CudaStageCopier::ToRegion(const Region& region, const uint8_t* stag
 
 absl::Status CudaStageCopier::FromRegion(const Region& region, uint8_t* staging, const std::vector<CopyChunk>& chunks) {
   if (region.kind() != MemoryKind::kCuda) return host_.FromRegion(region, staging, chunks);
-  absl::Status use = UseDevice(*cu_, region.device());
-  if (!use.ok()) return use;
+  FERRY_RETURN_IF_ERROR(UseDevice(*cu_, region.device()));
   const CUdeviceptr base = reinterpret_cast<CUdeviceptr>(region.data());
   for (const CopyChunk& c : chunks) {
     FERRY_RETURN_IF_CU_ERROR(cu_,

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/grpc_status.h"
+#include "agent/common/status_macros.h"
 #include "agent/common/thread_name.h"
 #include "agent/staged/staging_memory.h"
 
@@ -108,9 +109,8 @@ absl::Status StagedExecutor::Run(const std::shared_ptr<Transfer>& t, LocalStagin
   const bool src_staged = t->stage_src;
   const bool dst_staged = region->staging.has_value();
   if (src_staged && local.memory == nullptr) {
-    absl::StatusOr<std::shared_ptr<Region>> s = AllocateStagingRegion(options_.buffer_bytes, cu_, engine_);
-    if (!s.ok()) return s.status();
-    local.memory = std::move(*s);
+    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Region> s, AllocateStagingRegion(options_.buffer_bytes, cu_, engine_));
+    local.memory = std::move(s);
     local.slots = std::make_shared<SlotPool>(local.memory->size(), options_.stage_bytes);
   }
   const std::shared_ptr<SlotPool> remote_slots = dst_staged ? RemoteSlots(*region) : nullptr;
@@ -158,24 +158,22 @@ absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, cons
                                         const std::shared_ptr<StageTracker>& tracker) {
   const std::shared_ptr<PeerConnection> peer = t->peer;
   const std::shared_ptr<RemoteRegion> region = t->remote_region;
-  if (absl::Status s = tracker->status(); !s.ok()) return s;  // an earlier stage failed
-  if (absl::Status s = t->Stopped(absl::Now()); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(tracker->status());  // an earlier stage failed
+  FERRY_RETURN_IF_ERROR(t->Stopped(absl::Now()));
 
   // Slots: the target's first, then this worker's. A worker's own slots free as its
   // writes complete, which waits on nothing a worker holds, so there is no cycle.
   int remote_slot = -1, local_slot = -1;
   if (remote_slots != nullptr) {
-    absl::StatusOr<int> slot = remote_slots->Acquire(t->deadline);
-    if (!slot.ok()) return slot.status();
-    remote_slot = *slot;
+    FERRY_ASSIGN_OR_RETURN(int slot, remote_slots->Acquire(t->deadline));
+    remote_slot = slot;
   }
   auto release_remote = absl::MakeCleanup([&] {
     if (remote_slot >= 0) remote_slots->Release(remote_slot);
   });
   if (local.slots != nullptr) {
-    absl::StatusOr<int> slot = local.slots->Acquire(t->deadline);
-    if (!slot.ok()) return slot.status();
-    local_slot = *slot;
+    FERRY_ASSIGN_OR_RETURN(int slot, local.slots->Acquire(t->deadline));
+    local_slot = slot;
   }
   auto release_local = absl::MakeCleanup([&] {
     if (local_slot >= 0) local.slots->Release(local_slot);
@@ -220,8 +218,7 @@ absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, cons
   }
   sub->plan.total_bytes = packed;
   if (local_slot >= 0) {
-    absl::Status s = copier_->FromRegion(*t->src, local.memory->data() + local_base, gather);
-    if (!s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(copier_->FromRegion(*t->src, local.memory->data() + local_base, gather));
     sub->src = local.memory;
   }
 

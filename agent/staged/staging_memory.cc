@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
 #include "agent/memory/retired_memory.h"
 
 namespace ferry {
@@ -40,8 +41,7 @@ absl::StatusOr<std::shared_ptr<Region>> AllocateStagingRegion(uint64_t size, con
   size = (size + 4095) & ~uint64_t{4095};
   std::unique_ptr<MemoryBacking> backing;
   if (cu != nullptr) {
-    absl::Status use = UseDevice(*cu, 0);
-    if (!use.ok()) return use;
+    FERRY_RETURN_IF_ERROR(UseDevice(*cu, 0));
     void* p = nullptr;
     FERRY_RETURN_IF_CU_ERROR(cu, cu->cuMemHostAlloc(&p, size, CU_MEMHOSTALLOC_PORTABLE), "staging: cuMemHostAlloc");
     backing = std::make_unique<StagingBacking>(cu, p, size);
@@ -51,9 +51,8 @@ absl::StatusOr<std::shared_ptr<Region>> AllocateStagingRegion(uint64_t size, con
     backing = std::make_unique<StagingBacking>(nullptr, p, size);
   }
   auto region = std::make_shared<Region>(/*id=*/0, /*owner_session=*/0, Token::Random(), std::move(backing));
-  absl::StatusOr<RegionRegistration> reg = registrar->Register(region->backing());
-  if (!reg.ok()) return reg.status();
-  region->set_registration(std::move(*reg));
+  FERRY_ASSIGN_OR_RETURN(RegionRegistration reg, registrar->Register(region->backing()));
+  region->set_registration(std::move(reg));
   return region;
 }
 

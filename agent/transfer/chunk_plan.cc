@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
 
 namespace ferry {
 namespace {
@@ -93,8 +94,7 @@ absl::Status CheckDistinctIds(const std::vector<uint64_t>& dst, uint64_t max_id)
 
 absl::StatusOr<ChunkPlan> SingleChunkPlan(const CopyChunk& chunk, uint64_t src_size, uint64_t dst_size) {
   ChunkPlan plan;
-  absl::Status s = AddChunk(plan, 0, chunk.src_offset, chunk.dst_offset, chunk.length, src_size, dst_size);
-  if (!s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(AddChunk(plan, 0, chunk.src_offset, chunk.dst_offset, chunk.length, src_size, dst_size));
   return plan;
 }
 
@@ -124,11 +124,9 @@ absl::StatusOr<ChunkPlan> ChunkListPlan(const v1::ChunkList& chunks, uint64_t sr
   plan.chunks.reserve(list.size());
   for (int i = 0; i < list.size(); ++i) {
     const v1::Chunk& c = list[i];
-    absl::Status s = AddChunk(plan, i, c.src_offset(), c.dst_offset(), c.length(), src_size, dst_size);
-    if (!s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(AddChunk(plan, i, c.src_offset(), c.dst_offset(), c.length(), src_size, dst_size));
   }
-  absl::Status s = CheckDisjointChunks(plan.chunks);
-  if (!s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(CheckDisjointChunks(plan.chunks));
   return plan;
 }
 
@@ -168,25 +166,21 @@ absl::StatusOr<BlockMapping> MappingOf(const v1::PagedChunks& p) {
     }
     return BlockIds::Le32(le32);
   };
-  absl::StatusOr<BlockIds> src = side("src", p.src_blocks(), p.src_blocks_le32());
-  if (!src.ok()) return src.status();
-  absl::StatusOr<BlockIds> dst = side("dst", p.dst_blocks(), p.dst_blocks_le32());
-  if (!dst.ok()) return dst.status();
-  return BlockMapping{p.block_size(), *src, *dst};
+  FERRY_ASSIGN_OR_RETURN(BlockIds src, side("src", p.src_blocks(), p.src_blocks_le32()));
+  FERRY_ASSIGN_OR_RETURN(BlockIds dst, side("dst", p.dst_blocks(), p.dst_blocks_le32()));
+  return BlockMapping{p.block_size(), src, dst};
 }
 
 absl::StatusOr<ChunkPlan> PagedPlan(const v1::PagedChunks& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
                                     uint64_t dst_size, const ChunkLimits& limits) {
-  absl::StatusOr<BlockMapping> mapping = MappingOf(p);
-  if (!mapping.ok()) return mapping.status();
-  return PagedPlan(*mapping, src_base, dst_base, src_size, dst_size, limits);
+  FERRY_ASSIGN_OR_RETURN(BlockMapping mapping, MappingOf(p));
+  return PagedPlan(mapping, src_base, dst_base, src_size, dst_size, limits);
 }
 
 absl::StatusOr<ChunkPlan> PagedPlan(const BlockMapping& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
                                     uint64_t dst_size, const ChunkLimits& limits) {
-  absl::StatusOr<std::shared_ptr<const PagedIds>> ids = CheckPagedIds(p, limits);
-  if (!ids.ok()) return ids.status();
-  return PagedPlan(*std::move(ids), src_base, dst_base, src_size, dst_size);
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const PagedIds> ids, CheckPagedIds(p, limits));
+  return PagedPlan(std::move(ids), src_base, dst_base, src_size, dst_size);
 }
 
 absl::StatusOr<std::shared_ptr<const PagedIds>> CheckPagedIds(const BlockMapping& p, const ChunkLimits& limits) {
@@ -211,7 +205,7 @@ absl::StatusOr<std::shared_ptr<const PagedIds>> CheckPagedIds(const BlockMapping
     ids->max_dst = std::max(ids->max_dst, ids->dst[i]);
     ids->min_dst = std::min(ids->min_dst, ids->dst[i]);
   }
-  if (absl::Status s = CheckDistinctIds(ids->dst, ids->max_dst); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(CheckDistinctIds(ids->dst, ids->max_dst));
   return std::shared_ptr<const PagedIds>(std::move(ids));
 }
 
@@ -234,8 +228,7 @@ absl::StatusOr<ChunkPlan> PagedPlan(std::shared_ptr<const PagedIds> ids, uint64_
     if (!BlockOffset(src_base, ids->src[i], bs, &src) || !BlockOffset(dst_base, ids->dst[i], bs, &dst)) {
       return absl::OutOfRangeError(absl::StrCat("paged block ", i, ": base + id * block_size overflows 64 bits"));
     }
-    absl::Status s = AddChunk(scratch, i, src, dst, bs, src_size, dst_size);
-    if (!s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(AddChunk(scratch, i, src, dst, bs, src_size, dst_size));
   }
   return absl::InternalError("a paged block is out of range but none was found");  // BlockWithin and AddChunk disagree
 }
