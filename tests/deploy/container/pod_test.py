@@ -77,11 +77,14 @@ def free_port() -> int:
 
 
 def render(helm: str, profile: str, metrics_port: int, peer_port: int):
-    """The DaemonSet and ConfigMap as `helm template` renders them for `profile`."""
-    out = run([helm, "template", "ferry", CHART, "--namespace", "ferry", *PROFILES[profile],
-               "--set", "fabric.provider=auto", "--set", f"fabric.ifaces={{{NODE_IP}}}",
-               "--set", "fabric.discoverRdmaDevices=false", "--set", f"metricsPort={metrics_port}",
-               "--set", f"peerPort={peer_port}"]).stdout
+    """The DaemonSet and ConfigMap as `helm template` renders them for `profile`. The GKE
+    and EKS profiles name NICs this machine lacks: they get its node address instead. The
+    default profile is rendered as it is (it finds its NIC by the node's address)."""
+    nics = [] if profile == "default" else [
+        "--set", "fabric.provider=auto", "--set", f"fabric.ifaces={{{NODE_IP}}}",
+        "--set", "fabric.discoverRdmaDevices=false"]
+    out = run([helm, "template", "ferry", CHART, "--namespace", "ferry", *PROFILES[profile], *nics,
+               "--set", f"metricsPort={metrics_port}", "--set", f"peerPort={peer_port}"]).stdout
     objs = {d["kind"]: d for d in yaml.safe_load_all(out) if d}
     return objs["DaemonSet"], objs["ConfigMap"]
 

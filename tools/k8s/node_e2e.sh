@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# ferry on one real Kubernetes node: the control plane of tools/k8s/lib.sh with every
+# controller and kube-scheduler, Debian's containerd 1.6 (CRI, runc, cgroupfs,
+# restrict_oom_score_adj) and kubelet v1.34 (cgroup v1), the agent's image
+# (tools/image.sh) imported with `ctr images import`. Then, per Helm profile given
+# (default: the chart's defaults):
+#   - `helm install`; the DaemonSet's pod becomes Ready through its own probes;
+#   - two serving pods, run as deploy/examples tells users to run them (non-root, the
+#     socket group, the hostPath socket directory), move bytes through the agent
+#     (tests/deploy/container/pod_workload: every byte checked);
+#   - `helm uninstall` leaves no pod, and no socket in the node's socket directory.
+# Runs as root on a machine that may run containers (podman's setup, tools/image.sh);
+# nothing outside its scratch directory is left behind except the kubelet's cgroups.
+#   tools/k8s/node_e2e.sh [PROFILE...]      e.g. default gke-a3-ultra eks-p5
+# Prints a line per check and `N passed, N failed`.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+profiles=("$@")
+[ ${#profiles[@]} -gt 0 ] || profiles=(default)
+bash tools/setup.sh >&2
+command -v containerd >/dev/null || {
+  echo "k8s: installing containerd" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd >/dev/null
+}
+image=$(bash tools/image.sh | tail -n 1)
+bazel build //tests/deploy/container:pod_workload 2>&1 | tail -n 1 >&2
+workload=$(realpath bazel-bin/tests/deploy/container/pod_workload)
+bin=$(bash tools/k8s/binaries.sh kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+helm=$PWD/tools/go/bin/helm
+source tools/k8s/lib.sh
+start_control_plane '*'
+"$bin/kube-scheduler" --kubeconfig="$KUBECONFIG" --bind-address=127.0.0.1 --secure-port=0 --leader-elect=false \
+  > "$work/scheduler.log" 2>&1 &
+pids+=($!)
+
+# The node's container runtime, all its state in $work.
+node=$work/node
+mkdir -p "$node/cni" "$node/exchange" "$node/run-ferry"
+chmod 1777 "$node/exchange"
+cat > "$node/cni/10-bridge.conflist" <<'JSON'
+{"cniVersion": "0.4.0", "name": "ferry-test", "plugins": [
+  {"type": "bridge", "bridge": "fytest0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]]}},
+  {"type": "loopback"}]}
+JSON
+cat > "$node/containerd.toml" <<TOML
+version = 2
+root = "$node/containerd/root"
+state = "$node/containerd/state"
+[grpc]
+  address = "$node/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/ferry-test/pause:1"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$node/cni"
+TOML
+containerd --config "$node/containerd.toml" > "$work/containerd.log" 2>&1 &
+pids+=($!)
+ctr() { command ctr --address "$node/containerd.sock" -n k8s.io "$@"; }
+for _ in $(seq 1 40); do ctr version >/dev/null 2>&1 && break; sleep 0.25; done
+# The pod sandbox's image: no registry is reachable, so a process that waits, on the
+# Debian base tools/image.sh made.
+printf 'FROM docker.io/library/debian:bookworm-slim\nENTRYPOINT ["sleep", "infinity"]\n' |
+  podman build --quiet --pull=never -t localhost/ferry-test/pause:1 -f - "$node" >/dev/null
+for i in localhost/ferry-test/pause:1 "$image"; do
+  podman save --quiet "$i" | ctr images import --all-platforms - >/dev/null
+done
+ctr images tag "localhost/$image" "docker.io/$image" >/dev/null 2>&1 || true
+
+# The node's address: kubelet refuses a loopback one, so one end of a veth pair of the
+# test's (deleting one end deletes both).
+node_ip=10.250.0.1
+ip link add fy-node0 type veth peer name fy-node1
+ip addr add "$node_ip/32" dev fy-node0
+ip link set fy-node0 up
+ip link set fy-node1 up
+sign kubelet "/CN=system:node:node-1/O=system:nodes"
+kubelet_port=$(free_port)
+cat > "$node/kubelet.kubeconfig" <<YAML
+apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster: {server: "$(kubectl config view -o jsonpath='{.clusters[0].cluster.server}')", certificate-authority: $work/ca.crt}
+users:
+- name: kubelet
+  user: {client-certificate: $work/kubelet.crt, client-key: $work/kubelet.key}
+contexts:
+- name: test
+  context: {cluster: test, user: kubelet}
+current-context: test
+YAML
+cat > "$node/kubelet.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $node_ip
+port: $kubelet_port
+readOnlyPort: 0
+healthzPort: 0
+authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: $work/ca.crt}}
+authorization: {mode: AlwaysAllow}
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://$node/containerd.sock
+resolvConf: ""
+evictionHard: {}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+localStorageCapacityIsolation: false
+YAML
+"$bin/kubelet" --kubeconfig="$node/kubelet.kubeconfig" --config="$node/kubelet.yaml" --root-dir="$node/kubelet" \
+  --hostname-override=node-1 --node-ip="$node_ip" > "$work/kubelet.log" 2>&1 &
+pids+=($!)
+cleanup_extra() {
+  # The containers outlive containerd and kubelet: kill them and their shims first.
+  local t
+  for t in $(ctr tasks ls -q 2>/dev/null); do ctr tasks kill -s SIGKILL "$t" >/dev/null 2>&1 || true; done
+  sleep 1
+  pkill -f "containerd-shim-runc-v2 .*-address $node/containerd.sock" 2>/dev/null || true
+  ip link delete fytest0 2>/dev/null || true
+  ip link delete fy-node0 2>/dev/null || true
+}
+
+passed=0
+failed=0
+check() {
+  local name=$1 out
+  shift
+  if out=$("$@" 2>&1); then
+    echo "PASS  $name"
+    passed=$((passed + 1))
+  else
+    echo "FAIL  $name"
+    printf '%s\n' "$out" | tail -n 30 | sed 's/^/      /'
+    failed=$((failed + 1))
+  fi
+}
+# eventually SECONDS COMMAND...: the command, again every half second until it succeeds.
+eventually() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || { "$@"; return 1; }
+    sleep 0.5
+  done
+}
+eventually 60 kubectl get node/node-1 || true
+check "node-1 Ready (kubelet $("$bin/kubelet" --version | cut -d' ' -f2), containerd $(containerd --version | cut -d' ' -f3))" \
+  kubectl wait --for=condition=Ready node/node-1 --timeout=90s
+
+serving_pod() {  # serving_pod NAME ROLE EXCHANGE: a pod as deploy/examples' decode pod runs, playing ROLE
+  cat <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $1}
+spec:
+  restartPolicy: Never
+  securityContext: {runAsNonRoot: true, runAsUser: 1000, runAsGroup: 1000, supplementalGroups: [2000]}
+  containers:
+  - name: $2
+    image: docker.io/$image
+    imagePullPolicy: Never
+    command: [/opt/ferry-test/pod_workload]
+    args: [--role=$2, --bytes=33554432, --rounds=4, --wait_seconds=60]
+    securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
+    volumeMounts:
+    - {name: ferry, mountPath: /run/ferry}
+    - {name: exchange, mountPath: /exchange}
+    - {name: workload, mountPath: /opt/ferry-test/pod_workload, readOnly: true}
+  volumes:
+  - {name: ferry, hostPath: {path: $node/run-ferry, type: Directory}}
+  - {name: exchange, hostPath: {path: $3, type: Directory}}
+  - {name: workload, hostPath: {path: $workload, type: File}}
+YAML
+}
+
+for profile in "${profiles[@]}"; do
+  values=()
+  [ "$profile" = default ] || values=(-f "deploy/helm/ferry/values-$profile.yaml")
+  check "$profile: helm install" "$helm" install ferry deploy/helm/ferry --namespace ferry --create-namespace \
+    "${values[@]}" --set socketDir="$node/run-ferry" --set podMonitor.enabled=false --wait=false
+  check "$profile: the agent's pod Ready through its probes" bash -c "
+    $(declare -f eventually kubectl); bin=$bin
+    eventually 60 test -n \"\$(kubectl -n ferry get pods -o name)\" &&
+    kubectl -n ferry wait --for=condition=Ready pod --all --timeout=120s"
+  if [ "$(kubectl -n ferry get pods -o jsonpath='{.items[0].status.phase}' 2>/dev/null)" != Running ]; then
+    kubectl -n ferry describe pods | tail -n 30 | sed 's/^/      /'
+  fi
+  exchange=$node/exchange/$profile
+  mkdir -p "$exchange" && chmod 1777 "$exchange"
+  serving_pod "receiver-$profile" receiver "$exchange" | kubectl apply -f - >/dev/null
+  serving_pod "sender-$profile" sender "$exchange" | kubectl apply -f - >/dev/null
+  check "$profile: two serving pods moved 32 MiB x 4 through the agent, every byte checked" \
+    bash -c "kubectl wait --for=jsonpath='{.status.phase}'=Succeeded pod/sender-$profile pod/receiver-$profile \
+      --timeout=120s && kubectl logs receiver-$profile"
+  kubectl logs "receiver-$profile" 2>/dev/null | tail -n 3 | sed 's/^/      receiver: /'
+  kubectl logs "sender-$profile" 2>/dev/null | tail -n 3 | sed 's/^/      sender: /'
+  kubectl delete pod "receiver-$profile" "sender-$profile" --wait=true >/dev/null 2>&1 || true
+  check "$profile: helm uninstall" "$helm" uninstall ferry --namespace ferry --wait
+  check "$profile: the agent's pod gone and its sockets removed" bash -c \
+    "kubectl -n ferry wait --for=delete pod --all --timeout=60s && test -z \"\$(ls -A $node/run-ferry)\""
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
