@@ -21,28 +21,6 @@ source tools/k8s/lib.sh
 # The quota controller fills a ResourceQuota's status, which its admission needs.
 start_control_plane resourcequota,namespace,serviceaccount
 
-passed=0
-failed=0
-check() {  # check NAME COMMAND...: one line, PASS or FAIL with the command's output
-  local name=$1 out
-  shift
-  if out=$("$@" 2>&1); then
-    echo "PASS  $name"
-    passed=$((passed + 1))
-  else
-    echo "FAIL  $name"
-    printf '%s\n' "$out" | sed 's/^/      /'
-    failed=$((failed + 1))
-  fi
-}
-eventually() {  # the command, again for up to 10 s while it fails (caches catching up)
-  local i
-  for i in $(seq 1 20); do
-    "$@" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  "$@"
-}
 refused_for() {  # refused_for PATTERN COMMAND...: the command fails, saying PATTERN
   local pattern=$1 out
   shift
@@ -96,7 +74,7 @@ for profile in default gke-a3-ultra eks-p5; do
   [ "$sa" = default ] || kubectl create serviceaccount -n no-quota "$sa" >/dev/null
   agent_pod "$rendered" ferry > "$work/pod.json"
   check "helm profile $profile: the agent's pod admitted in namespace ferry (its quota covers the priority class)" \
-    eventually kubectl create --dry-run=server -f "$work/pod.json"
+    eventually 10 kubectl create --dry-run=server -f "$work/pod.json"
   agent_pod "$rendered" no-quota > "$work/pod-elsewhere.json"
   if grep -q '"priorityClassName": "system-node-critical"' "$work/pod.json"; then
     check "helm profile $profile: the same pod refused in a namespace without that quota (as GKE refuses it)" \

@@ -4,7 +4,9 @@
 #   bin=$(bash tools/k8s/binaries.sh kube-apiserver kube-controller-manager kubectl)
 #   source tools/k8s/lib.sh
 #   start_control_plane resourcequota,namespace,serviceaccount   # controllers to run
-#   kubectl get nodes
+#   check "the chart renders objects the server accepts" kubectl apply --dry-run=server -f x.yaml
+#   eventually 30 kubectl get node/node-1
+#   echo "$passed passed, $failed failed"
 #
 # Debian's etcd (installed when missing; root), kube-apiserver with TLS, RBAC, privileged
 # containers allowed (as GKE and EKS allow them) and the ResourceQuota admission
@@ -38,6 +40,53 @@ sign() {
   openssl req -newkey rsa:2048 -nodes -keyout "$work/$1.key" -out "$work/$1.csr" -subj "$2" 2>/dev/null
   openssl x509 -req -in "$work/$1.csr" -CA "$work/ca.crt" -CAkey "$work/ca.key" -CAcreateserial \
     -out "$work/$1.crt" -days 1 ${3:+-extfile "$3"} 2>/dev/null
+}
+
+# write_kubeconfig FILE USER: a kubeconfig for the API server at $api_server, as USER
+# (the certificate sign made under that name).
+write_kubeconfig() {
+  cat > "$1" <<YAML
+apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster: {server: "$api_server", certificate-authority: $work/ca.crt}
+users:
+- name: $2
+  user: {client-certificate: $work/$2.crt, client-key: $work/$2.key}
+contexts:
+- name: test
+  context: {cluster: test, user: $2}
+current-context: test
+YAML
+  chmod 600 "$1"
+}
+
+# check NAME COMMAND...: runs a check; one line, PASS, or FAIL with the end of its output.
+passed=0
+failed=0
+check() {
+  local name=$1 out
+  shift
+  if out=$("$@" 2>&1); then
+    echo "PASS  $name"
+    passed=$((passed + 1))
+  else
+    echo "FAIL  $name"
+    printf '%s\n' "$out" | tail -n 30 | sed 's/^/      /'
+    failed=$((failed + 1))
+  fi
+}
+
+# eventually SECONDS COMMAND...: the command, again every half second while it fails
+# (caches and controllers catching up); its last failure's output if it never succeeds.
+eventually() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || { "$@"; return 1; }
+    sleep 0.5
+  done
 }
 
 start_control_plane() {  # start_control_plane CONTROLLERS
@@ -81,21 +130,8 @@ YAML
     --authorization-mode=Node,RBAC --allow-privileged=true --kubelet-preferred-address-types=InternalIP \
     --admission-control-config-file="$work/admission.yaml" > "$work/apiserver.log" 2>&1 &
   pids+=($!)
-  cat > "$KUBECONFIG" <<YAML
-apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster: {server: "https://127.0.0.1:$api_port", certificate-authority: $work/ca.crt}
-users:
-- name: admin
-  user: {client-certificate: $work/admin.crt, client-key: $work/admin.key}
-contexts:
-- name: test
-  context: {cluster: test, user: admin}
-current-context: test
-YAML
-  chmod 600 "$KUBECONFIG"
+  api_server=https://127.0.0.1:$api_port
+  write_kubeconfig "$KUBECONFIG" admin
   for i in $(seq 1 120); do
     kubectl get --raw=/readyz >/dev/null 2>&1 && break
     sleep 0.5

@@ -82,20 +82,7 @@ ip link set fy-node0 up
 ip link set fy-node1 up
 sign kubelet "/CN=system:node:node-1/O=system:nodes"
 kubelet_port=$(free_port)
-cat > "$node/kubelet.kubeconfig" <<YAML
-apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster: {server: "$(kubectl config view -o jsonpath='{.clusters[0].cluster.server}')", certificate-authority: $work/ca.crt}
-users:
-- name: kubelet
-  user: {client-certificate: $work/kubelet.crt, client-key: $work/kubelet.key}
-contexts:
-- name: test
-  context: {cluster: test, user: kubelet}
-current-context: test
-YAML
+write_kubeconfig "$node/kubelet.kubeconfig" kubelet
 cat > "$node/kubelet.yaml" <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -129,29 +116,6 @@ cleanup_extra() {
   ip link delete fy-node0 2>/dev/null || true
 }
 
-passed=0
-failed=0
-check() {
-  local name=$1 out
-  shift
-  if out=$("$@" 2>&1); then
-    echo "PASS  $name"
-    passed=$((passed + 1))
-  else
-    echo "FAIL  $name"
-    printf '%s\n' "$out" | tail -n 30 | sed 's/^/      /'
-    failed=$((failed + 1))
-  fi
-}
-# eventually SECONDS COMMAND...: the command, again every half second until it succeeds.
-eventually() {
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@" >/dev/null 2>&1; do
-    [ $SECONDS -lt $deadline ] || { "$@"; return 1; }
-    sleep 0.5
-  done
-}
 eventually 60 kubectl get node/node-1 || true
 check "node-1 Ready (kubelet $("$bin/kubelet" --version | cut -d' ' -f2), containerd $(containerd --version | cut -d' ' -f3))" \
   kubectl wait --for=condition=Ready node/node-1 --timeout=90s
