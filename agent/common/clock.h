@@ -4,11 +4,10 @@
 //   const Clock* clock = Clock::Real();   // absl::Now()
 //   t.deadline = clock->Now() + timeout;
 //
-// ManualClock (tests) stands still until told to move.
+// ManualClock (tests) stands still at the time it was given.
 #ifndef FERRY_AGENT_COMMON_CLOCK_H_
 #define FERRY_AGENT_COMMON_CLOCK_H_
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -25,18 +24,10 @@ class Clock {
 class ManualClock : public Clock {
  public:
   explicit ManualClock(absl::Time now) : now_(now) {}
-  absl::Time Now() const override {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
+  absl::Time Now() const override { return now_; }
 
  private:
-  mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_);
+  const absl::Time now_;
 };
 
 }  // namespace ferry
