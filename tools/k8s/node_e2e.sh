@@ -11,12 +11,12 @@
 #   - `helm uninstall` leaves no pod, and no socket in the node's socket directory.
 # Runs as root on a machine that may run containers (podman's setup, tools/image.sh);
 # nothing outside its scratch directory is left behind except the kubelet's cgroups.
-#   tools/k8s/node_e2e.sh [PROFILE...]      e.g. default gke-a3-ultra eks-p5
+#   tools/k8s/node_e2e.sh [PROFILE...]      default, gke-a3-ultra, eks-p5 (all when none)
 # Prints a line per check and `N passed, N failed`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 profiles=("$@")
-[ ${#profiles[@]} -gt 0 ] || profiles=(default)
+[ ${#profiles[@]} -gt 0 ] || profiles=(default gke-a3-ultra eks-p5)
 bash tools/setup.sh >&2
 command -v containerd >/dev/null || {
   echo "k8s: installing containerd" >&2
@@ -107,6 +107,7 @@ YAML
   --hostname-override=node-1 --node-ip="$node_ip" > "$work/kubelet.log" 2>&1 &
 pids+=($!)
 cleanup_extra() {
+  cleanup_node_fakes
   # The containers outlive containerd and kubelet: kill them and their shims first.
   local t
   for t in $(ctr tasks ls -q 2>/dev/null); do ctr tasks kill -s SIGKILL "$t" >/dev/null 2>&1 || true; done
@@ -146,9 +147,35 @@ spec:
 YAML
 }
 
+# What a profile's node has and this one lacks, made up as little as possible: the GKE and
+# EKS nodes' labels, EKS's EFA devices as the extended resource the device plugin would
+# advertise, and for every NIC they name this node's address (no RDMA NIC here); their
+# CPU and huge-page requests are lowered to what 2 cores without huge pages can give.
+made_dev_infiniband=""
+cleanup_node_fakes() { [ -z "$made_dev_infiniband" ] || rmdir /dev/infiniband 2>/dev/null || true; }
+node_like() {  # node_like PROFILE: prints the helm flags this node needs for PROFILE
+  case $1 in
+    default) return ;;
+    gke-a3-ultra)
+      kubectl label node node-1 --overwrite cloud.google.com/gke-accelerator=nvidia-h200-141gb >/dev/null
+      if [ ! -e /dev/infiniband ]; then mkdir /dev/infiniband && made_dev_infiniband=1; fi
+      mkdir -p "$node/nvidia"
+      echo "--set gpu.driverHostPath=$node/nvidia" ;;
+    eks-p5)
+      kubectl label node node-1 --overwrite node.kubernetes.io/instance-type=p5.48xlarge >/dev/null
+      kubectl patch node node-1 --subresource=status --type=json \
+        -p '[{"op": "add", "path": "/status/capacity/vpc.amazonaws.com~1efa", "value": "32"}]' >/dev/null
+      echo "--set resources.requests.hugepages-2Mi=null --set resources.limits.hugepages-2Mi=null" ;;
+  esac
+  echo "--set fabric.provider=auto --set fabric.ifaces={$node_ip} --set fabric.discoverRdmaDevices=false"
+  echo "--set resources.requests.cpu=500m --set resources.requests.memory=1Gi"
+}
+
 for profile in "${profiles[@]}"; do
   values=()
   [ "$profile" = default ] || values=(-f "deploy/helm/ferry/values-$profile.yaml")
+  # shellcheck disable=SC2207
+  values+=($(node_like "$profile"))
   check "$profile: helm install" "$helm" install ferry deploy/helm/ferry --namespace ferry --create-namespace \
     "${values[@]}" --set socketDir="$node/run-ferry" --set podMonitor.enabled=false --wait=false
   check "$profile: the agent's pod Ready through its probes" bash -c "
