@@ -153,29 +153,28 @@ YAML
 # CPU and huge-page requests are lowered to what 2 cores without huge pages can give.
 made_dev_infiniband=""
 cleanup_node_fakes() { [ -z "$made_dev_infiniband" ] || rmdir /dev/infiniband 2>/dev/null || true; }
-node_like() {  # node_like PROFILE: prints the helm flags this node needs for PROFILE
+node_like() {  # node_like PROFILE: makes the node like PROFILE's and adds the flags it needs to $values
   case $1 in
     default) return ;;
     gke-a3-ultra)
       kubectl label node node-1 --overwrite cloud.google.com/gke-accelerator=nvidia-h200-141gb >/dev/null
       if [ ! -e /dev/infiniband ]; then mkdir /dev/infiniband && made_dev_infiniband=1; fi
       mkdir -p "$node/nvidia"
-      echo "--set gpu.driverHostPath=$node/nvidia" ;;
+      values+=(--set "gpu.driverHostPath=$node/nvidia") ;;
     eks-p5)
       kubectl label node node-1 --overwrite node.kubernetes.io/instance-type=p5.48xlarge >/dev/null
       kubectl patch node node-1 --subresource=status --type=json \
         -p '[{"op": "add", "path": "/status/capacity/vpc.amazonaws.com~1efa", "value": "32"}]' >/dev/null
-      echo "--set resources.requests.hugepages-2Mi=null --set resources.limits.hugepages-2Mi=null" ;;
+      values+=(--set resources.requests.hugepages-2Mi=null --set resources.limits.hugepages-2Mi=null) ;;
   esac
-  echo "--set fabric.provider=auto --set fabric.ifaces={$node_ip} --set fabric.discoverRdmaDevices=false"
-  echo "--set resources.requests.cpu=500m --set resources.requests.memory=1Gi"
+  values+=(--set fabric.provider=auto --set "fabric.ifaces={$node_ip}" --set fabric.discoverRdmaDevices=false
+           --set resources.requests.cpu=500m --set resources.requests.memory=1Gi)
 }
 
 for profile in "${profiles[@]}"; do
   values=()
   [ "$profile" = default ] || values=(-f "deploy/helm/ferry/values-$profile.yaml")
-  # shellcheck disable=SC2207
-  values+=($(node_like "$profile"))
+  node_like "$profile"
   check "$profile: helm install" "$helm" install ferry deploy/helm/ferry --namespace ferry --create-namespace \
     "${values[@]}" --set socketDir="$node/run-ferry" --set podMonitor.enabled=false --wait=false
   check "$profile: the agent's pod Ready through its probes" bash -c "
