@@ -17,11 +17,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-#define FERRY_RETURN_IF_ERROR(expr)                                             \
-  do {                                                                          \
-    if (::absl::Status ferry_status_ = (expr); !ferry_status_.ok()) {           \
-      return ferry_status_;                                                     \
-    }                                                                           \
+#define FERRY_RETURN_IF_ERROR(expr)                                   \
+  do {                                                                \
+    if (::absl::Status ferry_status_ = (expr); !ferry_status_.ok()) { \
+      return ferry_status_;                                           \
+    }                                                                 \
   } while (0)
 
 #define FERRY_STATUS_CONCAT_INNER_(a, b) a##b
