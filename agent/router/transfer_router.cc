@@ -458,43 +458,42 @@ absl::Status TransferBatch::NextPartError(const absl::Status& s) const {
 absl::Status TransferBatch::CheckPartsDisjoint() const {
   if (parts_.size() < 2) return absl::OkStatus();
   struct Extent {
-    bool remote;
-    uint64_t incarnation, region;  // which region: this agent's, or one of another agent
+    std::tuple<bool, uint64_t, uint64_t> region;  // remote?, agent incarnation, region id
     DestinationExtent bytes;
     const ChunkPlan* plan;
   };
-  std::vector<Extent> extents;
-  extents.reserve(parts_.size());
+  // Per thread, as the queue poller prepares batch entries: no allocation per batch.
+  thread_local std::vector<Extent> extents;
+  extents.clear();
   for (const auto& part : parts_) {
     const bool remote = part->dst == nullptr;
-    extents.push_back({remote, remote ? part->dst_descriptor->agent_incarnation() : 0,
-                       remote ? part->dst_descriptor->region_id() : part->dst->id(), ExtentOf(part->plan),
+    extents.push_back({{remote, remote ? part->dst_descriptor->agent_incarnation() : 0,
+                        remote ? part->dst_descriptor->region_id() : part->dst->id()},
+                       ExtentOf(part->plan),
                        &part->plan});
   }
-  auto key = [](const Extent& e) { return std::make_tuple(e.remote, e.incarnation, e.region); };
-  std::sort(extents.begin(), extents.end(), [&](const Extent& a, const Extent& b) {
-    return std::make_tuple(a.remote, a.incarnation, a.region, a.bytes.begin) <
-           std::make_tuple(b.remote, b.incarnation, b.region, b.bytes.begin);
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) {
+    return std::tie(a.region, a.bytes.begin) < std::tie(b.region, b.bytes.begin);
   });
-  // Runs of parts into one region whose extents chain into each other: each run's chunks
-  // are checked together.
-  std::vector<const ChunkPlan*> run;
-  uint64_t run_end = 0;
-  for (size_t i = 0; i <= extents.size(); ++i) {
-    const bool joins =
-        i > 0 && i < extents.size() && key(extents[i]) == key(extents[i - 1]) && extents[i].bytes.begin < run_end;
-    if (!joins) {
-      if (run.size() > 1) {
-        if (absl::Status s = CheckDisjointDestinations(run); !s.ok()) {
-          return WithPrefix(s, absl::StrCat("parts: two parts write region ", extents[i - 1].region, ": "));
-        }
-      }
-      if (i == extents.size()) break;
-      run.clear();
-      run_end = 0;
+  // Runs of parts into one region whose extents chain into each other, [first, i): the
+  // chunks of a run of two or more are checked together.
+  size_t first = 0;
+  uint64_t run_end = extents[0].bytes.end;
+  for (size_t i = 1; i <= extents.size(); ++i) {
+    if (i < extents.size() && extents[i].region == extents[first].region && extents[i].bytes.begin < run_end) {
+      run_end = std::max(run_end, extents[i].bytes.end);
+      continue;
     }
-    run.push_back(extents[i].plan);
-    run_end = std::max(run_end, extents[i].bytes.end);
+    if (i - first > 1) {
+      std::vector<const ChunkPlan*> run;
+      for (size_t j = first; j < i; ++j) run.push_back(extents[j].plan);
+      if (absl::Status s = CheckDisjointDestinations(run); !s.ok()) {
+        return WithPrefix(s, absl::StrCat("parts: two parts write region ", std::get<2>(extents[first].region), ": "));
+      }
+    }
+    if (i == extents.size()) break;
+    first = i;
+    run_end = extents[i].bytes.end;
   }
   return absl::OkStatus();
 }
