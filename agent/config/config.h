@@ -35,9 +35,12 @@ struct AgentConfig {
   uint64_t fabric_max_op_bytes = 1 << 20;  // larger chunks are split (and striped)
   uint32_t fabric_spin_us = 100;           // NIC worker polling after activity
   std::string sysfs_root = "/sys";         // topology discovery (a fake tree in tests)
-  bool pin_workers = true;                 // NIC workers on their NIC's NUMA-local cores
-  size_t max_peers = 4096;                 // agents connected at once; 0: no limit
-  uint32_t peer_idle_s = 300;              // close connections unused this long; 0: never
+  // The pod's DRA-claimed devices (agent/dra): its NICs instead of sysfs's; they are
+  // the fabric NICs when fabric_ifaces is empty.
+  std::string claimed_devices;
+  bool pin_workers = true;     // NIC workers on their NIC's NUMA-local cores
+  size_t max_peers = 4096;     // agents connected at once; 0: no limit
+  uint32_t peer_idle_s = 300;  // close connections unused this long; 0: never
   // Agent-to-agent mTLS: PEM files (all three, or none for plaintext), and the name
   // every agent's certificate carries (a DNS SAN), checked instead of the peer's IP.
   std::string peer_tls_cert, peer_tls_key, peer_tls_ca;

@@ -14,7 +14,9 @@
 #include "absl/time/clock.h"
 #include "agent/common/log.h"
 #include "agent/common/status_macros.h"
+#include "agent/common/status_prefix.h"
 #include "agent/common/token.h"
+#include "agent/dra/claimed_nics.h"
 #include "agent/main/topology_report.h"
 #include "agent/peers/peer_tls.h"
 #include "agent/topology/cpu_list.h"
@@ -98,15 +100,16 @@ absl::Status Agent::Init() {
   });
   local_copier_ = std::make_unique<HostCopier>(config_.local_copy_threads);
   absl::StatusOr<Topology> topology = DiscoverTopology(config_.sysfs_root);
-  if (topology.ok()) {
-    topology_ = std::make_shared<const Topology>(std::move(*topology));
-  } else {
-    topology_ = std::make_shared<const Topology>();
+  if (!topology.ok()) {
     FERRY_LOG(WARNING) << "no topology (" << topology.status().message()
                        << "): every region stripes over every NIC, workers unpinned";
+    topology = Topology();
   }
+  if (!config_.claimed_devices.empty()) FERRY_RETURN_IF_ERROR(UseClaimedNics(*topology));
+  topology_ = std::make_shared<const Topology>(*std::move(topology));
   FERRY_LOG(INFO) << "topology from " << config_.sysfs_root << ": " << topology_->numa_nodes.size() << " NUMA nodes, "
-                  << topology_->gpus.size() << " GPUs, " << topology_->nics.size() << " NICs";
+                  << topology_->gpus.size() << " GPUs, " << topology_->nics.size() << " NICs"
+                  << (config_.claimed_devices.empty() ? "" : " (claimed)");
   // GPU support when the node has a driver; devices are touched on first use only.
   absl::StatusOr<const CudaDriver*> cu = CudaDriver::Load();
   if (cu.ok()) {
@@ -135,6 +138,21 @@ absl::Status Agent::Init() {
 
   StartTransferPaths();
   return StartLocalApi();
+}
+
+absl::Status Agent::UseClaimedNics(Topology& topology) {
+  FERRY_ASSIGN_OR_RETURN(v1::ClaimedDevices claimed, ReadClaimedDevices(config_.claimed_devices));
+  absl::StatusOr<std::vector<NicDevice>> nics = ClaimedNics(claimed);
+  if (!nics.ok()) return WithPrefix(nics.status(), absl::StrCat("--claimed_devices ", config_.claimed_devices, ": "));
+  // The claim replaces what sysfs showed of the NICs: in a pod without the host's network,
+  // sysfs shows the pod's interfaces, not the node's.
+  topology.nics = *std::move(nics);
+  if (config_.fabric_ifaces.empty()) config_.fabric_ifaces = FabricNames(topology.nics);
+  for (const NicDevice& nic : topology.nics) {
+    FERRY_LOG(INFO) << "claimed NIC " << nic.name << " (" << nic.claimed_device << "): PCIe root "
+                    << (nic.pci.pcie_root.empty() ? "-" : nic.pci.pcie_root) << ", NUMA node " << nic.pci.numa_node;
+  }
+  return absl::OkStatus();
 }
 
 void Agent::StartTransferPaths() {

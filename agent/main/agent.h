@@ -54,6 +54,8 @@ class Agent {
   // Opens the NICs and serves the peer API; sets advertise_address_.
   absl::Status StartFabric();
   // The router, and the shared-memory queues' entries handed to it.
+  // Replaces the topology's NICs with the ones in config_.claimed_devices.
+  absl::Status UseClaimedNics(Topology& topology);
   void StartTransferPaths();
   // The local gRPC API (with health and reflection) and the session socket.
   absl::Status StartLocalApi();

@@ -64,6 +64,10 @@ ABSL_FLAG(uint32_t, fabric_spin_us, 100,
           "the target polls. Idle CPU grows with it.");
 ABSL_FLAG(std::string, sysfs_root, "/sys",
           "Where to read the node's topology (GPUs, NICs, NUMA nodes, PCIe tree); tests point it at a fake tree.");
+ABSL_FLAG(std::string, claimed_devices, "",
+          "A file of the devices the agent's pod claimed through DRA (written by `ferryctl claimed-devices`): its "
+          "NICs and their places come from the claim, not sysfs, and are the fabric NICs when --fabric_iface is "
+          "empty.");
 ABSL_FLAG(uint64_t, max_peers, 4096,
           "Most agents this one is connected to at once (each costs address-vector entries, a gRPC channel and "
           "provider connections); a transfer to one more fails RESOURCE_EXHAUSTED. 0: no limit.");
@@ -195,6 +199,7 @@ absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
   config.fabric_max_op_bytes = absl::GetFlag(FLAGS_fabric_max_op_bytes);
   config.fabric_spin_us = absl::GetFlag(FLAGS_fabric_spin_us);
   config.sysfs_root = absl::GetFlag(FLAGS_sysfs_root);
+  config.claimed_devices = absl::GetFlag(FLAGS_claimed_devices);
   config.pin_workers = absl::GetFlag(FLAGS_pin_workers);
   config.max_peers = absl::GetFlag(FLAGS_max_peers);
   config.peer_idle_s = absl::GetFlag(FLAGS_peer_idle_s);
@@ -261,8 +266,9 @@ absl::StatusOr<ferry::AgentConfig> ConfigFromFlags() {
   if (config.fabric_latency_lane && !config.qos.scheduling.enabled) {
     return absl::InvalidArgumentError("--fabric_latency_lane needs --qos (the lanes carry the latency class)");
   }
-  if (!config.peer_address.empty() && config.fabric_ifaces.empty()) {
-    return absl::InvalidArgumentError("--peer_address needs --fabric_iface (e.g. 127.0.0.1 for a loopback test)");
+  if (!config.peer_address.empty() && config.fabric_ifaces.empty() && config.claimed_devices.empty()) {
+    return absl::InvalidArgumentError(
+        "--peer_address needs --fabric_iface (e.g. 127.0.0.1 for a loopback test) or --claimed_devices");
   }
   return config;
 }

@@ -7,10 +7,13 @@
 namespace ferry {
 namespace {
 
-void FillPci(const PciLocation& pci, v1::NicInfo* n) {
-  n->set_pci_address(pci.address);
-  n->set_numa_node(pci.numa_node);
-  n->set_pcie_root(pci.pcie_root);
+void FillDevice(const NicDevice& dev, v1::NicInfo* n) {
+  n->set_pci_address(dev.pci.address);
+  n->set_numa_node(dev.pci.numa_node);
+  n->set_pcie_root(dev.pci.pcie_root);
+  n->set_rdma_device(dev.rdma_device);
+  n->set_netdev(dev.netdev);
+  n->set_claimed_device(dev.claimed_device);
 }
 
 }  // namespace
@@ -33,9 +36,7 @@ void FillTopology(const Topology& topology, const FabricEngine* engine, v1::GetT
       n->set_fabric_address(nics[i]->address_string());
       n->set_numa_node(-1);
       if (dev != nullptr) {
-        FillPci(dev->pci, n);
-        n->set_rdma_device(dev->rdma_device);
-        n->set_netdev(dev->netdev);
+        FillDevice(*dev, n);
       } else {
         n->set_netdev(nics[i]->netdev());
       }
@@ -49,9 +50,7 @@ void FillTopology(const Topology& topology, const FabricEngine* engine, v1::GetT
     if (std::find(used.begin(), used.end(), &dev) != used.end()) continue;
     v1::NicInfo* n = resp->add_nics();
     n->set_name(dev.name);
-    FillPci(dev.pci, n);
-    n->set_rdma_device(dev.rdma_device);
-    n->set_netdev(dev.netdev);
+    FillDevice(dev, n);
     places.push_back(dev.pci);
   }
 

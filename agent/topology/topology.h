@@ -44,6 +44,9 @@ struct NicDevice {
   std::string rdma_device;  // empty for a plain Ethernet NIC
   std::string netdev;       // "gpu0rdma0"; empty for EFA, which has none
   PciLocation pci;
+  // "driver/pool/device" when the NIC was claimed through DRA (agent/dra); empty when
+  // it was read from sysfs.
+  std::string claimed_device;
 };
 
 struct NumaNode {

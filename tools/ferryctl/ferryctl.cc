@@ -2,7 +2,10 @@
 //
 //   ferryctl [--socket=/run/ferry/ferry.sock] status [--json]
 //   ferryctl [--socket=...] topology [--json]
+//   ferryctl claimed-devices --claims=nics --out=FILE   (in the agent pod's init container)
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include <google/protobuf/util/json_util.h>
@@ -14,13 +17,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "agent/dra/claim_resolver.h"
+#include "agent/dra/claimed_nics.h"
 #include "agent/topology/cpu_list.h"
 #include "proto/ferry/v1/ferry.grpc.pb.h"
 
 ABSL_FLAG(std::string, socket, "/run/ferry/ferry.sock", "the agent's gRPC socket");
 ABSL_FLAG(bool, json, false, "print JSON instead of a table");
 ABSL_FLAG(int, timeout_ms, 5000, "RPC deadline");
+ABSL_FLAG(std::string, claims, "nics", "claimed-devices: the pod's resource claims to resolve (comma-separated)");
+ABSL_FLAG(std::string, out, "", "claimed-devices: the file to write (ferryd's --claimed_devices)");
 
 namespace {
 
@@ -176,6 +184,14 @@ int Topology(Agent::Stub& stub, grpc::ClientContext& ctx) {
              r.link().c_str(), Cores(r.cpus()).c_str());
     }
   }
+  bool claimed = false;
+  for (const auto& n : t.nics()) claimed |= !n.claimed_device().empty();
+  if (claimed) {
+    printf("\nNICs claimed through DRA (their place is the claim's attributes):\n");
+    for (const auto& n : t.nics()) {
+      if (!n.claimed_device().empty()) printf("  %-12s <- %s\n", n.name().c_str(), n.claimed_device().c_str());
+    }
+  }
   printf("\nNUMA nodes (a host region goes over its client's node's NICs, or all when it has none):\n");
   for (const auto& n : t.numa_nodes()) {
     printf("  numa%d cpus %s -> %s\n", n.numa_node(), Cores(n.cpus()).c_str(),
@@ -184,15 +200,72 @@ int Topology(Agent::Stub& stub, grpc::ClientContext& ctx) {
   return 0;
 }
 
+// Resolves the agent pod's own claims through the Kubernetes API and writes what ferryd
+// reads. Runs where the service account token is mounted (the init container only).
+int ClaimedDevices() {
+  const char* ns = getenv("POD_NAMESPACE");
+  const char* pod = getenv("POD_NAME");
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (ns == nullptr || pod == nullptr || out.empty()) {
+    fprintf(stderr, "ferryctl claimed-devices: needs --out and POD_NAMESPACE, POD_NAME (the downward API)\n");
+    return 2;
+  }
+  absl::StatusOr<ferry::KubeApiEndpoint> endpoint = ferry::InClusterEndpoint();
+  if (!endpoint.ok()) {
+    fprintf(stderr, "ferryctl claimed-devices: %s\n", endpoint.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<ferry::KubeApi> api = ferry::NewHttpsKubeApi(*std::move(endpoint));
+  ferry::ClaimQuery query{ns, pod, absl::StrSplit(absl::GetFlag(FLAGS_claims), ',', absl::SkipEmpty())};
+  absl::StatusOr<ferry::v1::ClaimedDevices> claimed = ferry::ResolveClaimedDevices(*api, query);
+  if (!claimed.ok()) {
+    fprintf(stderr, "ferryctl claimed-devices: %s\n", claimed.status().ToString().c_str());
+    return 1;
+  }
+  // Checked here too, so that a claim without NICs fails the init container with the
+  // reason, before the agent starts.
+  absl::StatusOr<std::vector<ferry::NicDevice>> nics = ferry::ClaimedNics(*claimed);
+  if (!nics.ok()) {
+    fprintf(stderr, "ferryctl claimed-devices: %s\n", nics.status().ToString().c_str());
+    return 1;
+  }
+  std::string json;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = true;
+  (void)google::protobuf::util::MessageToJsonString(*claimed, &json, opts);
+  const std::string tmp = out + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << json;
+    if (!f.flush()) {
+      fprintf(stderr, "ferryctl claimed-devices: cannot write %s\n", tmp.c_str());
+      return 1;
+    }
+  }
+  if (rename(tmp.c_str(), out.c_str()) != 0) {
+    fprintf(stderr, "ferryctl claimed-devices: cannot rename %s to %s\n", tmp.c_str(), out.c_str());
+    return 1;
+  }
+  printf("pod %s on node %s: %d claimed devices, %zu NICs\n", claimed->pod().c_str(), claimed->node().c_str(),
+         claimed->devices_size(), nics->size());
+  for (const ferry::NicDevice& n : *nics) {
+    printf("  %-12s %-12s PCIe root %-11s NUMA %-3s <- %s\n", n.netdev.empty() ? "-" : n.netdev.c_str(),
+           n.rdma_device.empty() ? "-" : n.rdma_device.c_str(), n.pci.pcie_root.empty() ? "-" : n.pci.pcie_root.c_str(),
+           Numa(n.pci.numa_node).c_str(), n.claimed_device.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("ferryctl [--socket=PATH] status|topology [--json]");
+  absl::SetProgramUsageMessage("ferryctl [--socket=PATH] status|topology [--json] | claimed-devices --out=FILE");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
-    fprintf(stderr, "usage: ferryctl [--socket=PATH] status|topology [--json]\n");
+    fprintf(stderr, "usage: ferryctl [--socket=PATH] status|topology [--json] | claimed-devices --out=FILE\n");
     return 2;
   }
+  if (std::string(args[1]) == "claimed-devices") return ClaimedDevices();
   auto channel = grpc::CreateChannel("unix:" + absl::GetFlag(FLAGS_socket), grpc::InsecureChannelCredentials());
   auto stub = Agent::NewStub(channel);
   grpc::ClientContext ctx;
@@ -200,6 +273,6 @@ int main(int argc, char** argv) {
   std::string cmd = args[1];
   if (cmd == "status") return Status(*stub, ctx);
   if (cmd == "topology") return Topology(*stub, ctx);
-  fprintf(stderr, "ferryctl: unknown command '%s' (status, topology)\n", cmd.c_str());
+  fprintf(stderr, "ferryctl: unknown command '%s' (status, topology, claimed-devices)\n", cmd.c_str());
   return 2;
 }
