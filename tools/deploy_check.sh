@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 bash tools/setup.sh
 helm=$PWD/tools/go/bin/helm
 ferryd=$(realpath "${FERRYD:-bazel-bin/agent/main/ferryd}")
-for values in "" values-gke-a3-ultra.yaml values-eks-p5.yaml; do
+for values in "" values-gke-a3-ultra.yaml values-eks-p5.yaml values-gke-dra.yaml values-eks-dra.yaml; do
   echo "== helm lint deploy/helm/ferry ${values}"
   "$helm" lint --strict deploy/helm/ferry ${values:+-f deploy/helm/ferry/$values}
 done

@@ -7,7 +7,9 @@
 # defaulting and admission; PodMonitor against prometheus-operator's CRD), and the
 # agent's pod, as the DaemonSet would create it, dry-run into the chart's namespace (its
 # ResourceQuota admits the priority class) and into one without that quota (refused:
-# the check can fail). Prints one line per check and `N passed, N failed`; exits non-zero
+# the check can fail). The DRA profiles' ResourceClaimTemplate too (resource.k8s.io/v1):
+# GKE's, which asks admin access to every GPU, is refused in a namespace without the
+# admin-access label and accepted with it. Prints one line per check and `N passed, N failed`; exits non-zero
 # on a failure. Needs root only to install etcd-server; everything else runs as the
 # caller, under a scratch directory that is removed.
 set -euo pipefail
@@ -55,11 +57,17 @@ for doc in yaml.safe_load_all(open(sys.argv[1])):
 PY
 }
 
-for profile in default gke-a3-ultra eks-p5; do
+for profile in default gke-a3-ultra eks-p5 gke-dra eks-dra; do
   rendered=$work/$profile.yaml
   values=()
   [ "$profile" = default ] || values=(-f "deploy/helm/ferry/values-$profile.yaml")
   "$helm" template ferry deploy/helm/ferry --namespace ferry "${values[@]}" > "$rendered"
+  if grep -q "adminAccess: true" "$rendered"; then
+    kubectl label namespace ferry resource.kubernetes.io/admin-access- >/dev/null
+    check "helm profile $profile: its admin-access GPU request refused in a namespace without the label" \
+      refused_for "admin-access" dry_run -n ferry -f "$rendered"
+    kubectl label namespace ferry resource.kubernetes.io/admin-access=true >/dev/null
+  fi
   check "helm profile $profile: every object accepted by the API server (dry-run, strict)" dry_run -n ferry -f "$rendered"
   # Installed for real (no node: the DaemonSet makes no pod), so that the pod below
   # meets the chart's ServiceAccount and ResourceQuota.
@@ -83,11 +91,17 @@ for profile in default gke-a3-ultra eks-p5; do
   kubectl delete -n ferry -f "$rendered" --wait=true >/dev/null
   [ "$sa" = default ] || kubectl delete serviceaccount -n no-quota "$sa" >/dev/null
 done
+# With the CPU DRA driver: per NUMA node, a NIC request and a core request aligned by
+# dra.net/numaNode (consumable capacity is alpha in 1.34: its fields are checked, not used).
+"$helm" template ferry deploy/helm/ferry --namespace ferry -f deploy/helm/ferry/values-gke-dra.yaml \
+  --set dra.cpuDeviceClassName=dra.cpu > "$work/gke-dra-cpu.yaml"
+check "helm profile gke-dra with dra.cpu: every object accepted by the API server (dry-run, strict)" \
+  dry_run -n ferry -f "$work/gke-dra-cpu.yaml"
 for f in deploy/manifests/*.yaml; do
-  check "$f (dry-run, strict)" dry_run -f "$f"
+  check "$f (dry-run, strict)" dry_run -n ferry -f "$f"
 done
 for f in deploy/examples/*.yaml; do
-  check "$f (dry-run, strict)" dry_run -f "$f"
+  check "$f (dry-run, strict)" dry_run -n ferry -f "$f"
 done
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -9,23 +9,30 @@
 #     socket group, the hostPath socket directory), move bytes through the agent
 #     (tests/deploy/container/pod_workload: every byte checked);
 #   - `helm uninstall` leaves no pod, and no socket in the node's socket directory.
+# The DRA profile (gke-dra) runs beside a DRA driver of the test's (tools/k8s/dra_nic_driver)
+# that publishes NIC-like devices with GKE DRANet's attributes, one RDMA-capable and
+# one not, under DeviceClass mrdma.google.com as GKE defines it (RDMA devices of dra.net):
+# the agent's claim must be allocated the RDMA one, its init container must read it
+# through the API server (reached at the kubernetes Service's address, as in any pod),
+# and `ferryctl topology` must show the claim's PCIe root and NUMA node on the agent's NIC.
 # Runs as root on a machine that may run containers (podman's setup, tools/image.sh);
 # nothing outside its scratch directory is left behind except the kubelet's cgroups.
-#   tools/k8s/node_e2e.sh [PROFILE...]      default, gke-a3-ultra, eks-p5 (all when none)
+#   tools/k8s/node_e2e.sh [PROFILE...]      default, gke-a3-ultra, eks-p5, gke-dra (all when none)
 # Prints a line per check and `N passed, N failed`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 profiles=("$@")
-[ ${#profiles[@]} -gt 0 ] || profiles=(default gke-a3-ultra eks-p5)
+[ ${#profiles[@]} -gt 0 ] || profiles=(default gke-a3-ultra eks-p5 gke-dra)
 bash tools/setup.sh >&2
 command -v containerd >/dev/null || {
   echo "k8s: installing containerd" >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd >/dev/null
 }
 image=$(bash tools/image.sh | tail -n 1)
-bazel build //tests/deploy/container:pod_workload 2>&1 | tail -n 1 >&2
+bazel build //tests/deploy/container:pod_workload //tools/ferryctl 2>&1 | tail -n 1 >&2
 workload=$(realpath bazel-bin/tests/deploy/container/pod_workload)
-bin=$(bash tools/k8s/binaries.sh kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+ferryctl=$(realpath bazel-bin/tools/ferryctl/ferryctl)
+bin=$(bash tools/k8s/binaries.sh kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl dra-nic-driver)
 helm=$PWD/tools/go/bin/helm
 source tools/k8s/lib.sh
 start_control_plane '*'
@@ -40,7 +47,7 @@ chmod 1777 "$node/exchange"
 cat > "$node/cni/10-bridge.conflist" <<'JSON'
 {"cniVersion": "0.4.0", "name": "ferry-test", "plugins": [
   {"type": "bridge", "bridge": "fytest0", "isGateway": true, "ipMasq": false,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]]}},
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]], "routes": [{"dst": "10.96.0.0/24"}]}},
   {"type": "loopback"}]}
 JSON
 cat > "$node/containerd.toml" <<TOML
@@ -115,6 +122,7 @@ cleanup_extra() {
   pkill -f "containerd-shim-runc-v2 .*-address $node/containerd.sock" 2>/dev/null || true
   ip link delete fytest0 2>/dev/null || true
   ip link delete fy-node0 2>/dev/null || true
+  [ -z "${service_nat:-}" ] || iptables -t nat -D PREROUTING $service_nat 2>/dev/null || true
 }
 
 eventually 60 kubectl get node/node-1 || true
@@ -153,6 +161,42 @@ YAML
 # CPU and huge-page requests are lowered to what 2 cores without huge pages can give.
 made_dev_infiniband=""
 cleanup_node_fakes() { [ -z "$made_dev_infiniband" ] || rmdir /dev/infiniband 2>/dev/null || true; }
+# What GKE's managed DRANet would publish and define, for gke-dra: a DRA driver on the
+# node (its NICs are the pod's own eth0, and an eth1 without RDMA the class must not
+# select), the mrdma.google.com DeviceClass, and the kubernetes Service's address routed
+# to the API server as kube-proxy would (DNAT from the pods' bridge to loopback).
+dra_driver_started=""
+start_dra_driver() {
+  [ -z "$dra_driver_started" ] || return 0
+  dra_driver_started=1
+  cat > "$node/nics.json" <<'JSON'
+[{"name": "pci-0000-91-00-0", "attributes": {
+   "dra.net/ifName": {"string": "eth0"}, "dra.net/rdma": {"bool": true}, "dra.net/rdmaDevice": {"string": "mlx5_0"},
+   "dra.net/pciAddress": {"string": "0000:91:00.0"}, "dra.net/numaNode": {"int": 0},
+   "resource.kubernetes.io/pcieRoot": {"string": "pci0000:8c"}}},
+ {"name": "pci-0000-05-00-0", "attributes": {
+   "dra.net/ifName": {"string": "eth1"}, "dra.net/rdma": {"bool": false}, "dra.net/numaNode": {"int": 1},
+   "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"}}}]
+JSON
+  "$bin/dra-nic-driver" --kubeconfig="$KUBECONFIG" --node-name=node-1 --driver=dra.net --devices="$node/nics.json" \
+    --registry-dir="$node/kubelet/plugins_registry" --plugins-dir="$node/kubelet/plugins" \
+    > "$work/dra-nic-driver.log" 2>&1 &
+  pids+=($!)
+  kubectl apply -f - >/dev/null <<'YAML'
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: mrdma.google.com}
+spec:
+  selectors:
+  - cel: {expression: 'device.driver == "dra.net" && device.attributes["dra.net"].rdma'}
+YAML
+  ip link show fytest0 >/dev/null 2>&1 || ip link add fytest0 type bridge  # the CNI plugin takes it over
+  sysctl -qw net.ipv4.conf.fytest0.route_localnet=1
+  service_nat="-i fytest0 -d 10.96.0.1/32 -p tcp --dport 443 -j DNAT --to-destination 127.0.0.1:${api_server##*:}"
+  iptables -t nat -A PREROUTING $service_nat
+  check "gke-dra: the DRA driver's devices published (ResourceSlice of node-1)" eventually 30 bash -c \
+    "$(declare -f kubectl); bin=$bin; kubectl get resourceslices -o jsonpath='{.items[*].spec.devices[*].name}' | grep -q pci-0000-91-00-0"
+}
 node_like() {  # node_like PROFILE: makes the node like PROFILE's and adds the flags it needs to $values
   case $1 in
     default) return ;;
@@ -166,6 +210,14 @@ node_like() {  # node_like PROFILE: makes the node like PROFILE's and adds the f
       kubectl patch node node-1 --subresource=status --type=json \
         -p '[{"op": "add", "path": "/status/capacity/vpc.amazonaws.com~1efa", "value": "32"}]' >/dev/null
       values+=(--set resources.requests.hugepages-2Mi=null --set resources.limits.hugepages-2Mi=null) ;;
+    gke-dra)
+      kubectl label node node-1 --overwrite cloud.google.com/gke-accelerator=nvidia-h200-141gb >/dev/null
+      mkdir -p "$node/nvidia"
+      start_dra_driver
+      # No GPU DRA driver here: no admin-access GPU request (api_check.sh checks it).
+      values+=(--set "gpu.driverHostPath=$node/nvidia" --set dra.gpuDeviceClassName=
+               --set fabric.provider=auto --set resources.requests.cpu=500m --set resources.requests.memory=1Gi)
+      return ;;
   esac
   values+=(--set fabric.provider=auto --set "fabric.ifaces={$node_ip}" --set fabric.discoverRdmaDevices=false
            --set resources.requests.cpu=500m --set resources.requests.memory=1Gi)
@@ -184,6 +236,18 @@ for profile in "${profiles[@]}"; do
   if [ "$(kubectl -n ferry get pods -o jsonpath='{.items[0].status.phase}' 2>/dev/null)" != Running ]; then
     kubectl -n ferry describe pods | tail -n 30 | sed 's/^/      /'
   fi
+  if [ "$profile" = gke-dra ]; then
+    check "gke-dra: the agent's claim allocated the RDMA NIC alone (allocationMode All, the class's selector)" \
+      test "$(kubectl -n ferry get resourceclaims -o jsonpath='{.items[*].status.allocation.devices.results[*].device}')" \
+      = pci-0000-91-00-0
+    kubectl -n ferry logs -l app.kubernetes.io/name=ferry -c claimed-devices 2>&1 | sed 's/^/      claimed-devices: /'
+    "$ferryctl" --socket="$node/run-ferry/ferry.sock" topology > "$work/topology.txt" 2>&1 || true
+    check "gke-dra: ferryctl topology shows the claimed NIC with the claim's PCIe root and NUMA node" \
+      grep -Eq "^nic0 +mlx5_0 +eth0 +0000:91:00.0 +pci0000:8c +0 +fi_sockaddr_in://10.244." "$work/topology.txt"
+    check "gke-dra: ... and names the device it was claimed as" \
+      grep -Eq "^  nic0 +<- dra.net/node-1/pci-0000-91-00-0$" "$work/topology.txt"
+    sed 's/^/      topology: /' "$work/topology.txt"
+  fi
   exchange=$node/exchange/$profile
   mkdir -p "$exchange" && chmod 1777 "$exchange"
   serving_pod "receiver-$profile" receiver "$exchange" | kubectl apply -f - >/dev/null
@@ -197,6 +261,9 @@ for profile in "${profiles[@]}"; do
   check "$profile: helm uninstall" "$helm" uninstall ferry --namespace ferry --wait
   check "$profile: the agent's pod gone and its sockets removed" bash -c \
     "kubectl -n ferry wait --for=delete pod --all --timeout=60s && test -z \"\$(ls -A $node/run-ferry)\""
+  if [ "$profile" = gke-dra ]; then
+    check "gke-dra: the pod's claim deleted with it" eventually 30 test -z "$(kubectl -n ferry get resourceclaims -o name)"
+  fi
 done
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -20,6 +20,8 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
@@ -28,7 +30,7 @@ import (
 var root = func() string { r, _ := filepath.Abs("../../.."); return r }()
 
 // The chart's profiles; "" is the chart's defaults.
-var profiles = []string{"", "values-gke-a3-ultra.yaml", "values-eks-p5.yaml"}
+var profiles = []string{"", "values-gke-a3-ultra.yaml", "values-eks-p5.yaml", "values-gke-dra.yaml", "values-eks-dra.yaml"}
 
 func newObject(apiVersion, kind string) (interface{}, error) {
 	switch apiVersion + "/" + kind {
@@ -46,6 +48,16 @@ func newObject(apiVersion, kind string) (interface{}, error) {
 		return &appsv1.DaemonSet{}, nil
 	case "apps/v1/Deployment":
 		return &appsv1.Deployment{}, nil
+	case "rbac.authorization.k8s.io/v1/Role":
+		return &rbacv1.Role{}, nil
+	case "rbac.authorization.k8s.io/v1/RoleBinding":
+		return &rbacv1.RoleBinding{}, nil
+	case "rbac.authorization.k8s.io/v1/ClusterRole":
+		return &rbacv1.ClusterRole{}, nil
+	case "rbac.authorization.k8s.io/v1/ClusterRoleBinding":
+		return &rbacv1.ClusterRoleBinding{}, nil
+	case "resource.k8s.io/v1/ResourceClaimTemplate":
+		return &resourcev1.ResourceClaimTemplate{}, nil
 	case "monitoring.coreos.com/v1/PodMonitor":
 		return &monitoringv1.PodMonitor{}, nil
 	case "monitoring.coreos.com/v1/ServiceMonitor":
@@ -240,7 +252,7 @@ func TestCriticalPriorityClassHasItsQuota(t *testing.T) {
 }
 
 func TestPlainManifestsMatchTheChart(t *testing.T) {
-	for _, profile := range []string{"gke-a3-ultra", "eks-p5"} {
+	for _, profile := range []string{"gke-a3-ultra", "eks-p5", "gke-dra", "eks-dra"} {
 		path := filepath.Join(root, "deploy/manifests", "ferry-"+profile+".yaml")
 		committed, err := os.ReadFile(path)
 		if err != nil {
@@ -489,6 +501,9 @@ func TestFlagsAreFlagsFerrydKnows(t *testing.T) {
 			}
 		}
 		for _, c := range r.daemonSet.Spec.Template.Spec.InitContainers {
+			if c.Command[0] == "ferryctl" {
+				continue // ferryctl's own flags (TestDraProfiles)
+			}
 			for _, m := range regexp.MustCompile(`--([a-z_0-9]+)=`).FindAllStringSubmatch(strings.Join(c.Command, " "), -1) {
 				if !known[m[1]] {
 					t.Errorf("%q: init container %s writes --%s, which ferryd does not know", values, c.Name, m[1])
@@ -496,4 +511,75 @@ func TestFlagsAreFlagsFerrydKnows(t *testing.T) {
 			}
 		}
 	}
+}
+
+// With dra.enabled the agent claims its NICs: no host network and no privilege, every NIC
+// of the profile's DeviceClass, the init container's file is the one ferryd reads, and
+// only that container holds an API token.
+func TestDraProfiles(t *testing.T) {
+	for values, class := range map[string]string{
+		"values-gke-dra.yaml": "mrdma.google.com", "values-eks-dra.yaml": "efa.networking.k8s.aws"} {
+		r := renderProfile(t, values)
+		pod := r.daemonSet.Spec.Template.Spec
+		c := r.agent(t)
+		if pod.HostNetwork || (c.SecurityContext.Privileged != nil && *c.SecurityContext.Privileged) {
+			t.Errorf("%s: hostNetwork %v, privileged %v: a DRANet claim needs neither (and refuses hostNetwork)",
+				values, pod.HostNetwork, *c.SecurityContext.Privileged)
+		}
+		if len(pod.ResourceClaims) != 1 || pod.ResourceClaims[0].ResourceClaimTemplateName == nil ||
+			len(c.Resources.Claims) != 1 || c.Resources.Claims[0].Name != pod.ResourceClaims[0].Name {
+			t.Fatalf("%s: the agent's claim %+v, its container's %+v", values, pod.ResourceClaims, c.Resources.Claims)
+		}
+		var template *resourcev1.ResourceClaimTemplate
+		for _, o := range r.objects {
+			if rct, ok := o.(*resourcev1.ResourceClaimTemplate); ok {
+				template = rct
+			}
+		}
+		if template == nil || template.Name != *pod.ResourceClaims[0].ResourceClaimTemplateName {
+			t.Fatalf("%s: no ResourceClaimTemplate named %s", values, *pod.ResourceClaims[0].ResourceClaimTemplateName)
+		}
+		request := template.Spec.Spec.Devices.Requests[0]
+		if request.Name != "nics" || request.Exactly == nil || request.Exactly.DeviceClassName != class ||
+			request.Exactly.AllocationMode != resourcev1.DeviceAllocationModeAll {
+			t.Errorf("%s: the NIC request %+v, want every device of %s", values, request, class)
+		}
+		if len(pod.InitContainers) != 1 {
+			t.Fatalf("%s: want one init container, got %d", values, len(pod.InitContainers))
+		}
+		init := pod.InitContainers[0]
+		out := regexp.MustCompile(`^--out=(.*)$`)
+		var file string
+		for _, a := range init.Command {
+			if m := out.FindStringSubmatch(a); m != nil {
+				file = m[1]
+			}
+		}
+		if file == "" || !contains(c.Args, "--claimed_devices="+file) {
+			t.Errorf("%s: the init container writes %q, ferryd's args %v", values, file, c.Args)
+		}
+		for _, v := range pod.Volumes {
+			if v.Projected == nil {
+				continue
+			}
+			for _, ct := range append([]corev1.Container{c}, pod.InitContainers...) {
+				mounted := false
+				for _, m := range ct.VolumeMounts {
+					mounted = mounted || m.Name == v.Name
+				}
+				if mounted != (ct.Name == init.Name) {
+					t.Errorf("%s: container %s mounts the API token: %v", values, ct.Name, mounted)
+				}
+			}
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
 }
