@@ -170,6 +170,13 @@ bool Client::SessionAlive() const {
 
 absl::Status Client::Checked(const grpc::Status& s) const {
   absl::Status st = FromGrpc(s);
+  // This client never cancels its calls: a CANCELLED comes from the agent's server as it
+  // shuts down (a call that raced the shutdown), which is the agent going away.
+  if (st.code() == absl::StatusCode::kCancelled) {
+    return absl::UnavailableError(
+        "the agent cancelled the call as it shut down: call Reconnect() (it waits for the agent) and register "
+        "again");
+  }
   if ((st.code() == absl::StatusCode::kUnauthenticated || st.code() == absl::StatusCode::kUnavailable) &&
       !SessionAlive()) {
     return absl::UnavailableError(

@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
@@ -458,6 +459,36 @@ TEST_CASE("after the agent restarts, calls are UNAVAILABLE until Reconnect(); th
   INFO(done.status().ToString());
   REQUIRE(done.ok());
   CHECK(b.buf->data()[15] == 0x3C);
+}
+
+TEST_CASE("a call racing the agent's shutdown fails with UNAVAILABLE, never gRPC's CANCELLED") {
+  // The agent's server cancels calls that arrive while it shuts down; the client must
+  // say what a caller can act on (reconnect), as a helm upgrade rolling the agent needs.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    auto agent = StartAgent();
+    Pod a = MakePod(agent->socket(), 1 << 16, 0x3C);
+    Pod b = MakePod(agent->socket(), 1 << 16, 0);
+    std::atomic<bool> started{false};
+    absl::Status failure;
+    std::thread writer([&] {
+      const absl::Time deadline = absl::Now() + absl::Seconds(10);
+      while (absl::Now() < deadline) {
+        absl::StatusOr<v1::TransferResult> r =
+            a.client->WriteAndWait(ChunkWrite(a, b.reg.region(), 0, 0, 1 << 16), absl::Seconds(5));
+        started = true;
+        if (!r.ok()) {
+          failure = r.status();
+          return;
+        }
+      }
+    });
+    while (!started) absl::SleepFor(absl::Milliseconds(1));
+    absl::SleepFor(absl::Milliseconds(50));
+    CHECK(agent->Stop(SIGTERM) == 0);
+    writer.join();
+    INFO(failure.ToString());
+    CHECK(failure.code() == absl::StatusCode::kUnavailable);
+  }
 }
 
 TEST_CASE("a sizing flag out of its range is refused at start, naming the flag") {

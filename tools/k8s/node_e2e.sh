@@ -129,7 +129,7 @@ eventually 60 kubectl get node/node-1 || true
 check "node-1 Ready (kubelet $("$bin/kubelet" --version | cut -d' ' -f2), containerd $(containerd --version | cut -d' ' -f3))" \
   kubectl wait --for=condition=Ready node/node-1 --timeout=90s
 
-serving_pod() {  # serving_pod NAME ROLE EXCHANGE: a pod as deploy/examples' decode pod runs, playing ROLE
+serving_pod() {  # serving_pod NAME ROLE EXCHANGE [ARGS]: a pod as deploy/examples' decode pod runs, playing ROLE
   cat <<YAML
 apiVersion: v1
 kind: Pod
@@ -142,7 +142,7 @@ spec:
     image: docker.io/$image
     imagePullPolicy: Never
     command: [/opt/ferry-test/pod_workload]
-    args: [--role=$2, --bytes=33554432, --rounds=4, --wait_seconds=60]
+    args: [--role=$2, ${4:---bytes=33554432, --rounds=4, --wait_seconds=60}]
     securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
     volumeMounts:
     - {name: ferry, mountPath: /run/ferry}
@@ -258,6 +258,27 @@ for profile in "${profiles[@]}"; do
   kubectl logs "receiver-$profile" 2>/dev/null | tail -n 3 | sed 's/^/      receiver: /'
   kubectl logs "sender-$profile" 2>/dev/null | tail -n 3 | sed 's/^/      sender: /'
   kubectl delete pod "receiver-$profile" "sender-$profile" --wait=true >/dev/null 2>&1 || true
+  if [ "$profile" = default ]; then
+    # A flag changed by `helm upgrade` rolls the agent (the ConfigMap's checksum) while a
+    # pod writes through it: the pod's call in flight fails with UNAVAILABLE, it
+    # reconnects to the new agent, registers again and writes on, every byte checked.
+    serving_pod writer writer "$exchange" "--bytes=8388608, --rounds_after_restart=10, --wait_seconds=240" |
+      kubectl apply -f - >/dev/null
+    eventually 60 bash -c "$(declare -f kubectl); bin=$bin; kubectl logs writer | grep -q 'first round done'" || true
+    old_agent=$(kubectl -n ferry get pods -o name)
+    check "$profile: helm upgrade rolls the agent while a pod writes" bash -c "
+      $(declare -f kubectl); bin=$bin
+      $helm upgrade ferry deploy/helm/ferry --namespace ferry ${values[*]} --set socketDir=$node/run-ferry \
+        --set podMonitor.enabled=false --set 'extraFlags={--transfer_timeout_ms=31000}' --wait=false &&
+      kubectl -n ferry rollout status ds/ferry --timeout=180s &&
+      test \"\$(kubectl -n ferry get pods -o name)\" != $old_agent"
+    check "$profile: the writing pod's call failed with UNAVAILABLE, it reconnected and wrote on, every byte checked" \
+      bash -c "$(declare -f kubectl); bin=$bin
+        kubectl wait --for=jsonpath='{.status.phase}'=Succeeded pod/writer --timeout=240s &&
+        kubectl logs writer | grep -q 'failed: UNAVAILABLE'"
+    kubectl logs writer 2>&1 | tail -n 4 | sed 's/^/      writer: /'
+    kubectl delete pod writer --wait=true >/dev/null 2>&1 || true
+  fi
   check "$profile: helm uninstall" "$helm" uninstall ferry --namespace ferry --wait
   check "$profile: the agent's pod gone and its sockets removed" bash -c \
     "kubectl -n ferry wait --for=delete pod --all --timeout=60s && test -z \"\$(ls -A $node/run-ferry)\""

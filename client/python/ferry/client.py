@@ -623,6 +623,11 @@ class Client:
             return getattr(self._stub, method)(request, metadata=self._metadata, timeout=timeout)
         except (grpc.RpcError, errors.FerryError) as e:
             err = e if isinstance(e, errors.FerryError) else errors.from_rpc_error(e)
+            if isinstance(err, errors.Cancelled):
+                # These calls are never cancelled here: the agent's server cancelled one
+                # that raced its shutdown.
+                raise errors.Unavailable("the agent cancelled the call as it shut down: call "
+                                         "client.reconnect() and register again") from None
             if isinstance(err, (errors.Unauthenticated, errors.Unavailable)) and not self._session.alive():
                 raise errors.Unavailable("the agent closed this session (it exited or restarted): call "
                                          "client.reconnect() and register again") from None

@@ -316,6 +316,36 @@ def test_agent_restart_gives_unavailable_and_reconnect_registers_again(agent_fac
     c.close()
 
 
+def test_a_call_racing_the_agents_shutdown_is_unavailable_never_cancelled(agent_factory):
+    """The agent's server cancels calls that arrive while it shuts down (a helm upgrade
+    rolling it): the client says UNAVAILABLE and what to do, not gRPC's CANCELLED."""
+    for _ in range(4):
+        a = agent_factory()
+        c = ferry.Client(a.socket)
+        src = c.register_host(1 << 16)
+        dst = c.register_host(1 << 16)
+        failures = []
+        started = threading.Event()
+
+        def write_until_it_fails():
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    c.write(src, dst.descriptor(), [(0, 0, 1 << 16)]).result(5)
+                    started.set()
+                except ferry.FerryError as e:
+                    failures.append(e)
+                    return
+        t = threading.Thread(target=write_until_it_fails)
+        t.start()
+        assert started.wait(10)
+        time.sleep(0.05)
+        assert a.stop() == 0
+        t.join(15)
+        assert len(failures) == 1 and isinstance(failures[0], ferry.Unavailable), failures
+        c.close()
+
+
 def _aimed_at(desc: bytes, address: str) -> "ferry.RegionDescriptor":
     moved = ferry.RegionDescriptor.from_bytes(desc)
     moved._proto.agent_address = address
