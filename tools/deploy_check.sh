@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
+source tools/go_path.sh
 helm=$PWD/tools/go/bin/helm
 ferryd=$(realpath "${FERRYD:-bazel-bin/agent/main/ferryd}")
 for values in "" values-gke-a3-ultra.yaml values-eks-p5.yaml values-gke-dra.yaml values-eks-dra.yaml; do

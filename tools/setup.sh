@@ -48,14 +48,31 @@ fi
 case " $roles " in *" test "*) ;; *) exit 0 ;; esac
 
 # helm, pinned, built from the Go module proxy (Debian has no helm package), for
-# tools/deploy_check.sh. Go 1.19 (Debian's golang-go) or newer builds it.
+# tools/deploy_check.sh. Go 1.24 or newer: tests/deploy/k8s reads Kubernetes 1.34's API
+# types. Where the machine's Go is older (Debian 12's golang-go is 1.19), the toolchain
+# `go` itself would fetch, from the module proxy, into tools/go/toolchain (the scripts
+# that run Go put it first on PATH: tools/go_path.sh).
 HELM_VERSION=v3.11.3
+GO_TOOLCHAIN=go1.24.13
 if ! command -v go >/dev/null; then
   echo "setup: installing golang-go" >&2
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+fi
+source tools/go_path.sh
+if ! go_is_new_enough; then
+  echo "setup: $(go env GOVERSION) is older than go1.24: fetching $GO_TOOLCHAIN from the module proxy" >&2
+  proxy=$(go env GOPROXY | cut -d, -f1)
+  [ "$proxy" != direct ] && [ "$proxy" != off ] || proxy=https://proxy.golang.org
+  rm -rf tools/go/toolchain tools/go/toolchain.zip tools/go/toolchain.tmp
+  curl -fsSL -o tools/go/toolchain.zip "$proxy/golang.org/toolchain/@v/v0.0.1-$GO_TOOLCHAIN.linux-amd64.zip"
+  unzip -q tools/go/toolchain.zip -d tools/go/toolchain.tmp
+  mv "tools/go/toolchain.tmp/golang.org/toolchain@v0.0.1-$GO_TOOLCHAIN.linux-amd64" tools/go/toolchain
+  chmod +x tools/go/toolchain/bin/* tools/go/toolchain/pkg/tool/*/* 2>/dev/null || true
+  rm -rf tools/go/toolchain.zip tools/go/toolchain.tmp
+  source tools/go_path.sh
 fi
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
 if [ "$(tools/go/bin/helm version --short 2>/dev/null | cut -d+ -f1)" != "$HELM_VERSION" ]; then

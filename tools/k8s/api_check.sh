@@ -15,6 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash tools/setup.sh >&2
+source tools/go_path.sh
 bin=$(bash tools/k8s/binaries.sh kube-apiserver kube-controller-manager kubectl)
 helm=$PWD/tools/go/bin/helm
 crds=$(cd tests/deploy/k8s && GOFLAGS=-mod=mod GOTOOLCHAIN=local go mod download -json \

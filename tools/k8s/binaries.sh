@@ -13,6 +13,7 @@
 set -euo pipefail
 K8S_VERSION=${K8S_VERSION:-v1.34.4}
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/../go_path.sh"
 out=${FERRY_CACHE:-$HOME/.cache/ferry}/k8s-$K8S_VERSION
 declare -A package=(
   [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
