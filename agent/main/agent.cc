@@ -117,8 +117,14 @@ absl::Status Agent::Init() {
     gpu_copier_ = std::make_unique<GpuCopier>(*cu, config_.gpu_kernel_pull, metrics_.get());
     FERRY_LOG(INFO) << "CUDA driver " << (*cu)->version << ", " << (*cu)->device_count << " devices";
   } else {
-    cuda_status_ = cu.status();
-    FERRY_LOG(INFO) << "GPU memory unavailable: " << cu.status().message();
+    // What a deployment changes to give the agent its GPUs, said where the pods see it.
+    cuda_status_ = absl::Status(
+        cu.status().code(),
+        absl::StrCat(cu.status().message(),
+                     ". The agent needs libcuda.so.1 and the GPUs' /dev/nvidia* devices in its container: with the "
+                     "Helm chart, gpu.driverHostPath (GKE), gpu.visibleDevices (the NVIDIA container runtime) or "
+                     "dra.gpuDeviceClassName (NVIDIA's DRA driver)"));
+    FERRY_LOG(INFO) << "GPU memory unavailable: " << cuda_status_.message();
   }
 
   if (!config_.peer_address.empty()) {
