@@ -22,7 +22,7 @@ if [ -n "$bundle" ]; then
   bin=$bundle/bin
   export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PATH="$PATH:$bundle/bin"  # its ip, if needed
 else
-  bash tools/setup.sh
+  bash tools/setup.sh --roles=build,runtime  # not the test tools (helm, grpcurl, ...)
   echo "== building (the first build takes a few minutes) =="
   bazel build -c opt //agent/main:ferryd //tools/demo:demo_pod //tools/ferryctl //tools/bench:fi_write_bench \
     //tools/bench:gpu_bench 2>&1 | tail -n 2

@@ -5,6 +5,7 @@
 # returns in well under a second when everything is already there.
 #   tools/setup.sh                  everything
 #   tools/setup.sh --roles=build    only what building ferryd needs (deploy/Dockerfile)
+#   tools/setup.sh --roles=build,runtime   what the demo needs (tools/demo.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
