@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Runs every test: `bazel test //...`, then the Python client's pytest suite
-# (tools/pytest.sh) against the same ferryd build, then the deployment checks
-# (tools/deploy_check.sh: helm lint, manifests validated against the Kubernetes API), then,
-# without extra arguments, clang's thread-safety analysis, the formatting check, the agent's
-# image run as the chart runs it (tools/container_test.sh), vLLM's connector tests
-# (tools/vllm_test.sh) and the demo. Extra arguments go to Bazel, e.g.
-#   tools/test.sh --config=asan
-# Prints the logs of failing tests and ends with the line "N passed, N failed".
+# Runs the tests, in tiers:
+#   tools/test.sh unit [BAZEL_ARGS...]         Bazel's unit tests: one component each, no agent
+#                                              process (~2 minutes after the build)
+#   tools/test.sh integration [BAZEL_ARGS...]  the Bazel tests tagged "integration" (real agents as
+#                                              processes, network namespaces, Prometheus), the Python
+#                                              client's pytest suite (tools/pytest.sh) and the
+#                                              deployment checks (tools/deploy_check.sh)
+#   tools/test.sh [full] [BAZEL_ARGS...]       both; and, without BAZEL_ARGS, once per CI run: clang's
+#                                              thread-safety analysis, the formatting check, the agent's
+#                                              image run as the chart runs it (tools/container_test.sh),
+#                                              vLLM's connector tests (tools/vllm_test.sh), a short scale
+#                                              run and the demo. CI runs full, and full --config=asan ...
+# BAZEL_ARGS are sanitizer configs and the like, e.g. `tools/test.sh unit --config=asan`.
+# Prints the logs of failing tests and ends with the line "N passed, N failed" (a suite
+# that could only skip on this machine, the GPU suite without a GPU, is counted apart).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+tier=full
+case ${1:-} in unit | integration | full) tier=$1; shift ;; esac
 bash tools/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
 
 # --config=tsan: the tests (not Bazel itself) load an Abseil built with TSan in place of
@@ -23,7 +32,10 @@ done
 
 log=$(mktemp /tmp/ferry-test.XXXXXX)
 trap 'rm -f "$log"' EXIT
-bazel test //... --test_summary=short "$@" 2>&1 | tee "$log"
+filter=()
+[ "$tier" = unit ] && filter=(--test_tag_filters=-integration)
+[ "$tier" = integration ] && filter=(--test_tag_filters=integration)
+bazel test //... --test_summary=short "${filter[@]}" "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
@@ -44,17 +56,27 @@ extra_target() {
   fi
 }
 
-# The Python client's pytest suite.
-extra_target //client/python:pytest bash tools/pytest.sh "$@"
-# The deployment checks (helm lint, manifests validated against the Kubernetes API types,
-# invariants between chart, agent and examples).
-extra_target //deploy:k8s_check bash tools/deploy_check.sh
+# The GPU suite passes without asserting anything where there is no GPU: say so.
+skipped=0
+if grep -qE '^//tests/gpu:gpu_test +(\(cached\) )?PASSED' "$log" &&
+   grep -q "^SKIPPED .*(needs a GPU)" bazel-testlogs/tests/gpu/gpu_test/test.log 2>/dev/null; then
+  passed=$((passed - 1))
+  skipped=1
+fi
+
+if [ "$tier" != unit ]; then
+  # The Python client's pytest suite.
+  extra_target //client/python:pytest bash tools/pytest.sh "$@"
+  # The deployment checks (helm lint, manifests validated against the Kubernetes API types,
+  # invariants between chart, agent and examples).
+  extra_target //deploy:k8s_check bash tools/deploy_check.sh
+fi
 # Once per CI run, only without a sanitizer config: clang's thread-safety analysis of
 # the lock annotations GCC ignores, the formatting of the C++ tree (.clang-format), the
 # vLLM connector, a short scale-and-churn run, and the README's main job, tools/demo.sh,
 # run as a newcomer runs it (tests/demo/demo_test.sh checks its exit status, checksums,
 # table rows and clean-up; the demo builds its own -c opt binaries).
-if [ "$#" -eq 0 ]; then
+if [ "$tier" = full ] && [ "$#" -eq 0 ]; then
   extra_target //tools:check_thread_safety bash tools/check_thread_safety.sh
   extra_target //tools:check_format bash tools/check_format.sh
   # The image (podman) run as the chart's rendered DaemonSet runs it, per profile.
@@ -79,5 +101,6 @@ if [ "$failed" -ne 0 ]; then
     fi
   done
 fi
+[ "$skipped" -eq 0 ] || echo "$skipped skipped (//tests/gpu:gpu_test: no GPU here; tests/gpu/run.sh runs it on a GPU host)"
 echo "$passed passed, $failed failed"
 [ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]
