@@ -272,8 +272,7 @@ TEST_CASE("bad input gets a precise status and writes nothing") {
     // CI machines have no NVIDIA driver: GPU requests say so (tests/gpu covers GPU hosts).
     if (!CudaDriver::Load().ok()) {
       check({"cuda_ipc without a driver", absl::StatusCode::kFailedPrecondition, "no CUDA driver"}, reg(cuda));
-      check({"... and what a deployment sets", absl::StatusCode::kFailedPrecondition, "gpu.driverHostPath"},
-            reg(cuda));
+      check({"... and what a deployment sets", absl::StatusCode::kFailedPrecondition, "gpu.driverHostPath"}, reg(cuda));
       v1::RegisterMemoryRequest cuda_fd;
       cuda_fd.set_size(4096);
       absl::StatusOr<uint64_t> h = a.client->SendFd(pipefd[0]);
