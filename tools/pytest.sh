@@ -4,7 +4,8 @@
 # .venv with pip (stubs generated from proto/ at build time), runs pytest. In the plain
 # configuration (no arguments) also test_native_rpc.py, and test_client.py again with
 # every client's unary calls through libferry_rpc (client/native): a library loaded
-# into Python is not built with a sanitizer.
+# into Python is not built with a sanitizer. First, in the plain configuration, ruff's
+# lint of the package and its tests (the rules in client/python/pyproject.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=(//agent/main:ferryd)
@@ -14,6 +15,10 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install -q --upgrade ./client/python pytest
+if [ $# -eq 0 ]; then
+  .venv/bin/pip install -q ruff==0.8.4
+  (cd client/python && ../../.venv/bin/ruff check --quiet .) || { echo "ruff: the findings above (client/python/pyproject.toml)"; exit 1; }
+fi
 # --test_env=NAME=VALUE arguments (tools/test.sh --config=tsan) reach ferryd as they
 # reach Bazel's tests.
 test_env=()

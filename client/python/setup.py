@@ -14,8 +14,8 @@ OUT = HERE / "ferry" / "_proto"
 
 
 def generate():
-    from grpc_tools import protoc  # build requirement
     import grpc_tools
+    from grpc_tools import protoc  # build requirement
 
     if not (PROTO_DIR / "ferry.proto").exists():
         raise SystemExit(f"ferry: {PROTO_DIR}/ferry.proto not found; build from a ferry checkout "

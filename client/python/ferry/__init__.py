@@ -7,15 +7,35 @@
 
 See ferry.client for the full example.
 """
-from .client import (Client, HostRegion, Notification, Region, RegionDescriptor, TransferFuture,
-                     TransferResult, WriteWindow)
-from .errors import (AlreadyExists, Cancelled, DeadlineExceeded, FailedPrecondition, FerryError, Internal,
-                     InvalidArgument, NotFound, OutOfRange, PermissionDenied, ResourceExhausted, Unauthenticated,
-                     Unavailable)
+from . import cuda  # noqa: F401  (ferry.cuda.empty, DeviceBuffer)
+from .client import (
+    Client,
+    HostRegion,
+    Notification,
+    Region,
+    RegionDescriptor,
+    TransferFuture,
+    TransferResult,
+    WriteWindow,
+)
+from .errors import (
+    AlreadyExists,
+    Cancelled,
+    DeadlineExceeded,
+    FailedPrecondition,
+    FerryError,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    OutOfRange,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
+from .inbox import Inbox
 from .kv import KVLayout
 from .write_queue import WriteQueue
-from .inbox import Inbox
-from . import cuda  # noqa: F401  (ferry.cuda.empty, DeviceBuffer)
 
 __all__ = [
     "Client", "HostRegion", "Notification", "Region", "RegionDescriptor", "TransferFuture", "TransferResult",

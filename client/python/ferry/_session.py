@@ -10,7 +10,6 @@ as long as the connection: closing it (or dying) releases everything registered 
 from __future__ import annotations
 
 import errno
-import os
 import select
 import socket
 import struct

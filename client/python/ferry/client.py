@@ -457,9 +457,10 @@ class Client:
         buf = cuda.find_buffer(ptr)
         if buf is not None:
             handle = self._session.send_fd(buf.export_fd())
-            req = ferry_pb2.RegisterMemoryRequest(size=size, write_windows=write_windows, cuda_fd=ferry_pb2.CudaFdMemory(
+            fd_memory = ferry_pb2.CudaFdMemory(
                 fd_handle=handle, fd_kind=ferry_pb2.CudaFdMemory.FD_KIND_POSIX, device=device, offset=ptr - buf.ptr,
-                allocation_size=buf.size, pci_bus_id=buf.pci_bus_id))
+                allocation_size=buf.size, pci_bus_id=buf.pci_bus_id)
+            req = ferry_pb2.RegisterMemoryRequest(size=size, write_windows=write_windows, cuda_fd=fd_memory)
             return Region(self, self._call("RegisterMemory", req), write_windows)
         handle, offset, bus_id = cuda.ipc_handle(ptr, device)
         req = ferry_pb2.RegisterMemoryRequest(size=size, write_windows=write_windows, cuda_ipc=ferry_pb2.CudaIpcMemory(

@@ -97,7 +97,8 @@ class DeviceBuffer:
     def __init__(self, size: int, device: int):
         lib = _driver()
         dev = _use_device(lib, device)
-        prop = _AllocationProp(type=_PINNED, requestedHandleTypes=_POSIX_FD, location=_Location(_LOCATION_DEVICE, device))
+        prop = _AllocationProp(type=_PINNED, requestedHandleTypes=_POSIX_FD,
+                               location=_Location(_LOCATION_DEVICE, device))
         gran = ctypes.c_size_t()
         _check(lib, lib.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(prop), 0),
                "cuMemGetAllocationGranularity")

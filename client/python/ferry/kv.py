@@ -76,7 +76,7 @@ class KVLayout:
 def _runs(src_ids: Sequence[int], dst_ids: Sequence[int]) -> List[Tuple[int, int, int]]:
     """(src_start, dst_start, count) for maximal runs consecutive on both sides."""
     runs: List[Tuple[int, int, int]] = []
-    for s, d in zip(src_ids, dst_ids):
+    for s, d in zip(src_ids, dst_ids, strict=False):
         if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
             runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
         else:

@@ -256,8 +256,8 @@ class _ConsumerQueue:
             return False
         self._user_data += 1
         try:
-            self.queue.post_batch(self._parts, block_bytes, src_ids, dst_ids, table_index=start, user_data=self._user_data,
-                                  notify=True, tag=wire.DONE, payload=payload, window=window)
+            self.queue.post_batch(self._parts, block_bytes, src_ids, dst_ids, table_index=start,
+                                  user_data=self._user_data, notify=True, tag=wire.DONE, payload=payload, window=window)
         except errors.FerryError:
             return False  # the caller's write_batch says what is wrong, if anything
         self._ranges[self._user_data] = (rids, start, end)
@@ -625,10 +625,10 @@ class KVProducer:
             return
         if window is not None:
             descriptors = [_through_window(d, run[0].window) for d in descriptors]
-        parts = [(self._layers[l], descriptors[l], s, d) for l, s, d in self._layer_halves(consumer)]
+        parts = [(self._layers[layer], descriptors[layer], s, d) for layer, s, d in self._layer_halves(consumer)]
         try:
-            future = self._client.write_batch(parts, self._spec.block_bytes, src_ids, dst_ids, notify=True, tag=wire.DONE,
-                                              notify_payload=payload)
+            future = self._client.write_batch(parts, self._spec.block_bytes, src_ids, dst_ids, notify=True,
+                                              tag=wire.DONE, notify_payload=payload)
         except (errors.FerryError, ValueError, OverflowError, struct.error) as e:
             for p in run:
                 del self._held[p.rid]
@@ -662,7 +662,7 @@ class KVProducer:
             q = None
             if len(descriptors) <= 64:  # a queue's destinations
                 try:
-                    parts = [(self._layers[l], l, s, d) for l, s, d in self._layer_halves(consumer)]
+                    parts = [(self._layers[layer], layer, s, d) for layer, s, d in self._layer_halves(consumer)]
                     q = _ConsumerQueue(self._client, descriptors, parts)
                 except errors.FerryError:
                     q = None

@@ -23,8 +23,8 @@ written (``Client.send_message`` with no RPC): ``q.post_message(b"pull 12", tag=
 The Python face of the agent's shared-memory ring (proto/ferry/wire/ring_layout.h; the C++
 client is client/cpp/write_queue.h): a memfd both sides map, a submission ring the
 agent's NIC worker polls, a completion ring it fills, and two doorbells (an eventfd we
-ring, a socketpair the agent rings) rung only when the other side sleeps. Each entry is checked by the agent exactly like a
-``Client.write``; a refused one comes back as a completion with ``error`` set.
+ring, a socketpair the agent rings) rung only when the other side sleeps. Each entry is checked by the agent
+exactly like a ``Client.write``; a refused one comes back as a completion with ``error`` set.
 
 Not thread-safe: one thread posts and reaps. At most ``entries`` writes are in flight;
 ``post`` raises ResourceExhausted until ``reap`` frees room. Writes in flight together
@@ -44,8 +44,8 @@ import time
 from typing import List, Optional, Sequence
 
 from . import errors
-from ._shared_ring import SharedRing, store_load_fence
 from ._proto import ferry_pb2
+from ._shared_ring import SharedRing, store_load_fence
 
 # proto/ferry/wire/ring_layout.h (checked by test_write_queue.py against the agent).
 _MAGIC = 0x31515246  # "FRQ1"

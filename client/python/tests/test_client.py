@@ -44,7 +44,7 @@ def test_write_blocks_moves_10000_scattered_blocks(agent):
         random.Random(1).shuffle(s_ids)
         random.Random(2).shuffle(d_ids)
         c.write_blocks(src, dst.descriptor(), block, s_ids, d_ids).result(30)
-        for s, d in zip(s_ids[:500], d_ids[:500]):
+        for s, d in zip(s_ids[:500], d_ids[:500], strict=False):
             assert dst.buffer[d * block:(d + 1) * block] == src.buffer[s * block:(s + 1) * block]
 
 
@@ -262,7 +262,7 @@ def test_write_batch_moves_one_block_mapping_into_every_layer_with_one_notificat
         assert r.path == "fabric" and r.bytes == layers * 2 * len(src_ids) * block
         for l in range(layers):
             for base in (0, half):
-                for s, d in zip(src_ids, dst_ids):
+                for s, d in zip(src_ids, dst_ids, strict=False):
                     assert dst[l].buffer[base + d * block:base + (d + 1) * block] == \
                         src[l].buffer[base + s * block:base + (s + 1) * block]
         got = [(n.kind, n.tag, n.payload, n.bytes) for n in consumer.notifications(timeout=2)]

@@ -2,12 +2,9 @@
 (grpcurl through server reflection, grpc-health-probe as a Kubernetes probe runs it)
 against a live ferryd. tools/setup.sh builds both from the Go module proxy."""
 import json
-import os
 import signal
 import subprocess
 import time
-
-import pytest
 
 from conftest import REPO
 

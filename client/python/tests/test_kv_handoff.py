@@ -20,7 +20,7 @@ def until(*sides, seconds=10.0):
     deadline = time.monotonic() + seconds
     seen = [ferry.kv_handoff.Progress() for _ in sides]
     while time.monotonic() < deadline:
-        for acc, side in zip(seen, sides):
+        for acc, side in zip(seen, sides, strict=False):
             p = side.poll()
             acc.done |= p.done
             acc.failed.update(p.failed)
@@ -63,7 +63,7 @@ def test_one_request_lands_in_every_layer_and_both_sides_hear_of_it(pair, monkey
     assert [q is not None for q in producer._queues.values()] == [True]  # as a write queue's batch entry
     for layer in range(LAYERS):
         for half in (0, 1):
-            for s, d in zip(src, dst):
+            for s, d in zip(src, dst, strict=False):
                 assert block(clayers[layer], cspec, half, d) == block(players[layer], pspec, half, s)
 
 
@@ -106,7 +106,7 @@ def test_a_write_the_queue_cannot_take_goes_by_write_batch(pair, monkeypatch):
     assert (p.done, p.failed, c.done, c.failed) == ({"req-2"}, {}, {"req-2"}, {})
     for layer in range(LAYERS):
         for half in (0, 1):
-            for s, d in zip(src, dst):
+            for s, d in zip(src, dst, strict=False):
                 assert block(clayers[layer], cspec, half, d) == block(players[layer], pspec, half, s)
 
 
@@ -178,7 +178,7 @@ def test_a_steps_pulls_share_one_write_and_a_cancel_among_them_drops_only_its_ow
         assert (p.done, c.done) == (want, want)
         assert set(p.failed) == {"s3"} and "cancelled" in p.failed["s3"]
         assert c.failed["s3"] == "cancelled" and "not held" in c.failed["s9"] and set(c.failed) == {"s3", "s9"}
-        for layer, target in zip(players, clayers):
+        for layer, target in zip(players, clayers, strict=False):
             for half in (0, 1):
                 for r in range(6):
                     for i, src in enumerate((10 + r, 20 + r)):
@@ -214,7 +214,7 @@ def test_pulls_read_together_that_name_one_destination_block_are_written_apart(p
             time.sleep(0.01)
         assert (p.done, c.done, p.failed, c.failed) == (want, want, {}, {})
         assert posts == [["x1"], ["x2", "x3"]]
-        for layer, target in zip(players, clayers):
+        for layer, target in zip(players, clayers, strict=False):
             assert block(target, cspec, 0, 20) == block(layer, pspec, 0, 1)
             assert block(target, cspec, 0, 21) in (block(layer, pspec, 0, 2), block(layer, pspec, 0, 3))
             assert block(target, cspec, 0, 22) == block(layer, pspec, 0, 4)
@@ -273,7 +273,7 @@ def test_block_ids_out_of_range_are_named_on_both_sides(pair):
     consumer._client.send_message(producer.mailbox, wire.frame(wire.PULL, forged.encode()))
     (p,) = until(producer)
     assert f"destination block id {cspec.num_blocks} is outside the consumer's" in p.failed["forged"]
-    for r, old in zip(clayers, before):  # block 5 of every layer half, where "forged" would have gone
+    for r, old in zip(clayers, before, strict=False):  # block 5 of every layer half, where "forged" would have gone
         assert all(block(r, cspec, h, 5) == old[(h * cspec.num_blocks + 5) * BLOCK:][:BLOCK] for h in (0, 1))
 
 
@@ -378,7 +378,7 @@ def test_the_producer_answers_a_pull_before_its_next_poll(pair):
     consumer.pull("eager", producer.mailbox, [1, 2], secret=S)
     (c,) = until(consumer)  # only the consumer is polled: the producer's responder wrote
     assert c.done == {"eager"} and not c.failed
-    for layer, target in zip(players, clayers):
+    for layer, target in zip(players, clayers, strict=False):
         for half in (0, 1):
             assert block(target, cspec, half, 1) == block(layer, pspec, half, 9)
             assert block(target, cspec, half, 2) == block(layer, pspec, half, 4)
@@ -437,7 +437,7 @@ def test_a_request_with_more_block_ids_than_one_message_holds(fabric_agents):
             assert (p.done, c.done) == ({"long"}, {"long"})
             half = spec.num_blocks * 64
             for h in (0, 1):
-                for s_id, d_id in zip(src[1:], dst[1:]):
+                for s_id, d_id in zip(src[1:], dst[1:], strict=False):
                     at_s, at_d = h * half + s_id * 64, h * half + d_id * 64
                     assert dst_region.buffer[at_d:at_d + 64] == src_region.buffer[at_s:at_s + 64]
         finally:
@@ -513,7 +513,7 @@ def test_through_windows_a_request_lands_and_its_window_closes(windowed_pair):
     assert [q is not None for q in producer._queues.values()] == [True]  # a queue's batch entry, through the window
     for layer in range(LAYERS):
         for half in (0, 1):
-            for s, d in zip(src, dst):
+            for s, d in zip(src, dst, strict=False):
                 assert block(clayers[layer], cspec, half, d) == block(players[layer], pspec, half, s)
 
 

@@ -7,9 +7,9 @@ import os
 import urllib.request
 
 import pytest
+from conftest import Agent
 
 import ferry
-from conftest import Agent
 from ferry._proto import ferry_pb2
 
 FABRIC = ("--fabric_provider=tcp;ofi_rxm",)

@@ -78,7 +78,7 @@ def test_paged_entries_apply_one_block_table_to_each_layer(agent):
         layers = [writer.register_host(block * per_layer) for _ in range(3)]
         targets = [reader.register_host(block * per_layer) for _ in range(3)]
         payloads = [os.urandom(block * per_layer) for _ in layers]
-        for r, p in zip(layers, payloads):
+        for r, p in zip(layers, payloads, strict=False):
             r.buffer[:] = p
         rng = random.Random(5)
         src_ids, dst_ids = rng.sample(range(per_layer), moved), rng.sample(range(per_layer), moved)
@@ -91,9 +91,9 @@ def test_paged_entries_apply_one_block_table_to_each_layer(agent):
             done = reap_all(q, 3)
         assert sorted(c.user_data for c in done) == [0, 1, 2]
         assert all(c.error is None and c.bytes == moved * block for c in done), [c.error for c in done]
-        for t, p in zip(targets, payloads):
+        for t, p in zip(targets, payloads, strict=False):
             expected = bytearray(block * per_layer)
-            for s, d in zip(src_ids, dst_ids):
+            for s, d in zip(src_ids, dst_ids, strict=False):
                 expected[d * block:(d + 1) * block] = p[s * block:(s + 1) * block]
             assert bytes(t.buffer) == bytes(expected)
 
@@ -145,7 +145,7 @@ def test_a_batch_entry_is_one_transfer_with_one_notification(agent):
         def landed():
             for i, r in enumerate(layers):
                 base = i * block * per_layer
-                for s, d in zip(src_ids, dst_ids):
+                for s, d in zip(src_ids, dst_ids, strict=False):
                     assert bytes(target.buffer[base + d * block:base + (d + 1) * block]) == \
                         bytes(r.buffer[s * block:(s + 1) * block])
         with writer.create_queue([target.descriptor()], entries=8, table_ids=128) as q:

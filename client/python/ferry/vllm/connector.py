@@ -22,15 +22,18 @@ from typing import Any, Optional
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1 import base as vllm_base
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorHandshakeMetadata,
-                                                               KVConnectorMetadata, KVConnectorRole)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
 
 from ..client import TRAFFIC_CLASSES
 from .params import Layout
 from .scheduler import FerryScheduler, StepPlan
 from .stats import FerryKVConnectorStats, FerryPromMetrics
 from .worker import FerryWorker
-
 
 # The hooks below that only newer vLLM releases call use types those releases define; on
 # older ones (0.26 has neither) they are plain stand-ins that nothing in vLLM reads.

@@ -22,12 +22,12 @@ def node_agents(agent_factory):
         _ip("netns", "add", names[1]) and \
         _ip("link", "add", f"{tag}a", "netns", names[0], "type", "veth", "peer", "name", f"{tag}b", "netns", names[1])
     if made:
-        for ns, addr in zip(names, addrs):
+        for ns, addr in zip(names, addrs, strict=False):
             assert _ip("-n", ns, "addr", "add", f"{addr}/30", "dev", ns) and _ip("-n", ns, "link", "set", ns, "up") \
                 and _ip("-n", ns, "link", "set", "lo", "up")
         agents = tuple(agent_factory(f"--peer_address={addr}:0", f"--fabric_iface={addr}",
                                      "--fabric_provider=tcp;ofi_rxm", wrap=("ip", "netns", "exec", ns))
-                       for ns, addr in zip(names, addrs))
+                       for ns, addr in zip(names, addrs, strict=False))
     else:
         for ns in names:
             _ip("netns", "del", ns)

@@ -8,9 +8,9 @@ import time
 
 import pytest
 import torch
+from harness import BLOCK_TOKENS, RECORDER, Engine
 
 import ferry
-from harness import BLOCK_TOKENS, RECORDER, Engine
 
 PROMPT = 40  # tokens: 3 blocks of 16, the last partial
 FREE = 63  # an idle engine's free blocks: 64 less vLLM's null block
@@ -78,13 +78,14 @@ def test_one_request_moves_every_layer_byte_for_byte(pd):
             seen["dst"] = d.blocks("d-1")
         return "d-1" in d.outputs and d.outputs["d-1"].finished
     run(p, d, until=landed)
-    for s, t in zip(src, seen["dst"]):
+    for s, t in zip(src, seen["dst"], strict=False):
         assert d.block_bytes(t) == p.block_bytes(s)
     run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
 
 
 def test_handoffs_show_in_vllms_connector_stats_and_prometheus_metrics(pd):
     import prometheus_client
+
     from ferry.vllm import FerryConnector
     p, d = pd()
     prompt = [random.Random(4).randrange(1000) for _ in range(PROMPT)]
@@ -123,7 +124,7 @@ def test_each_layer_outermost_layout_moves_byte_for_byte(pd, layout, latent):
     params = prefill(p, "p-1", prompt)
     assert params["ferry_layout"].endswith(layout)
     dst = handoff(p, d, "d-1", prompt, params)
-    for s, t in zip(params["remote_block_ids"], dst):
+    for s, t in zip(params["remote_block_ids"], dst, strict=False):
         assert d.block_bytes(t) == p.block_bytes(s)
     run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
 
@@ -140,7 +141,7 @@ def test_handoffs_run_in_the_configured_traffic_class(pd, node_agents):
     params = prefill(p, "p-c", prompt)
     src = params["remote_block_ids"]
     dst = handoff(p, d, "d-c", prompt, params)
-    for s, t in zip(src, dst):
+    for s, t in zip(src, dst, strict=False):
         assert d.block_bytes(t) == p.block_bytes(s)
     with ferry.Client(node_agents[0].socket) as c:  # the producer's agent: its pods' bytes by class
         by_class = [sum(t.fabric_bytes[i] for t in c.status().tenants) for i in range(3)]
@@ -183,7 +184,7 @@ def test_eight_concurrent_requests(pd):
     for rid in prompts:
         src = p.outputs[rid].kv_transfer_params["remote_block_ids"]
         assert len(dst[rid]) >= len(src)
-        for s, t in zip(src, dst[rid]):
+        for s, t in zip(src, dst[rid], strict=False):
             assert d.block_bytes(t) == p.block_bytes(s), rid
     run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
     assert not d.load_errors
@@ -208,7 +209,7 @@ def test_partial_prefix_hit_moves_only_the_missing_blocks(pd):
     assert dst[:2] == cached
     assert [d.block_bytes(b) for b in cached] == marked  # not written
     src = params["remote_block_ids"]
-    for s, t in zip(src[2:], dst[2:]):
+    for s, t in zip(src[2:], dst[2:], strict=False):
         assert d.block_bytes(t) == p.block_bytes(s)
     run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
 
@@ -300,7 +301,7 @@ def test_the_producers_agent_restarted_fails_the_request_in_flight_then_handoffs
     params = prefill(p, "p-2", prompt)
     assert params["ferry_mailboxes"] != old
     dst = handoff(p, d, "d-2", prompt, params)
-    for s, t in zip(params["remote_block_ids"], dst):
+    for s, t in zip(params["remote_block_ids"], dst, strict=False):
         assert d.block_bytes(t) == p.block_bytes(s)
     assert d.outputs["d-2"].finish_reason.name == "LENGTH"
 
@@ -312,7 +313,7 @@ def test_tensor_parallel_two_ranks_each_fill_their_own_shard(pd):
     assert len(params["ferry_mailboxes"]) == 2 and params["tp_size"] == 2
     dst = handoff(p, d, "d-1", prompt, params)
     for rank in (0, 1):  # rank r's blocks came from the producer's rank r
-        for s, t in zip(params["remote_block_ids"], dst):
+        for s, t in zip(params["remote_block_ids"], dst, strict=False):
             assert d.block_bytes(t, rank) == p.block_bytes(s, rank)
     assert p.block_bytes(params["remote_block_ids"][0], 0) != p.block_bytes(params["remote_block_ids"][0], 1)
     assert d.outputs["d-1"].finish_reason.name == "LENGTH"
@@ -328,7 +329,7 @@ def test_an_mla_models_latent_cache_moves_byte_for_byte(pd, caplog):
     assert params["ferry_layout"] == "bfloat16 L4 H1x576 B16 LBNHC"
     dst = handoff(p, d, "d-1", prompt, params)
     assert len(p.block_bytes(0)) == 4 and len(p.block_bytes(0)[0]) == BLOCK_TOKENS * 576 * 2
-    for s, t in zip(params["remote_block_ids"], dst):
+    for s, t in zip(params["remote_block_ids"], dst, strict=False):
         assert d.block_bytes(t) == p.block_bytes(s)
     assert d.outputs["d-1"].finish_reason.name == "LENGTH"
     run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
@@ -447,7 +448,7 @@ def test_partial_prefix_hits_of_every_shape_write_only_the_missing_blocks(pd, pr
     dst = handoff(p, d, "d-1", prompt, params)
     assert dst[:len(cached)] == cached
     assert [d.block_bytes(b) for b in cached] == marked  # not written
-    for s, t in zip(src[len(cached):], dst[len(cached):]):
+    for s, t in zip(src[len(cached):], dst[len(cached):], strict=False):
         assert d.block_bytes(t) == p.block_bytes(s)
     assert d.outputs["d-1"].finish_reason.name == "LENGTH" and not d.load_errors
     run(p, d, until=lambda: p.free_blocks() == FREE and d.free_blocks() == FREE)
