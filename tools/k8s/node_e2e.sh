@@ -8,6 +8,8 @@
 #   - two serving pods, run as deploy/examples tells users to run them (non-root, the
 #     socket group, the hostPath socket directory), move bytes through the agent
 #     (tests/deploy/container/pod_workload: every byte checked);
+#   - `helm upgrade` changing a flag rolls the agent while a pod writes through it: the
+#     pod's call fails with UNAVAILABLE, it reconnects and writes on, every byte checked;
 #   - `helm uninstall` leaves no pod, and no socket in the node's socket directory.
 # The DRA profile (gke-dra) runs beside a DRA driver of the test's (tools/k8s/dra_nic_driver)
 # that publishes NIC-like devices with GKE DRANet's attributes, one RDMA-capable and
@@ -258,27 +260,25 @@ for profile in "${profiles[@]}"; do
   kubectl logs "receiver-$profile" 2>/dev/null | tail -n 3 | sed 's/^/      receiver: /'
   kubectl logs "sender-$profile" 2>/dev/null | tail -n 3 | sed 's/^/      sender: /'
   kubectl delete pod "receiver-$profile" "sender-$profile" --wait=true >/dev/null 2>&1 || true
-  if [ "$profile" = default ]; then
-    # A flag changed by `helm upgrade` rolls the agent (the ConfigMap's checksum) while a
-    # pod writes through it: the pod's call in flight fails with UNAVAILABLE, it
-    # reconnects to the new agent, registers again and writes on, every byte checked.
-    serving_pod writer writer "$exchange" "--bytes=8388608, --rounds_after_restart=10, --wait_seconds=240" |
-      kubectl apply -f - >/dev/null
-    eventually 60 bash -c "$(declare -f kubectl); bin=$bin; kubectl logs writer | grep -q 'first round done'" || true
-    old_agent=$(kubectl -n ferry get pods -o name)
-    check "$profile: helm upgrade rolls the agent while a pod writes" bash -c "
-      $(declare -f kubectl); bin=$bin
-      $helm upgrade ferry deploy/helm/ferry --namespace ferry ${values[*]} --set socketDir=$node/run-ferry \
-        --set podMonitor.enabled=false --set 'extraFlags={--transfer_timeout_ms=31000}' --wait=false &&
-      kubectl -n ferry rollout status ds/ferry --timeout=180s &&
-      test \"\$(kubectl -n ferry get pods -o name)\" != $old_agent"
-    check "$profile: the writing pod's call failed with UNAVAILABLE, it reconnected and wrote on, every byte checked" \
-      bash -c "$(declare -f kubectl); bin=$bin
-        kubectl wait --for=jsonpath='{.status.phase}'=Succeeded pod/writer --timeout=240s &&
-        kubectl logs writer | grep -q 'failed: UNAVAILABLE'"
-    kubectl logs writer 2>&1 | tail -n 4 | sed 's/^/      writer: /'
-    kubectl delete pod writer --wait=true >/dev/null 2>&1 || true
-  fi
+  # A flag changed by `helm upgrade` rolls the agent (the ConfigMap's checksum) while a
+  # pod writes through it: the pod's call in flight fails with UNAVAILABLE, it
+  # reconnects to the new agent, registers again and writes on, every byte checked.
+  serving_pod writer writer "$exchange" "--bytes=8388608, --rounds_after_restart=10, --wait_seconds=240" |
+    kubectl apply -f - >/dev/null
+  eventually 60 bash -c "$(declare -f kubectl); bin=$bin; kubectl logs writer | grep -q 'first round done'" || true
+  old_agent=$(kubectl -n ferry get pods -o name)
+  check "$profile: helm upgrade rolls the agent while a pod writes" bash -c "
+    $(declare -f kubectl); bin=$bin
+    $helm upgrade ferry deploy/helm/ferry --namespace ferry ${values[*]} --set socketDir=$node/run-ferry \
+      --set podMonitor.enabled=false --set 'extraFlags={--transfer_timeout_ms=31000}' --wait=false &&
+    kubectl -n ferry rollout status ds/ferry --timeout=180s &&
+    test \"\$(kubectl -n ferry get pods -o name)\" != $old_agent"
+  check "$profile: the writing pod's call failed with UNAVAILABLE, it reconnected and wrote on, every byte checked" \
+    bash -c "$(declare -f kubectl); bin=$bin
+      kubectl wait --for=jsonpath='{.status.phase}'=Succeeded pod/writer --timeout=240s &&
+      kubectl logs writer | grep -q 'failed: UNAVAILABLE'"
+  kubectl logs writer 2>&1 | tail -n 4 | sed 's/^/      writer: /'
+  kubectl delete pod writer --wait=true >/dev/null 2>&1 || true
   check "$profile: helm uninstall" "$helm" uninstall ferry --namespace ferry --wait
   check "$profile: the agent's pod gone and its sockets removed" bash -c \
     "kubectl -n ferry wait --for=delete pod --all --timeout=60s && test -z \"\$(ls -A $node/run-ferry)\""

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The agent's image run as Kubernetes would run the chart's DaemonSet, with podman.
 
-For each profile (default, GKE A3 Ultra, EKS p5) the chart is rendered with helm exactly
+For each profile (default, GKE A3 Ultra, EKS p5, GKE with DRANet) the chart is rendered with helm exactly
 as users render it; the rendered pod template (not a copy of it) becomes podman
 containers: its init containers, then ferryd with the pod's and container's
 securityContext (user, groups, capabilities, privileged, no_new_privs), env (the
@@ -23,7 +23,12 @@ serving pods would:
 What differs from a node, and why: NIC selection only (this machine has no RDMA NICs:
 fabric.provider auto, loopback interface, no RDMA discovery), free ports instead of
 9464 / 7700, and hostPath directories of type Directory created by the test as the node
-would have them (/dev/infiniband, the NVIDIA driver directory: empty here).
+would have them (/dev/infiniband, the NVIDIA driver directory: empty here). The DRA
+profile's init container reads the pod's claim from the API server, which podman lacks:
+the test writes the file it would write (the loopback device as the claimed NIC, with a
+PCIe root and NUMA node), and the pod, which has no host network, gets the host's all
+the same (podman's own networks are not set up on these machines); tools/k8s/node_e2e.sh
+runs that init container and the pod's own network on a real node.
 
     tests/deploy/container/pod_test.py --image ferry/ferryd:0.1.0 --workload PATH --helm PATH \
         --health_probe PATH [--profile default ...]
@@ -50,7 +55,13 @@ PROFILES = {
     "default": [],
     "gke-a3-ultra": ["-f", os.path.join(CHART, "values-gke-a3-ultra.yaml")],
     "eks-p5": ["-f", os.path.join(CHART, "values-eks-p5.yaml")],
+    "gke-dra": ["-f", os.path.join(CHART, "values-gke-dra.yaml")],
 }
+# What `ferryctl claimed-devices` writes for a claim of one NIC, here the loopback device.
+CLAIMED_LOOPBACK = """{"pod": "ferry/ferry-test", "node": "node-1", "devices": [{"claim": "nics", "request": "nics",
+  "driver": "dra.net", "pool": "node-1", "device": "pci-0000-91-00-0", "attributes": {
+  "dra.net/ifName": {"string": "lo"}, "dra.net/rdma": {"bool": true}, "dra.net/numaNode": {"int": 0},
+  "resource.kubernetes.io/pcieRoot": {"string": "pci0000:8c"}}}]}"""
 # A node's default locked-memory limit under containerd; open files as this machine allows
 # and processes as podman's conmon allows (podman drops its default limits once one is given).
 _NOFILE = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -83,6 +94,8 @@ def render(helm: str, profile: str, metrics_port: int, peer_port: int):
     nics = [] if profile == "default" else [
         "--set", "fabric.provider=auto", "--set", f"fabric.ifaces={{{NODE_IP}}}",
         "--set", "fabric.discoverRdmaDevices=false"]
+    if profile == "gke-dra":  # the claim names the NIC; no GPU DRA driver here
+        nics = ["--set", "fabric.provider=auto", "--set", "dra.gpuDeviceClassName="]
     out = run([helm, "template", "ferry", CHART, "--namespace", "ferry", *PROFILES[profile], *nics,
                "--set", f"metricsPort={metrics_port}", "--set", f"peerPort={peer_port}"]).stdout
     objs = {d["kind"]: d for d in yaml.safe_load_all(out) if d}
@@ -111,7 +124,7 @@ class Pod:
                 for key, data in configmaps[v["configMap"]["name"]]["data"].items():
                     with open(os.path.join(path, key), "w") as f:
                         f.write(data)
-            elif "emptyDir" in v:
+            elif "emptyDir" in v or "projected" in v:  # projected: the API token, for an init container not run
                 path = os.path.join(node_root, "var/lib/kubelet", name, v["name"])
                 os.makedirs(path, exist_ok=True)
                 os.chmod(path, 0o777)
@@ -123,7 +136,10 @@ class Pod:
         pod_sc, sc = self.spec.get("securityContext", {}), c.get("securityContext", {})
         cname = f"{self.name}-{c['name']}"
         a = ["podman", "run", "-d", "--name", cname, "--label", self.label, *ULIMITS]
-        a.append("--network=host" if self.spec.get("hostNetwork") else "--network=none")
+        # A pod with claimed NICs has a network of its own on a node; here it gets the host's
+        # (module docstring). Workload pods need none: they reach the agent by its socket.
+        host_net = self.spec.get("hostNetwork") or self.spec.get("resourceClaims")
+        a.append("--network=host" if host_net else "--network=none")
         uid, gid = sc.get("runAsUser", pod_sc.get("runAsUser")), sc.get("runAsGroup", pod_sc.get("runAsGroup"))
         if sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) and not uid:
             raise Failure(f"{cname}: runAsNonRoot without a non-zero runAsUser (the kubelet would refuse it)")
@@ -148,7 +164,7 @@ class Pod:
         for e in c.get("env", []):
             if "value" in e:
                 env[e["name"]] = expand(str(e["value"]), env)
-            elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.hostIP":
+            elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") in ("status.hostIP", "status.podIP"):
                 env[e["name"]] = NODE_IP
             else:
                 raise Failure(f"{cname}: env {e['name']}: only values and status.hostIP are played here")
@@ -218,6 +234,17 @@ def workload_pod(node_root: str, label: str, name: str):
     return pod, shared
 
 
+def write_claim(pod: "Pod", init: dict) -> str:
+    """Writes what the claimed-devices init container would, where it would: its --out
+    path inside the volume it mounts there. Returns the path on this machine."""
+    out_path = next(a for a in init["command"] if a.startswith("--out="))[len("--out="):]
+    mount = next(m for m in init["volumeMounts"] if out_path.startswith(m["mountPath"] + "/"))
+    path = pod.volumes[mount["name"]] + out_path[len(mount["mountPath"]):]
+    with open(path, "w") as f:
+        f.write(CLAIMED_LOOPBACK)
+    return path
+
+
 def check_profile(profile: str, args, out) -> None:
     metrics_port, peer_port = free_port(), free_port()
     ds, cm = render(args.helm, profile, metrics_port, peer_port)
@@ -230,6 +257,10 @@ def check_profile(profile: str, args, out) -> None:
         configmaps = {cm["metadata"]["name"]: cm}
         agent = Pod(f"ferry-{profile}", spec, node_root, configmaps, label)
         for init in spec.get("initContainers", []):
+            if init["name"] == "claimed-devices":
+                out(f"{profile}: init container claimed-devices played by the file it writes "
+                    f"({write_claim(agent, init)})")
+                continue
             run(agent.args(init, args.image))
             code = wait_exit(f"{agent.name}-{init['name']}", 60)
             if code != 0:
@@ -243,6 +274,11 @@ def check_profile(profile: str, args, out) -> None:
         await_probe("liveness", c["livenessProbe"], ports, name)
         out(f"{profile}: ferryd started with the rendered securityContext; startup probe passed after {t:.1f} s, "
             "readiness and liveness pass")
+        if "--claimed_devices" in " ".join(c.get("args", [])):
+            said = logs(name)
+            if "claimed NIC lo (dra.net/node-1/pci-0000-91-00-0)" not in said:
+                raise Failure(f"ferryd did not take its NIC from the claim: {said[-1500:]}")
+            out(f"{profile}: ferryd took its fabric NIC from the claimed devices (lo, PCIe root pci0000:8c, NUMA 0)")
 
         wl, shared = workload_pod(node_root, label, f"serving-{profile}")
         probe_mount = [(args.health_probe, "/opt/ferry-test/grpc-health-probe")]
@@ -297,6 +333,9 @@ def check_profile(profile: str, args, out) -> None:
         bare = dict(spec, securityContext={k: v for k, v in spec["securityContext"].items()
                                            if k != "supplementalGroups"})
         old = Pod(f"nogroup-{profile}", bare, node_root, configmaps, label)
+        for init in spec.get("initContainers", []):
+            if init["name"] == "claimed-devices":
+                write_claim(old, init)
         run(old.args(c, args.image))
         code = wait_exit(f"{old.name}-{c['name']}", 20)
         said = logs(f"{old.name}-{c['name']}")
