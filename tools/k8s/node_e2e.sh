@@ -273,6 +273,10 @@ for profile in "${profiles[@]}"; do
       --set podMonitor.enabled=false --set 'extraFlags={--transfer_timeout_ms=31000}' --wait=false &&
     kubectl -n ferry rollout status ds/ferry --timeout=180s &&
     test \"\$(kubectl -n ferry get pods -o name)\" != $old_agent"
+  if [ "$(kubectl -n ferry get pods -o name)" = "$old_agent" ] || ! kubectl -n ferry wait --for=condition=Ready pod --all \
+    --timeout=1s >/dev/null 2>&1; then
+    kubectl -n ferry describe pods | grep -A12 "^Events:" | sed 's/^/      /'
+  fi
   check "$profile: the writing pod's call failed with UNAVAILABLE, it reconnected and wrote on, every byte checked" \
     bash -c "$(declare -f kubectl); bin=$bin
       kubectl wait --for=jsonpath='{.status.phase}'=Succeeded pod/writer --timeout=240s &&
