@@ -4,7 +4,7 @@
 //
 //   std::unique_ptr<KubeApi> api = NewHttpsKubeApi(*InClusterEndpoint());
 //   absl::StatusOr<v1::ClaimedDevices> claimed =
-//       ResolveClaimedDevices(*api, {.namespace_ = "ferry", .pod = "ferry-x7k2p", .claims = {"nics"}});
+//       ResolveClaimedDevices(*api, {"ferry", "ferry-x7k2p", {"nics"}});   // namespace, pod, claims
 //
 // Three reads: the pod (which ResourceClaim each of its claims became, and its node), each
 // ResourceClaim (status.allocation: driver, pool, device per result), and the node's
