@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "agent/common/grpc_status.h"
+#include "proto/ferry/v1/grpc_status.h"
 #include "agent/common/log.h"
 #include "agent/common/status_macros.h"
 

@@ -1,7 +1,7 @@
 #include "agent/peers/remote_target.h"
 
 #include "absl/strings/str_cat.h"
-#include "agent/common/grpc_status.h"
+#include "proto/ferry/v1/grpc_status.h"
 
 namespace ferry {
 

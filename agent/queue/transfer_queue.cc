@@ -8,20 +8,14 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
 #include "agent/common/status_macros.h"
+#include "proto/ferry/wire/ring_shape.h"
 
 namespace ferry {
 
 absl::StatusOr<std::shared_ptr<TransferQueue>> TransferQueue::Open(
     uint64_t id, uint64_t session_id, UniqueFd ring, UniqueFd submit_doorbell, UniqueFd complete_doorbell,
     uint32_t entries, uint32_t table_ids, std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations) {
-  if (!queue::ValidEntries(entries)) {
-    return absl::InvalidArgumentError(absl::StrCat("entries must be a power of two in [", queue::kMinEntries, ", ",
-                                                   queue::kMaxEntries, "], got ", entries));
-  }
-  if (table_ids > queue::kMaxTableIds) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("table_ids must be at most ", queue::kMaxTableIds, ", got ", table_ids));
-  }
+  FERRY_RETURN_IF_ERROR(queue::CheckRingShape(entries, table_ids));
   FERRY_RETURN_IF_ERROR(CheckEventFd(submit_doorbell.get(), "submit_doorbell_fd"));
   FERRY_RETURN_IF_ERROR(CheckDoorbellSocket(complete_doorbell.get(), "complete_doorbell_fd"));
   absl::StatusOr<SharedMapping> map =

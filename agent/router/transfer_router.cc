@@ -9,7 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "agent/common/check.h"
-#include "agent/common/grpc_status.h"
+#include "proto/ferry/v1/grpc_status.h"
 #include "agent/common/log.h"
 #include "agent/common/poll_source.h"
 #include "agent/common/status_macros.h"

@@ -167,7 +167,7 @@ absl::StatusOr<v1::RegisterMemoryResponse> RegisterCuda(Client& client, const Cu
   if (!req.ok()) return req.status();
   auto ctx = client.NewContext();
   v1::RegisterMemoryResponse resp;
-  absl::Status s = FromGrpc(client.stub()->RegisterMemory(ctx.get(), *req, &resp));
+  absl::Status s = FromGrpcStatus(client.stub()->RegisterMemory(ctx.get(), *req, &resp));
   if (!s.ok()) return s;
   return resp;
 }

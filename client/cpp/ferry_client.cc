@@ -60,11 +60,6 @@ void SetBlockIds(const std::vector<uint64_t>& src_blocks, const std::vector<uint
   set(dst_blocks, paged->mutable_dst_blocks_le32(), paged->mutable_dst_blocks());
 }
 
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
 absl::Status ResultStatus(const v1::TransferResult& r) {
   return r.code() == 0 ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(r.code()), r.message());
 }
@@ -169,7 +164,7 @@ bool Client::SessionAlive() const {
 }
 
 absl::Status Client::Checked(const grpc::Status& s) const {
-  absl::Status st = FromGrpc(s);
+  absl::Status st = FromGrpcStatus(s);
   // This client never cancels its calls: a CANCELLED comes from the agent's server as it
   // shuts down (a call that raced the shutdown), which is the agent going away.
   if (st.code() == absl::StatusCode::kCancelled) {

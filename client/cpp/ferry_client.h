@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "proto/ferry/v1/ferry.grpc.pb.h"
+#include "proto/ferry/v1/grpc_status.h"
 
 namespace ferry {
 
@@ -143,7 +144,7 @@ class Client {
   Client() = default;
   absl::Status Open();
   bool SessionAlive() const;
-  // FromGrpc, but UNAVAILABLE with a hint when the agent has closed the session.
+  // FromGrpcStatus, but UNAVAILABLE with a hint when the agent has closed the session.
   absl::Status Checked(const grpc::Status& s) const;
   absl::StatusOr<v1::WriteResponse> WriteCall(const v1::WriteRequest& request);
 
@@ -156,8 +157,6 @@ class Client {
   std::unique_ptr<v1::Agent::Stub> stub_;
 };
 
-// gRPC status -> absl::Status, keeping code and message.
-absl::Status FromGrpc(const grpc::Status& s);
 // A TransferResult's code and message as a status.
 absl::Status ResultStatus(const v1::TransferResult& r);
 

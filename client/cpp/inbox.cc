@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<Inbox>> Inbox::Open(Client& client, uint32_t slot
   req.set_slots(slots);
   v1::OpenInboxResponse resp;
   auto ctx = client.NewContext();
-  absl::Status s = FromGrpc(client.stub()->OpenInbox(ctx.get(), req, &resp));
+  absl::Status s = FromGrpcStatus(client.stub()->OpenInbox(ctx.get(), req, &resp));
   if (!s.ok()) return s;
   return in;
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/cpp/doorbell.h"
+#include "proto/ferry/wire/ring_shape.h"
 
 namespace ferry {
 
@@ -18,14 +19,7 @@ absl::StatusOr<std::unique_ptr<WriteQueue>> WriteQueue::Create(Client& client,
                                                                const std::vector<v1::RegionDescriptor>& destinations,
                                                                uint32_t entries, uint32_t timeout_ms,
                                                                v1::TrafficClass traffic_class, uint32_t table_ids) {
-  if (!queue::ValidEntries(entries)) {
-    return absl::InvalidArgumentError(absl::StrCat("entries must be a power of two in [", queue::kMinEntries, ", ",
-                                                   queue::kMaxEntries, "], got ", entries));
-  }
-  if (table_ids > queue::kMaxTableIds) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("table_ids must be at most ", queue::kMaxTableIds, ", got ", table_ids));
-  }
+  if (absl::Status shape = queue::CheckRingShape(entries, table_ids); !shape.ok()) return shape;
   std::unique_ptr<WriteQueue> q(new WriteQueue());
   q->entries_ = entries;
   q->table_ids_ = table_ids;
@@ -67,7 +61,7 @@ absl::StatusOr<std::unique_ptr<WriteQueue>> WriteQueue::Create(Client& client,
   for (const v1::RegionDescriptor& d : destinations) *req.add_destinations() = d;
   v1::CreateQueueResponse resp;
   auto ctx = client.NewContext();
-  absl::Status s = FromGrpc(client.stub()->CreateQueue(ctx.get(), req, &resp));
+  absl::Status s = FromGrpcStatus(client.stub()->CreateQueue(ctx.get(), req, &resp));
   if (!s.ok()) return s;
   q->id_ = resp.queue_id();
   return q;

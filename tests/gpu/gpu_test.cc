@@ -598,7 +598,7 @@ TEST_CASE("staged writes go over the source GPU's rail") {
 void ExpectRefused(Client& c, v1::RegisterMemoryRequest req, absl::StatusCode code, const std::string& what) {
   auto ctx = c.NewContext();
   v1::RegisterMemoryResponse resp;
-  absl::Status s = FromGrpc(c.stub()->RegisterMemory(ctx.get(), req, &resp));
+  absl::Status s = FromGrpcStatus(c.stub()->RegisterMemory(ctx.get(), req, &resp));
   INFO(what << ": " << s.ToString());
   CHECK(s.code() == code);
   CHECK(!s.message().empty());
@@ -642,7 +642,7 @@ TEST_CASE("bad GPU handles get a clear status and no crash") {
     gone.Free();
     auto ctx = c->NewContext();
     v1::RegisterMemoryResponse resp;
-    absl::Status s = FromGrpc(c->stub()->RegisterMemory(ctx.get(), *stale, &resp));
+    absl::Status s = FromGrpcStatus(c->stub()->RegisterMemory(ctx.get(), *stale, &resp));
     printf("finding: IPC handle of freed memory -> %s\n", s.ToString().c_str());
     CHECK((s.ok() || s.code() == absl::StatusCode::kInvalidArgument));
     if (s.ok()) REQUIRE(c->Deregister(resp.region_id()).ok());

@@ -224,7 +224,7 @@ absl::Status Create(Client& c, int ring, int submit, int complete, uint32_t entr
   for (auto& d : dsts) *req.add_destinations() = d;
   v1::CreateQueueResponse resp;
   auto ctx = c.NewContext();
-  return FromGrpc(c.stub()->CreateQueue(ctx.get(), req, &resp));
+  return FromGrpcStatus(c.stub()->CreateQueue(ctx.get(), req, &resp));
 }
 
 // Posts `e` as entry `index` of `rq` (made with `entries` slots) and returns its completion.

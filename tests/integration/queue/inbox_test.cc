@@ -151,7 +151,7 @@ TEST_CASE("OpenInbox refuses what is not an inbox, naming the field, and the ses
     req.set_slots(slots);
     v1::OpenInboxResponse resp;
     auto ctx = pod.client->NewContext();
-    return FromGrpc(pod.client->stub()->OpenInbox(ctx.get(), req, &resp));
+    return FromGrpcStatus(pod.client->stub()->OpenInbox(ctx.get(), req, &resp));
   };
   int pipe_fds[2];
   REQUIRE(pipe(pipe_fds) == 0);

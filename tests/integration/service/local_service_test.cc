@@ -222,7 +222,7 @@ TEST_CASE("bad input gets a precise status and writes nothing") {
     auto reg = [&](v1::RegisterMemoryRequest req) {
       v1::RegisterMemoryResponse resp;
       auto ctx = a.client->NewContext();
-      return FromGrpc(a.client->stub()->RegisterMemory(ctx.get(), req, &resp));
+      return FromGrpcStatus(a.client->stub()->RegisterMemory(ctx.get(), req, &resp));
     };
     auto host_req = [&](int fd, uint64_t size, uint64_t offset = 0) {
       v1::RegisterMemoryRequest req;
@@ -298,11 +298,11 @@ TEST_CASE("bad input gets a precise status and writes nothing") {
     auto channel = grpc::CreateChannel("unix:" + agent->socket(), grpc::InsecureChannelCredentials());
     auto stub = v1::Agent::NewStub(channel);
     check({"no session metadata", absl::StatusCode::kUnauthenticated, "session"},
-          FromGrpc(stub->DeregisterMemory(&ctx, req, &resp)));
+          FromGrpcStatus(stub->DeregisterMemory(&ctx, req, &resp)));
     grpc::ClientContext ctx2;
     ctx2.AddMetadata("ferry-session", std::string(32, '0'));
     check({"unknown session token", absl::StatusCode::kUnauthenticated, "no live session"},
-          FromGrpc(stub->DeregisterMemory(&ctx2, req, &resp)));
+          FromGrpcStatus(stub->DeregisterMemory(&ctx2, req, &resp)));
     // Status needs no session.
     grpc::ClientContext ctx3;
     v1::GetStatusResponse status;

@@ -1,4 +1,4 @@
-#include "agent/common/grpc_status.h"
+#include "proto/ferry/v1/grpc_status.h"
 
 #include <string>
 
