@@ -31,7 +31,7 @@ for arg in "$@"; do
 done
 # test_native_rpc.py loads libferry_rpc into pytest's own process, which under
 # --config=tsan has TSan's Abseil on LD_LIBRARY_PATH (meant for ferryd) and could not
-# load it: it runs in the plain configuration (tests/client covers the library under
+# load it: it runs in the plain configuration (tests/integration/client covers the library under
 # every sanitizer).
 ignore=(--ignore=client/python/tests/vllm)
 if [ $# -eq 0 ]; then
