@@ -3,11 +3,11 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "proto/ferry/v1/grpc_status.h"
 #include "agent/common/log.h"
 #include "agent/common/status_macros.h"
 #include "agent/common/token.h"
 #include "agent/peers/peer_table.h"
+#include "proto/ferry/v1/grpc_status.h"
 
 namespace ferry {
 

@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "proto/ferry/v1/grpc_status.h"
 #include "agent/common/log.h"
 #include "agent/common/status_macros.h"
+#include "proto/ferry/v1/grpc_status.h"
 
 namespace ferry {
 namespace {

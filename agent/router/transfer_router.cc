@@ -9,13 +9,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "agent/common/check.h"
-#include "proto/ferry/v1/grpc_status.h"
 #include "agent/common/log.h"
 #include "agent/common/poll_source.h"
 #include "agent/common/status_macros.h"
 #include "agent/common/status_prefix.h"
 #include "agent/common/token.h"
 #include "agent/peers/remote_target.h"
+#include "proto/ferry/v1/grpc_status.h"
 
 namespace ferry {
 

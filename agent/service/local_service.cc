@@ -6,11 +6,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "proto/ferry/v1/grpc_status.h"
 #include "agent/common/log.h"
 #include "agent/common/poll_source.h"
 #include "agent/common/status_macros.h"
 #include "agent/common/status_prefix.h"
+#include "proto/ferry/v1/grpc_status.h"
 
 namespace ferry {
 namespace {

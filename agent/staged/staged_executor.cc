@@ -5,10 +5,10 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "proto/ferry/v1/grpc_status.h"
 #include "agent/common/status_macros.h"
 #include "agent/common/thread_name.h"
 #include "agent/staged/staging_memory.h"
+#include "proto/ferry/v1/grpc_status.h"
 
 namespace ferry {
 namespace {
