@@ -5,7 +5,8 @@
 # configuration (no arguments) also test_native_rpc.py, and test_client.py again with
 # every client's unary calls through libferry_rpc (client/native): a library loaded
 # into Python is not built with a sanitizer. First, in the plain configuration, ruff's
-# lint of the package and its tests (the rules in client/python/pyproject.toml).
+# lint of the package and its tests and mypy's check of the package's types (the rules
+# of both in client/python/pyproject.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=(//agent/main:ferryd)
@@ -16,8 +17,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --upgrade ./client/python pytest
 if [ $# -eq 0 ]; then
-  .venv/bin/pip install -q ruff==0.8.4
+  .venv/bin/pip install -q ruff==0.8.4 mypy==1.13.0
   (cd client/python && ../../.venv/bin/ruff check --quiet .) || { echo "ruff: the findings above (client/python/pyproject.toml)"; exit 1; }
+  (cd client/python && ../../.venv/bin/mypy --no-error-summary) || { echo "mypy: the findings above (client/python/pyproject.toml)"; exit 1; }
 fi
 # --test_env=NAME=VALUE arguments (tools/test.sh --config=tsan) reach ferryd as they
 # reach Bazel's tests.

@@ -71,7 +71,8 @@ class NativeChannel:
         if len(metadata) > 1:
             raise ValueError("native RPC: at most one metadata pair")
         self._lib = lib
-        self._key, self._value = (metadata[0][0].encode(), metadata[0][1].encode()) if metadata else (None, None)
+        self._key: Optional[bytes] = metadata[0][0].encode() if metadata else None
+        self._value: Optional[bytes] = metadata[0][1].encode() if metadata else None
         self._channel = lib.ferry_rpc_open(f"unix:{socket}".encode())
         if not self._channel:
             raise errors.InvalidArgument(f"native RPC: cannot open a channel to {socket!r}")
@@ -89,7 +90,7 @@ class NativeChannel:
                                         ctypes.byref(out[2]))
         if code != 0:
             raise errors.from_code(code, (out[2].value or b"").decode("utf-8", "replace"))
-        return answer_type.FromString(ctypes.string_at(out[0].value, out[1].value) if out[1].value else b"")
+        return answer_type.FromString(ctypes.string_at(out[0].value or 0, out[1].value) if out[1].value else b"")
 
     def close(self) -> None:
         """Cancels calls in flight (they raise Cancelled) and fails later ones (Unavailable).

@@ -14,7 +14,7 @@ import select
 import socket
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List
 
 from . import errors
 
@@ -35,7 +35,11 @@ class SharedRing:
     """A sealed-ready memfd of ``size`` bytes mapped here (``_map``, ``_words`` as uint32),
     ``eventfds`` non-blocking eventfds we ring, and ``doorbells`` socketpairs the agent
     rings (``_doorbells``: our ends; ``_send_doorbell`` hands over the other); closed by
-    close() or the context manager."""
+    close() or the context manager. After close() (``closed``), the mapping is gone:
+    callers check ``closed`` before touching it."""
+
+    _map: mmap.mmap
+    _words: memoryview
 
     def __init__(self, what: str, name: str, size: int, eventfds: int, doorbells: int):
         if platform.machine() not in ("x86_64", "AMD64"):
@@ -43,8 +47,7 @@ class SharedRing:
         if not hasattr(os, "eventfd"):
             raise errors.FailedPrecondition(f"{what} needs Python 3.10 or later (os.eventfd)")
         self._fds: List[int] = []
-        self._map: Optional[mmap.mmap] = None
-        self._words: Optional[memoryview] = None
+        self.closed = True  # until mapped
         try:
             # MFD_ALLOW_SEALING: the agent seals what it maps against shrinking.
             self._ring_fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -62,6 +65,7 @@ class SharedRing:
             os.ftruncate(self._ring_fd, size)
             self._map = mmap.mmap(self._ring_fd, size)
             self._words = memoryview(self._map).cast("I")  # 4-byte aligned stores and loads
+            self.closed = False
         except BaseException:
             self.close()
             raise
@@ -96,12 +100,12 @@ class SharedRing:
 
     def close(self) -> None:
         """Unmaps the ring and closes its fds."""
-        if self._words is not None:
-            self._words.release()
-            self._words = None
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+        self.closed = True
+        words, ring = self.__dict__.pop("_words", None), self.__dict__.pop("_map", None)
+        if words is not None:
+            words.release()
+        if ring is not None:
+            ring.close()
         for fd in self._fds:
             os.close(fd)
         self._fds = []

@@ -224,6 +224,7 @@ class TransferFuture:
             if deadline is not None and _now() >= deadline:
                 raise errors.DeadlineExceeded(f"transfer {self.transfer_id} is still running after {timeout} s")
         r = self._result
+        assert r is not None  # _poll returned True
         if r.code != 0:
             raise errors.from_code(r.code, r.message)
         return TransferResult(r.transfer_id, r.bytes, r.duration_ns, PATH_NAMES.get(r.path, "unknown"), r.tag)
@@ -322,7 +323,7 @@ class Client:
     def _check_ceiling(self) -> None:
         """Refuses the session's class if the agent's rule for this pod does not allow it."""
         mine = [t for t in self.status().tenants if t.session_id == self._session.id]
-        if mine and TRAFFIC_CLASSES[self.traffic_class] < mine[0].ceiling:
+        if mine and self._traffic_class(None) < mine[0].ceiling:
             ceiling = ferry_pb2.TrafficClass.Name(mine[0].ceiling).removeprefix("TRAFFIC_CLASS_").lower()
             self.close()
             raise errors.PermissionDenied(
@@ -462,9 +463,9 @@ class Client:
                 allocation_size=buf.size, pci_bus_id=buf.pci_bus_id)
             req = ferry_pb2.RegisterMemoryRequest(size=size, write_windows=write_windows, cuda_fd=fd_memory)
             return Region(self, self._call("RegisterMemory", req), write_windows)
-        handle, offset, bus_id = cuda.ipc_handle(ptr, device)
+        ipc, offset, bus_id = cuda.ipc_handle(ptr, device)
         req = ferry_pb2.RegisterMemoryRequest(size=size, write_windows=write_windows, cuda_ipc=ferry_pb2.CudaIpcMemory(
-            ipc_handle=handle, device=device, offset=offset, pci_bus_id=bus_id))
+            ipc_handle=ipc, device=device, offset=offset, pci_bus_id=bus_id))
         return Region(self, self._call("RegisterMemory", req), write_windows)
 
     def _deregister(self, region_id: int) -> None:
@@ -564,7 +565,7 @@ class Client:
         """A write call's deadline: the client's, plus what it may wait for the transfer."""
         return self.timeout + (wait or 0.0)
 
-    def _traffic_class(self, name: Optional[str]) -> int:
+    def _traffic_class(self, name: Optional[str]) -> ferry_pb2.TrafficClass:
         """The proto value of ``name``, else of the session's class (None: unspecified)."""
         name = self.traffic_class if name is None else name
         if name is None:

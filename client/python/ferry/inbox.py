@@ -56,7 +56,7 @@ class Inbox(SharedRing):
     def poll(self, max_count: int = 64, timeout: float = 0.0) -> List[Notification]:
         """Up to ``max_count`` notifications, in the order the agent delivered them;
         waits up to ``timeout`` seconds for the first when there is none."""
-        if self._map is None:
+        if self.closed:
             raise errors.FailedPrecondition("this inbox is closed")
         deadline = time.monotonic() + timeout
         while self._ready() == 0 and time.monotonic() < deadline:

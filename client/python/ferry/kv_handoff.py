@@ -267,10 +267,10 @@ class _ConsumerQueue:
     def busy(self) -> bool:
         return bool(self._ranges)
 
-    def reap(self) -> list:
+    def reap(self) -> List[Tuple[str, Optional[str]]]:
         """(request id, None or the error) of each request whose write completed since the
         last call."""
-        out = []
+        out: List[Tuple[str, Optional[str]]] = []
         for c in self.queue.reap(max_count=self.ENTRIES, timeout=0):
             rids, _, _ = self._ranges.pop(c.user_data)
             out.extend((rid, None if c.error is None else f"writing the blocks failed: {c.error}") for rid in rids)
@@ -530,18 +530,20 @@ class KVProducer:
         if held is not None and held.future is None and total == len(held.src_ids) - skip and \
                 first + len(chunk) <= total:
             # A long request's block ids come in several messages: gather them.
-            if held.dst_ids is None or len(held.dst_ids) != total:
-                held.dst_ids, held.dst_pieces = array.array("I", bytes(4 * total)), {}
-            held.dst_ids[first:first + len(chunk)] = chunk
-            held.dst_pieces[first] = len(chunk)
+            ids, pieces = held.dst_ids, held.dst_pieces
+            if ids is None or pieces is None or len(ids) != total:
+                ids, pieces = array.array("I", bytes(4 * total)), {}
+                held.dst_ids, held.dst_pieces = ids, pieces
+            ids[first:first + len(chunk)] = chunk
+            pieces[first] = len(chunk)
             covered = 0
-            for at in sorted(held.dst_pieces):  # complete when the pieces tile 0..total
+            for at in sorted(pieces):  # complete when the pieces tile 0..total
                 if at != covered:
                     break
-                covered += held.dst_pieces[at]
+                covered += pieces[at]
             if covered != total:
                 return
-            dst_ids = held.dst_ids
+            dst_ids = ids
         else:
             dst_ids = chunk
         why = None
@@ -567,6 +569,7 @@ class KVProducer:
                 else:
                     self._refuse_unattributed(consumer, (descriptors[0], reply), why)
             return
+        assert held is not None and descriptors is not None  # else `why` was set above
         if not dst_ids:  # the consumer had every block already
             del self._held[rid]
             progress.done.add(rid)
@@ -644,6 +647,8 @@ class KVProducer:
     def _tell_refused(self, held: _Held, why: str) -> None:
         """Tells a pulled request's consumer that its write failed, so that it need not
         wait for its timeout; if that fails too, the timeout it is."""
+        if held.answer_to is None:
+            return
         try:
             refuse(self._client, held.answer_to, why)
         except errors.FerryError:

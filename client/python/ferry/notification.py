@@ -2,6 +2,7 @@
 and the inbox both yield these)."""
 from __future__ import annotations
 
+import builtins
 import dataclasses
 
 from ._proto import ferry_pb2
@@ -14,7 +15,7 @@ class Notification:
     transfer_id: int  # 0 for a message
     bytes: int  # bytes written; 0 for a message
     source_incarnation: int
-    payload: bytes = b""  # the writer's notify_payload, or the message's payload
+    payload: builtins.bytes = b""  # the writer's notify_payload, or the message's payload
     # "write" (a notified write ended), "message" (send_message), or "window_refused" (a
     # write into a region in window mode was refused, nothing of it written; tag is the
     # window's id, 0 for a write that named no window; message says why).

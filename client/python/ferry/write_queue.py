@@ -129,12 +129,12 @@ class WriteQueue(SharedRing):
         self._reaped = 0
         self._cq_offset = _SUBMIT_OFFSET + entries * _SUBMIT.size
         table_offset = self._cq_offset + entries * _COMPLETION.size
-        self.table: Optional[memoryview] = None
+        #: The block table: ``table_ids`` uint32 ids shared with the agent (see post_paged).
+        self.table = memoryview(b"")
         super().__init__("ferry.WriteQueue", "ferry-write-queue", table_offset + 4 * table_ids, eventfds=1,
                          doorbells=1)
         (self._submit_fd,), (self._complete_fd,) = self._eventfds, self._doorbells
         try:
-            #: The block table: ``table_ids`` uint32 ids shared with the agent (see post_paged).
             self.table = self._words[table_offset // 4:]
             self._table_offset = table_offset
             struct.pack_into("<II", self._map, 0, _MAGIC, entries)
@@ -215,7 +215,7 @@ class WriteQueue(SharedRing):
         ``window`` (a RegionDescriptor of a write window, from its owner: only its id and
         token are used), every part writes through that window of its destination's owner
         instead of with the destination's own token."""
-        if self._map is None:
+        if self.closed:
             raise errors.FailedPrecondition("this queue is closed")
         n = len(src_ids)
         if len(dst_ids) != n:
@@ -267,7 +267,7 @@ class WriteQueue(SharedRing):
     def _check_table_room(self, what: str, table_index, words: int) -> None:
         """That ``words`` table ids from ``table_index`` fit, and that a slot is free
         (checked before the table is written: entries in flight may still use it)."""
-        if self._map is None:
+        if self.closed:
             raise errors.FailedPrecondition("this queue is closed")
         if not (isinstance(table_index, int) and 0 <= table_index and table_index + words <= len(self.table)):
             raise errors.InvalidArgument(f"the {what} needs {words} table ids from table_index {table_index!r}; "
@@ -278,7 +278,7 @@ class WriteQueue(SharedRing):
 
     def _post(self, src, src_offset, dst_offset, length, tag, dst_index, flags, table_index, blocks, user_data,
               named) -> None:
-        if self._map is None:
+        if self.closed:
             raise errors.FailedPrecondition("this queue is closed")
         if self._posted - self._reaped >= self._entries:
             _refuse(src, user_data=user_data, tag=tag, dst_index=dst_index, **named)  # a bad argument says so
@@ -305,7 +305,7 @@ class WriteQueue(SharedRing):
         until at least ``min_count`` are ready (never for more than are in flight), then
         whatever there is. ``spin``: seconds to poll the ring before sleeping on the
         doorbell (for a thread with a core of its own)."""
-        if self._map is None:
+        if self.closed:
             raise errors.FailedPrecondition("this queue is closed")
         want = max(1, min(min_count, max_count, self.inflight))
         now = time.monotonic()
@@ -322,9 +322,9 @@ class WriteQueue(SharedRing):
     def close(self) -> None:
         """Unmaps the ring and closes its fds. Writes still in flight complete in the
         agent; their completions are not read. The agent drops the queue with the session."""
-        if getattr(self, "table", None) is not None:
-            self.table.release()
-            self.table = None
+        table = getattr(self, "table", None)
+        if table is not None:
+            table.release()
         super().close()
 
     # ------------------------------------------------------------------ plumbing

@@ -37,7 +37,7 @@ from .worker import FerryWorker
 
 # The hooks below that only newer vLLM releases call use types those releases define; on
 # older ones (0.26 has neither) they are plain stand-ins that nothing in vLLM reads.
-KVConnectorWorkerMetadata = getattr(vllm_base, "KVConnectorWorkerMetadata", object)
+KVConnectorWorkerMetadata: Any = getattr(vllm_base, "KVConnectorWorkerMetadata", object)
 
 
 @dataclasses.dataclass
@@ -47,7 +47,7 @@ class _TransferResults:
     failed_recving: set
 
 
-KVConnectorTransferResults = getattr(vllm_base, "KVConnectorTransferResults", _TransferResults)
+KVConnectorTransferResults: Any = getattr(vllm_base, "KVConnectorTransferResults", _TransferResults)
 
 
 class FerryConnectorMetadata(KVConnectorMetadata):
@@ -136,49 +136,63 @@ class FerryConnector(KVConnectorBase_V1):
                                        consumer=cfg.is_kv_consumer, lease=extra["lease_s"], timeout=extra["timeout_s"],
                                        traffic_class=extra["traffic_class"], write_windows=extra["write_windows"])
 
+    @property
+    def _sched(self) -> FerryScheduler:
+        """The scheduler side; vLLM calls its hooks on the scheduler's connector only."""
+        if self._scheduler is None:
+            raise RuntimeError("FerryConnector: a scheduler hook was called on a worker's connector")
+        return self._scheduler
+
+    @property
+    def _work(self) -> FerryWorker:
+        """The worker side; vLLM calls its hooks on the workers' connectors only."""
+        if self._worker is None:
+            raise RuntimeError("FerryConnector: a worker hook was called on the scheduler's connector")
+        return self._worker
+
     # ------------------------------------------------------------ scheduler side
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
-        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+        return self._sched.get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
-        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+        self._sched.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
-        return FerryConnectorMetadata(self._scheduler.build_plan())
+        return FerryConnectorMetadata(self._sched.build_plan())
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        return self._scheduler.request_finished(request, block_ids)
+        return self._sched.request_finished(request, block_ids)
 
     def update_connector_output(self, connector_output) -> None:
-        self._scheduler.update_connector_output(connector_output.finished_sending, connector_output.finished_recving)
+        self._sched.update_connector_output(connector_output.finished_sending, connector_output.finished_recving)
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, FerryWorkerMetadata):
-            self._scheduler.update_mailboxes(meta.mailboxes)
+            self._sched.update_mailboxes(meta.mailboxes)
 
     def has_pending_push_work(self) -> bool:
-        return self._scheduler.has_pending_work()
+        return self._sched.has_pending_work()
 
     def set_xfer_handshake_metadata(self, metadata) -> None:
-        self._scheduler.set_mailboxes({rank: m.mailbox for rank, m in metadata.items() if m.mailbox is not None})
+        self._sched.set_mailboxes({rank: m.mailbox for rank, m in metadata.items() if m.mailbox is not None})
 
     # ------------------------------------------------------------ worker side
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
-        self._worker.register_kv_caches(kv_caches)
+        self._work.register_kv_caches(kv_caches)
 
     def get_handshake_metadata(self) -> Optional[KVConnectorHandshakeMetadata]:
-        return FerryHandshakeMetadata(self._worker.mailbox) if self._worker.mailbox is not None else None
+        return FerryHandshakeMetadata(self._work.mailbox) if self._work.mailbox is not None else None
 
     def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
-        if not self._worker.mailbox_changed or self._worker.mailbox is None:
+        if not self._work.mailbox_changed or self._work.mailbox is None:
             return None
-        self._worker.mailbox_changed = False
-        return FerryWorkerMetadata({self._worker.tp_rank: self._worker.mailbox})
+        self._work.mailbox_changed = False
+        return FerryWorkerMetadata({self._work.tp_rank: self._work.mailbox})
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         # Loads run asynchronously (the producer writes); sending is answering pulls.
-        self._worker.apply(self._get_connector_metadata().plan)
+        self._work.apply(self._get_connector_metadata().plan)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None
@@ -190,7 +204,7 @@ class FerryConnector(KVConnectorBase_V1):
         return None
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
-        r = self._worker.results()
+        r = self._work.results()
         self._invalid = r.invalid_block_ids
         return KVConnectorTransferResults(finished_sending=r.finished_sending, finished_recving=r.finished_recving,
                                           failed_recving=r.failed_recving)

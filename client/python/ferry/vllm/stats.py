@@ -87,7 +87,7 @@ class FerryKVConnectorStats(KVConnectorStats):
 
 if KVConnectorPromMetrics is not None:
 
-    class FerryPromMetrics(KVConnectorPromMetrics):
+    class _FerryPromMetrics(KVConnectorPromMetrics):
         def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
             super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
@@ -118,5 +118,6 @@ if KVConnectorPromMetrics is not None:
             self.received_bytes[engine_idx].inc(d.get("received_bytes", 0))
             for s in d.get("seconds", ()):
                 self.seconds[engine_idx].observe(s)
+    FerryPromMetrics: Optional[type] = _FerryPromMetrics
 else:
     FerryPromMetrics = None

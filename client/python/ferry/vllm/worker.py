@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Dict, List, Mapping, Optional, Set
+from typing import Any, Dict, List, Mapping, Optional, Set
 
 from .. import errors
 from ..client import Client
@@ -119,7 +119,7 @@ class FerryWorker:
         self.mailbox_changed = False  # a new mailbox since the scheduler last heard (after a reconnect)
         self._orphans: List[tuple] = []  # consumers whose writes were lost with the old session
 
-    def register_kv_caches(self, kv_caches: Mapping[str, object]) -> None:
+    def register_kv_caches(self, kv_caches: Mapping[str, Any]) -> None:
         """Registers every layer's tensor once (in the model's layer order, which both
         sides share) and starts the producer and consumer roles."""
         tensors = list(kv_caches.values())
@@ -135,6 +135,7 @@ class FerryWorker:
     def _start(self) -> None:
         # A consumer's caches take writes only through the windows it opens per pulled
         # request, so that nothing lands in a block after vLLM gave it to another request.
+        assert self._spec is not None  # register_kv_caches set it
         regions = [self._client.register_tensor(physical_view(t), write_windows=self._write_windows)
                    for t in self._tensors]
         if self._roles[0]:
