@@ -188,6 +188,7 @@ void Agent::StartTransferPaths() {
   router_ = std::make_unique<TransferRouter>(std::move(route));
   queue_entries_ = std::make_unique<QueueEntries>(router_.get(), sessions_.get(), transfers_.get(), metrics_.get(),
                                                   ChunkLimits{config_.max_chunks_per_write});
+  queue_entries_->set_windows(windows_.get(), WindowEntryLimits{config_.max_transfer_timeout_ms, config_.max_wait_ms});
   queue_poller_ = std::make_unique<QueuePoller>(
       [e = queue_entries_.get()](const std::shared_ptr<TransferQueue>& q, const queue::SubmitEntry& entry,
                                  bool may_block) { return e->Handle(q, entry, may_block); },

@@ -167,7 +167,7 @@ void WriteWindows::CloseLocked(const std::shared_ptr<WriteWindow>& w, const char
   }
   auto held = per_session_.find(w->owner_session());
   if (held != per_session_.end() && --held->second == 0) per_session_.erase(held);
-  closed_[w->id()] = Closed{w->token(), absl::Now(), why};
+  closed_[w->id()] = Closed{w->token(), absl::Now(), why, w->owner_session(), w};
   closed_order_.push_back(w->id());
   if (closed_order_.size() > kRememberClosed) {
     closed_.erase(closed_order_.front());
@@ -183,20 +183,19 @@ absl::Status WriteWindows::Close(uint64_t window_id, uint64_t session, absl::Dur
   {
     absl::MutexLock lock(&mu_);
     auto it = open_.find(window_id);
-    if (it == open_.end() || it->second->owner_session() != session) {
-      auto closed = closed_.find(window_id);
-      if (closed != closed_.end() && it == open_.end()) {
-        // Closed already (by its deadline, say); its writes may still be copying.
-        return absl::OkStatus();
-      }
+    auto closed = it == open_.end() ? closed_.find(window_id) : closed_.end();
+    if (it != open_.end() && it->second->owner_session() == session) {
+      w = it->second;
+      CloseLocked(w, "closed by its owner");
+    } else if (closed != closed_.end() && closed->second.owner_session == session) {
+      // Closed already (by its owner, its deadline, the agent): wait for what still moves.
+      w = closed->second.window.lock();
+    } else {
       return absl::NotFoundError(absl::StrCat("window_id ", window_id, " is not a write window of this session"));
     }
-    w = it->second;
-    CloseLocked(w, "closed by its owner");
   }
   const absl::Time deadline = absl::Now() + wait;
-  WriteWindow* closed = w.get();
-  {
+  if (WriteWindow* closed = w.get(); closed != nullptr) {
     absl::MutexLock window_lock(&closed->mu_);
     auto idle = [closed]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(closed->mu_) { return closed->active_ == 0; };
     if (!closed->mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {

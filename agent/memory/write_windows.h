@@ -151,7 +151,10 @@ class WriteWindows {
   // NOT_FOUND / PERMISSION_DENIED / FAILED_PRECONDITION name the field; RESOURCE_EXHAUSTED
   // past kMaxWindowsPerSession.
   absl::StatusOr<std::shared_ptr<const WriteWindow>> Open(uint64_t session, const WindowSpec& spec);
-  // See CloseWriteWindow in ferry.proto. NOT_FOUND when `session` has no such window open.
+  // See CloseWriteWindow in ferry.proto. NOT_FOUND when `session` has no such window open
+  // or recently closed. Closing a window closed already (by its owner, its deadline or
+  // the agent) waits, up to `wait`, for the writes through it that are still moving:
+  // after a DEADLINE_EXCEEDED, close it again to wait on.
   absl::Status Close(uint64_t window_id, uint64_t session, absl::Duration wait);
   // A session ended: its windows close (nothing waits).
   void CloseSession(uint64_t session);
@@ -180,6 +183,9 @@ class WriteWindows {
     Token token;
     absl::Time when;
     const char* why;
+    uint64_t owner_session;
+    // Alive while writes through it are (their admissions hold it): a later Close waits on it.
+    std::weak_ptr<WriteWindow> window;
   };
   // Takes `w` out (under mu_) and closes it: admissions refused, keys revoked.
   void CloseLocked(const std::shared_ptr<WriteWindow>& w, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -36,9 +36,26 @@ bool QueueEntries::Handle(const std::shared_ptr<TransferQueue>& q, const queue::
   if (shutting_down_.load()) return refuse(absl::UnavailableError("the agent is shutting down"));
   std::shared_ptr<Session> session = sessions_->FindById(q->session_id());
   if (session == nullptr) return refuse(absl::UnavailableError("the session ended"));
-  if (e.flags &
-      ~(queue::kFlagNotify | queue::kFlagPaged | queue::kFlagBatch | queue::kFlagMessage | queue::kFlagWindow)) {
+  if (e.flags & ~(queue::kFlagNotify | queue::kFlagPaged | queue::kFlagBatch | queue::kFlagMessage |
+                  queue::kFlagWindow | queue::kFlagOpenWindow | queue::kFlagCloseWindow)) {
     return refuse(absl::InvalidArgumentError(absl::StrCat("flags 0x", absl::Hex(e.flags), " has unknown bits")));
+  }
+  if (e.flags & (queue::kFlagOpenWindow | queue::kFlagCloseWindow)) {
+    if (e.flags != queue::kFlagOpenWindow && e.flags != queue::kFlagCloseWindow) {
+      return refuse(absl::InvalidArgumentError(absl::StrCat(
+          "flags 0x", absl::Hex(e.flags), ": a window's open (32) or close (64) entry takes no other flag")));
+    }
+    if (e.flags == queue::kFlagOpenWindow) {
+      absl::StatusOr<queue::CompletionEntry> opened = OpenWindow(*q, e);
+      if (!opened.ok()) return refuse(opened.status());
+      q->Complete(*opened);
+      return true;
+    }
+    absl::Status closed = CloseWindow(*q, e, may_block);
+    if (IsWouldBlock(closed)) return false;
+    if (!closed.ok()) return refuse(closed);
+    q->Complete(ToCompletion(e.user_data, v1::TransferResult()));
+    return true;
   }
   if ((e.flags & queue::kFlagWindow) && !(e.flags & queue::kFlagBatch)) {
     return refuse(absl::InvalidArgumentError(
@@ -93,6 +110,74 @@ absl::Status QueueEntries::SendMessage(const TransferQueue& q, const queue::Subm
   thread_local std::string payload;
   FERRY_RETURN_IF_ERROR(q.CopyBytes(e.table_index, e.src_offset, &payload));
   return router_->SendMessage(dst, e.tag, payload, absl::Now() + absl::Milliseconds(q.timeout_ms()), q.owner_uid());
+}
+
+absl::StatusOr<queue::CompletionEntry> QueueEntries::OpenWindow(const TransferQueue& q,
+                                                                const queue::SubmitEntry& e) const {
+  if (windows_ == nullptr) return absl::FailedPreconditionError("this agent opens no write windows");
+  if (e.src_region != 0 || e.src_offset != 0 || e.dst_offset != 0 || e.length != 0 || e.tag != 0 || e.blocks != 0) {
+    return absl::InvalidArgumentError(
+        "src_region, src_offset, dst_offset, length, tag and blocks of a window's open entry must be 0 (the "
+        "window is in the table; its writer is the destination dst_index)");
+  }
+  FERRY_RETURN_IF_ERROR(CheckDestination(q, e.dst_index, "dst_index"));
+  thread_local std::string words;
+  FERRY_RETURN_IF_ERROR(q.CopyBytes(e.table_index, sizeof(queue::WindowOpen), &words));
+  queue::WindowOpen head;
+  memcpy(&head, words.data(), sizeof(head));
+  if (head.timeout_ms == 0 || head.timeout_ms > window_limits_.max_timeout_ms) {
+    return absl::InvalidArgumentError(absl::StrCat("timeout_ms must be 1..", window_limits_.max_timeout_ms,
+                                                   " (--max_transfer_timeout_ms), got ", head.timeout_ms));
+  }
+  // Bounded before the copy: the counts are the client's.
+  if (head.regions == 0 || head.regions > kMaxWindowRegions) {
+    return absl::InvalidArgumentError(absl::StrCat("regions must be 1..", kMaxWindowRegions, ", got ", head.regions));
+  }
+  if (head.ranges == 0 || head.ranges > kMaxWindowRanges) {
+    return absl::InvalidArgumentError(absl::StrCat("ranges must be 1..", kMaxWindowRanges, ", got ", head.ranges));
+  }
+  const uint64_t bytes = sizeof(head) + uint64_t{head.regions} * 8 + uint64_t{head.ranges} * 16;
+  FERRY_RETURN_IF_ERROR(q.CopyBytes(e.table_index, bytes, &words));
+  WindowSpec spec;
+  spec.region_ids.resize(head.regions);
+  memcpy(spec.region_ids.data(), words.data() + sizeof(head), head.regions * 8);
+  spec.ranges.resize(head.ranges);
+  const char* at = words.data() + sizeof(head) + head.regions * 8;
+  for (ByteSpan& r : spec.ranges) {
+    memcpy(&r.offset, at, 8);
+    memcpy(&r.length, at + 8, 8);
+    at += 16;
+  }
+  const v1::RegionDescriptor& writer = *q.destinations()[e.dst_index];
+  spec.writer = {writer.agent_incarnation(), writer.region_id()};
+  spec.timeout = absl::Milliseconds(head.timeout_ms);
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const WriteWindow> w, windows_->Open(q.session_id(), spec));
+  queue::CompletionEntry c{};
+  c.user_data = e.user_data;
+  c.transfer_id = w->id();
+  const std::string token = w->token().bytes();
+  memcpy(c.message, token.data(), token.size());
+  return c;
+}
+
+absl::Status QueueEntries::CloseWindow(const TransferQueue& q, const queue::SubmitEntry& e, bool may_block) const {
+  if (windows_ == nullptr) return absl::FailedPreconditionError("this agent opens no write windows");
+  if (e.src_region != 0 || e.dst_offset != 0 || e.tag != 0 || e.dst_index != 0 || e.table_index != 0 || e.blocks != 0) {
+    return absl::InvalidArgumentError(
+        "src_region, dst_offset, tag, dst_index, table_index and blocks of a window's close entry must be 0 (the "
+        "window id is src_offset, the wait in ms length)");
+  }
+  if (e.length > window_limits_.max_wait_ms) {
+    return absl::InvalidArgumentError(absl::StrCat("length (the wait) must be 0..", window_limits_.max_wait_ms,
+                                                   " ms (--max_wait_ms), got ", e.length));
+  }
+  if (!may_block) {
+    // Most closes find nothing moving: done here. One that must wait goes to its pod's lane.
+    absl::Status now = windows_->Close(e.src_offset, q.session_id(), absl::ZeroDuration());
+    if (absl::IsDeadlineExceeded(now) && e.length > 0) return WouldBlockError("writes through the window still move");
+    return now;
+  }
+  return windows_->Close(e.src_offset, q.session_id(), absl::Milliseconds(e.length));
 }
 
 WriteSpec QueueEntries::Spec(const TransferQueue& q, uint64_t src_region, uint32_t dst_index) const {

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <memory>
 
+#include "agent/memory/write_windows.h"
 #include "agent/metrics/metrics.h"
 #include "agent/queue/transfer_queue.h"
 #include "agent/router/transfer_router.h"
@@ -21,12 +22,25 @@
 
 namespace ferry {
 
+// What bounds a window opened or closed by a queue entry, as the RPCs are bounded.
+struct WindowEntryLimits {
+  uint32_t max_timeout_ms = 0;  // --max_transfer_timeout_ms
+  uint32_t max_wait_ms = 0;     // --max_wait_ms
+};
+
 class QueueEntries {
  public:
   // `limits` bound a paged entry's blocks as a Write's chunks are bounded.
   QueueEntries(const TransferRouter* router, SessionRegistry* sessions, TransferManager* transfers, Metrics* metrics,
                ChunkLimits limits)
       : router_(router), sessions_(sessions), transfers_(transfers), metrics_(metrics), limits_(limits) {}
+
+  // Where window entries (kFlagOpenWindow, kFlagCloseWindow) open and close windows;
+  // without it they are refused. Set before the first queue is added.
+  void set_windows(WriteWindows* windows, WindowEntryLimits limits) {
+    windows_ = windows;
+    window_limits_ = limits;
+  }
 
   // Refuses every entry from now on (UNAVAILABLE: the agent is shutting down).
   void BeginShutdown() { shutting_down_.store(true); }
@@ -47,6 +61,10 @@ class QueueEntries {
   // A message entry, delivered before it returns; a would-block status when !may_block
   // and the destination is on another agent (its delivery is an RPC).
   absl::Status SendMessage(const TransferQueue& q, const queue::SubmitEntry& e, bool may_block) const;
+  // A window entry: opened (its completion names the window) or closed; a would-block
+  // status when !may_block and the close must wait for writes still moving.
+  absl::StatusOr<queue::CompletionEntry> OpenWindow(const TransferQueue& q, const queue::SubmitEntry& e) const;
+  absl::Status CloseWindow(const TransferQueue& q, const queue::SubmitEntry& e, bool may_block) const;
   WriteSpec Spec(const TransferQueue& q, uint64_t src_region, uint32_t dst_index) const;
   static absl::Status CheckDestination(const TransferQueue& q, uint32_t dst_index, const char* field);
 
@@ -55,6 +73,8 @@ class QueueEntries {
   TransferManager* transfers_;
   Metrics* metrics_;
   const ChunkLimits limits_;
+  WriteWindows* windows_ = nullptr;
+  WindowEntryLimits window_limits_;
   std::atomic<bool> shutting_down_{false};
 };
 

@@ -18,7 +18,11 @@ memory the agent reads when it takes the entry, so one mapping serves every laye
 or every layer as one transfer, one completion and one notification (a ``write_batch``
 with no RPC): ``q.post_batch([(kv[l], l, 0, 0) for l in layers], block_size, src_ids,
 dst_ids, notify=True, tag=7)``. And messages to a destination's owner, with no bytes
-written (``Client.send_message`` with no RPC): ``q.post_message(b"pull 12", tag=3)``.
+written (``Client.send_message`` with no RPC): ``q.post_message(b"pull 12", tag=3)``. And
+write windows over this client's own regions for a destination's owner
+(``Client.open_write_window`` and ``WriteWindow.close`` with no RPC):
+``q.post_open_window([kv.id for kv in layers], ranges, timeout=30)``, whose completion
+carries the window's id (``transfer_id``) and ``token``, then ``q.post_close_window(id)``.
 
 The Python face of the agent's shared-memory ring (proto/ferry/wire/ring_layout.h; the C++
 client is client/cpp/write_queue.h): a memfd both sides map, a submission ring the
@@ -36,12 +40,13 @@ the client's session: after ``Client.reconnect()`` create a new one. x86-64 and 
 from __future__ import annotations
 
 import array
+import builtins
 import dataclasses
 import operator
 import os
 import struct
 import time
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from . import errors
 from ._proto import ferry_pb2
@@ -59,6 +64,9 @@ _COMPLETION = struct.Struct("<QQQQiI216s")  # user_data transfer_id bytes durati
 _COMPLETION_HEAD = struct.Struct("<QQQQiI")  # all but the message, which only a failure needs
 _MESSAGE = struct.Struct("216s")
 _FLAG_NOTIFY, _FLAG_PAGED, _FLAG_BATCH, _FLAG_MESSAGE, _FLAG_WINDOW = 1, 2, 4, 8, 16
+_FLAG_OPEN_WINDOW, _FLAG_CLOSE_WINDOW = 32, 64
+_WINDOW_OPEN = struct.Struct("<QII")  # a WindowOpen in the table: timeout_ms regions ranges
+_MAX_WINDOW_REGIONS, _MAX_WINDOW_RANGES = 256, 1 << 16
 _WINDOW_IDS = 6  # a WindowRef: the window's id (8 bytes) and token (16)
 _MAX_PAYLOAD = 4096  # a notification's or message's payload
 _PART = struct.Struct("<QQQII")  # a batch part in the table: src_region src_base dst_base dst_index reserved
@@ -75,6 +83,7 @@ class Completion:
     error: Optional[errors.FerryError]  # None when the write succeeded
     path: str = ""  # local, fabric or staged
     seconds: float = 0.0  # post -> completion, as the agent measured it
+    token: builtins.bytes = b""  # an opened window's token (post_open_window), its id in transfer_id
 
 
 def _refuse(src, **values) -> None:
@@ -127,6 +136,7 @@ class WriteQueue(SharedRing):
         self._entries = entries
         self._posted = 0
         self._reaped = 0
+        self._opening: set = set()  # user_data of window opens not reaped yet: their completions carry a token
         self._cq_offset = _SUBMIT_OFFSET + entries * _SUBMIT.size
         table_offset = self._cq_offset + entries * _COMPLETION.size
         #: The block table: ``table_ids`` uint32 ids shared with the agent (see post_paged).
@@ -264,6 +274,42 @@ class WriteQueue(SharedRing):
         self._map[at:at + len(payload)] = payload
         self._post(_NO_REGION, len(payload), 0, 0, tag, dst_index, _FLAG_MESSAGE, table_index, 0, user_data, {})
 
+    def post_open_window(self, region_ids: Sequence[int], ranges: Sequence[Tuple[int, int]], *, timeout: float,
+                         dst_index: int = 0, table_index: int = 0, user_data: int = 0) -> None:
+        """Queues ``Client.open_write_window`` without the RPC: a window over ``ranges``
+        ((offset, length) byte ranges) of each of this client's regions ``region_ids``
+        (registered with write_windows), for the owner of destination ``dst_index`` alone,
+        closing by itself after ``timeout`` seconds. Its completion carries the window's
+        id in ``transfer_id`` and its ``token``: what the writer's descriptors need. The
+        window goes into ``self.table`` at ``table_index`` (4 + 2 per region + 4 per range
+        ids), where it must stay until the entry is reaped. Entries are taken in order, so
+        a message posted after the completion reaches the writer after the window opened."""
+        if not (1 <= len(region_ids) <= _MAX_WINDOW_REGIONS and 1 <= len(ranges) <= _MAX_WINDOW_RANGES):
+            raise errors.InvalidArgument(f"a window has 1..{_MAX_WINDOW_REGIONS} regions and 1..{_MAX_WINDOW_RANGES} "
+                                         f"ranges, got {len(region_ids)} and {len(ranges)}")
+        timeout_ms = int(timeout * 1000)
+        if timeout_ms < 1:
+            raise errors.InvalidArgument(f"timeout must be at least 1 ms, got {timeout!r} s")
+        try:
+            packed = (_WINDOW_OPEN.pack(timeout_ms, len(region_ids), len(ranges)) +
+                      struct.pack(f"<{len(region_ids)}Q", *region_ids) +
+                      struct.pack(f"<{2 * len(ranges)}Q", *(v for r in ranges for v in r)))
+        except (struct.error, TypeError) as e:
+            raise errors.InvalidArgument(f"region ids and ranges must be unsigned 64-bit integers: {e}") from None
+        self._check_table_room("window", table_index, len(packed) // 4)
+        at = self._table_offset + 4 * table_index
+        self._map[at:at + len(packed)] = packed
+        self._post(_NO_REGION, 0, 0, 0, 0, dst_index, _FLAG_OPEN_WINDOW, table_index, 0, user_data, {})
+        self._opening.add(user_data)
+
+    def post_close_window(self, window_id: int, *, wait: float = 1.0, user_data: int = 0) -> None:
+        """Queues ``WriteWindow.close`` without the RPC: the window closes, and its completion
+        comes once no byte of any write through it can land any more, or after ``wait``
+        seconds with DeadlineExceeded (the window is closed all the same; close again to
+        wait again)."""
+        self._post(_NO_REGION, window_id, 0, max(0, int(wait * 1000)), 0, 0, _FLAG_CLOSE_WINDOW, 0, 0, user_data,
+                   {"window_id": window_id})
+
     def _check_table_room(self, what: str, table_index, words: int) -> None:
         """That ``words`` table ids from ``table_index`` fit, and that a slot is free
         (checked before the table is written: entries in flight may still use it)."""
@@ -343,7 +389,13 @@ class WriteQueue(SharedRing):
             if code != 0:
                 message = _MESSAGE.unpack_from(ring, slot + _COMPLETION_HEAD.size)[0]
                 error = errors.from_code(code, message.split(b"\0", 1)[0].decode("utf-8", "replace"))
-            out.append(Completion(user_data, transfer_id, nbytes, error, PATH_NAMES.get(path, ""), duration_ns / 1e9))
+            token = b""
+            if user_data in self._opening:
+                self._opening.discard(user_data)
+                if error is None:
+                    token = _MESSAGE.unpack_from(ring, slot + _COMPLETION_HEAD.size)[0][:16]
+            out.append(Completion(user_data, transfer_id, nbytes, error, PATH_NAMES.get(path, ""), duration_ns / 1e9,
+                                  token))
         if n:
             self._reaped += n
             self._words[_CQ_HEAD // 4] = self._reaped & 0xFFFFFFFF

@@ -217,3 +217,115 @@ def test_a_write_its_receiver_was_told_will_not_complete_lands_no_more(agent_fac
         time.sleep(0.3)
         later = bytes(dst.buffer).count(b"\x77") - landed
         assert later <= 1 << 20, f"{later} bytes landed after the receiver was told"
+
+
+def _queue_entry(q, post, timeout: float = 10.0):
+    """Posts one entry with ``post(user_data)`` and returns its completion."""
+    post(77)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for c in q.reap(timeout=0.5):
+            assert c.user_data == 77
+            return c
+    raise AssertionError("no completion")
+
+
+def _through(kv, window_id: int, token: bytes) -> ferry.RegionDescriptor:
+    d = ferry.RegionDescriptor.from_bytes(kv.descriptor())
+    d._proto.window_id, d._proto.token = window_id, token
+    return d
+
+
+@pytest.mark.parametrize("path", ["local", "fabric"])
+def test_a_window_opened_and_closed_through_a_write_queue(agent, agent_factory, path):
+    """The same window as open_write_window's, opened and closed by entries of the owner's
+    write queue to its writer (no RPC): the completion names the window (id and token),
+    the named writer's write lands inside it, a write outside or from another session is
+    refused, and after the close entry's completion a late write is refused and the
+    owner's reused bytes stay."""
+    a, b = (agent, agent) if path == "local" else _agents(agent_factory)
+    with ferry.Client(a.socket) as writer, ferry.Client(a.socket) as other, ferry.Client(b.socket) as owner:
+        kv = owner.register_host(8 * BLOCK, write_windows=True)
+        mailbox = writer.register_host(BLOCK)  # names the writer, as a producer's mailbox does
+        src = writer.register_host(8 * BLOCK)
+        _fill(src, 0, src.size, 0xAB)
+        q = owner.create_queue([mailbox.descriptor()], entries=8, table_ids=64)
+        opened = _queue_entry(q, lambda ud: q.post_open_window([kv.id], [(2 * BLOCK, 2 * BLOCK)], timeout=30,
+                                                               user_data=ud))
+        assert opened.error is None and opened.transfer_id > 0 and len(opened.token) == 16, opened
+        dst = _through(kv, opened.transfer_id, opened.token)
+        writer.write(src, dst, [(0, 2 * BLOCK, 2 * BLOCK)]).result(30)
+        assert _all(kv, 2 * BLOCK, 4 * BLOCK, 0xAB) and _all(kv, 4 * BLOCK, kv.size, 0)
+        with pytest.raises(ferry.OutOfRange, match="outside write window"):
+            writer.write(src, dst, [(0, 4 * BLOCK, BLOCK)]).result(30)
+        stranger_src = other.register_host(BLOCK)
+        with pytest.raises(ferry.PermissionDenied, match="is not it"):
+            other.write(stranger_src, dst, [(0, 2 * BLOCK, BLOCK)]).result(30)
+        closed = _queue_entry(q, lambda ud: q.post_close_window(opened.transfer_id, wait=1.0, user_data=ud))
+        assert closed.error is None, closed
+        _fill(kv, 2 * BLOCK, 4 * BLOCK, 0x11)  # reused
+        with pytest.raises(ferry.FailedPrecondition, match=f"write window {opened.transfer_id} was"):
+            writer.write(src, dst, [(0, 2 * BLOCK, BLOCK)]).result(30)
+        assert _all(kv, 2 * BLOCK, 4 * BLOCK, 0x11)
+        again = _queue_entry(q, lambda ud: q.post_close_window(opened.transfer_id, user_data=ud))
+        assert again.error is None, again  # closing again is harmless
+
+
+def test_malformed_window_entries_are_refused_precisely(agent):
+    with ferry.Client(agent.socket) as owner, ferry.Client(agent.socket) as stranger:
+        kv = owner.register_host(8 * BLOCK, write_windows=True)
+        plain = owner.register_host(BLOCK)
+        theirs = stranger.register_host(BLOCK, write_windows=True)
+        q = owner.create_queue([stranger.register_host(BLOCK).descriptor()], entries=8, table_ids=16)
+
+        def refused(post) -> ferry.FerryError:
+            c = _queue_entry(q, post)
+            assert c.error is not None and c.transfer_id == 0 and c.token == b"", c
+            return c.error
+
+        e = refused(lambda ud: q.post_open_window([kv.id], [(0, 2 * BLOCK), (BLOCK, BLOCK)], timeout=5, user_data=ud))
+        assert isinstance(e, ferry.InvalidArgument) and "overlaps" in str(e), e
+        e = refused(lambda ud: q.post_open_window([theirs.id], [(0, BLOCK)], timeout=5, user_data=ud))
+        assert isinstance(e, ferry.NotFound) and "region_ids[0]" in str(e), e
+        e = refused(lambda ud: q.post_open_window([plain.id], [(0, BLOCK)], timeout=5, user_data=ud))
+        assert isinstance(e, ferry.FailedPrecondition) and "not registered with write_windows" in str(e), e
+        e = refused(lambda ud: q.post_open_window([kv.id], [(0, BLOCK)], timeout=1e6, user_data=ud))
+        assert isinstance(e, ferry.InvalidArgument) and "timeout_ms" in str(e), e
+        e = refused(lambda ud: q.post_open_window([kv.id], [(0, BLOCK)], timeout=5, dst_index=3, user_data=ud))
+        assert isinstance(e, ferry.InvalidArgument) and "dst_index 3" in str(e), e
+        e = refused(lambda ud: q._post(ferry.write_queue._NO_REGION, 0, 0, 0, 0, 0, 32, 14, 0, ud, {}))
+        assert isinstance(e, ferry.OutOfRange) and "outside the queue's block table of 16 ids" in str(e), e
+        with pytest.raises(ferry.InvalidArgument, match="table ids from table_index 8"):
+            q.post_open_window([kv.id], [(0, BLOCK)] * 3, timeout=5, table_index=8)  # 18 ids past 16
+        e = refused(lambda ud: q.post_close_window(12345, user_data=ud))
+        assert isinstance(e, ferry.NotFound) and "not a write window of this session" in str(e), e
+        e = refused(lambda ud: q._post(ferry.write_queue._NO_REGION, 1, 0, 0, 0, 0, 32 | 64, 0, 0, ud, {}))
+        assert isinstance(e, ferry.InvalidArgument) and "takes no other flag" in str(e), e
+        with pytest.raises(ferry.InvalidArgument, match="1..256 regions"):
+            q.post_open_window([], [(0, BLOCK)], timeout=5)
+        # A window another session opened is not this one's to close.
+        window = owner.open_write_window([kv], [(0, BLOCK)], timeout=5)
+        theirs_q = stranger.create_queue([kv.descriptor()], entries=8)
+        c = _queue_entry(theirs_q, lambda ud: theirs_q.post_close_window(window.id, user_data=ud))
+        assert isinstance(c.error, ferry.NotFound), c
+        window.close()
+
+
+def test_closing_a_closed_window_again_waits_again(agent):
+    """A close that times out while a write through the window still copies says so, and
+    the window is closed all the same; closing it again waits again for that copy (it
+    used to answer OK at once, while the copy still wrote into the owner's bytes)."""
+    size = 1 << 30
+    with ferry.Client(agent.socket) as owner, ferry.Client(agent.socket) as writer:
+        kv = owner.register_host(size, write_windows=True)
+        src = writer.register_host(size)
+        window = owner.open_write_window([kv], [(0, size)], timeout=60)
+        future = writer.write(src, window.descriptors[0], [(0, 0, size)], timeout=60)
+        # The Write call returned with the copy admitted; 1 GiB of memcpy outlasts a call.
+        with pytest.raises(ferry.DeadlineExceeded, match="still copying"):
+            window.close(wait=0)
+        with pytest.raises(ferry.DeadlineExceeded, match="still copying"):
+            window.close(wait=0)  # still copying: not over yet
+        window.close(wait=30)  # waits for the copy
+        assert future.done()
+        future.result(0)  # admitted before the close, so it completes

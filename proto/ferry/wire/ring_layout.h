@@ -44,7 +44,9 @@ inline constexpr uint32_t kFlagNotify = 1;
 inline constexpr uint32_t kFlagPaged = 2;
 inline constexpr uint32_t kFlagBatch = 4;
 inline constexpr uint32_t kFlagMessage = 8;
-inline constexpr uint32_t kFlagWindow = 16;  // with kFlagBatch: see WindowRef
+inline constexpr uint32_t kFlagWindow = 16;       // with kFlagBatch: see WindowRef
+inline constexpr uint32_t kFlagOpenWindow = 32;   // alone: see WindowOpen
+inline constexpr uint32_t kFlagCloseWindow = 64;  // alone
 // The most parts of a batch entry (as ferry.v1.WriteBatchRequest's).
 inline constexpr uint32_t kMaxBatchParts = 1024;
 
@@ -96,6 +98,19 @@ struct RingHeader {
 // the src_offset bytes (at most 4 KiB) at table[table_index]; every other field is 0.
 // It completes once the destination's agent has queued it for its owner, as the RPC
 // returns; a queue's messages to one destination arrive in the order they were posted.
+//
+// With kFlagOpenWindow, ferry.v1.OpenWriteWindow without an RPC: a window over some of
+// the session's own regions for the owner of destination `dst_index` alone (its writer),
+// as a WindowOpen at table[table_index], then its regions' ids (uint64 each), then its
+// ranges (uint64 offset, uint64 length each). Every other field is 0. A successful
+// completion carries the window's id in `transfer_id` and its 16-byte token in the first
+// bytes of `message` (what a writer's descriptor needs: the owner hands id and token on).
+// Entries of one queue are taken in order: a message posted after the open's completion
+// reaches the writer after the window is open.
+//
+// With kFlagCloseWindow, ferry.v1.CloseWriteWindow without an RPC: window `src_offset`,
+// waiting up to `length` ms (0..--max_wait_ms) for writes still moving through it; the
+// same statuses. Every other field is 0.
 struct SubmitEntry {
   uint64_t user_data;  // returned in the completion, opaque to the agent
   uint64_t src_region;
@@ -129,6 +144,15 @@ struct WindowRef {
 };
 static_assert(sizeof(WindowRef) == 24, "ABI");
 inline constexpr uint32_t kWindowIds = sizeof(WindowRef) / sizeof(uint32_t);
+
+// The head of a kFlagOpenWindow entry's table words.
+struct WindowOpen {
+  uint64_t timeout_ms;  // 1..--max_transfer_timeout_ms
+  uint32_t regions;     // 1..256
+  uint32_t ranges;      // 1..65,536
+};
+static_assert(sizeof(WindowOpen) == 16, "ABI");
+inline constexpr uint32_t kWindowOpenIds = sizeof(WindowOpen) / sizeof(uint32_t);
 
 struct CompletionEntry {
   uint64_t user_data;
