@@ -1,6 +1,6 @@
 // WriteWindows as one component: what Open refuses, what a write through a window is
-// admitted to, that Close waits for admitted writes (bounded) and revokes fabric keys,
-// and that a session's end and a deadline close windows.
+// admitted to, that Close waits for admitted writes (bounded; again when called again)
+// and revokes fabric keys, and that a session's end and a deadline close windows.
 #include "agent/memory/write_windows.h"
 
 #include <atomic>
@@ -144,6 +144,16 @@ TEST_CASE("Close waits for admitted writes, bounded, and revokes the window's ke
     absl::Status s = f.windows.Close(id, kSession, absl::Milliseconds(20));
     CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
     CHECK_THAT(std::string(s.message()), Catch::Contains("1 writes through it were still copying"));
+    // Closing it again waits again: for the write still copying, and no other session may.
+    CHECK(f.windows.Close(id, kSession, absl::ZeroDuration()).code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(f.windows.Close(id, kSession + 1, absl::ZeroDuration()).code() == absl::StatusCode::kNotFound);
+    std::thread writer([&] {
+      absl::SleepFor(absl::Milliseconds(200));
+      admitted.reset();
+    });
+    CHECK(f.windows.Close(id, kSession, absl::Seconds(10)).ok());
+    writer.join();
+    CHECK(f.windows.Close(id, kSession, absl::ZeroDuration()).ok());
   }
   CHECK(f.registrar.revoked == 1);
   absl::StatusOr<WindowAdmission> late = f.windows.Admit(id, token, f.region->id());
