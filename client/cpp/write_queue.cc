@@ -140,6 +140,29 @@ absl::Status WriteQueue::PostMessage(uint32_t table_index, uint32_t dst_index, u
   return PostSlot({user_data, 0, payload.size(), 0, 0, tag, dst_index, queue::kFlagMessage, table_index, 0});
 }
 
+absl::Status WriteQueue::PostOpenWindow(uint32_t table_index, uint32_t dst_index, absl::Span<const uint64_t> region_ids,
+                                        absl::Span<const std::pair<uint64_t, uint64_t>> ranges, uint32_t timeout_ms,
+                                        uint64_t user_data) {
+  const uint64_t words = queue::kWindowOpenIds + 2 * uint64_t{region_ids.size()} + 4 * uint64_t{ranges.size()};
+  if (absl::Status s = CheckTableRoom("window", table_index, words); !s.ok()) return s;
+  queue::WindowOpen head{timeout_ms, static_cast<uint32_t>(region_ids.size()), static_cast<uint32_t>(ranges.size())};
+  char* at = reinterpret_cast<char*>(table_ + table_index);
+  memcpy(at, &head, sizeof(head));
+  at += sizeof(head);
+  if (!region_ids.empty()) memcpy(at, region_ids.data(), region_ids.size() * sizeof(uint64_t));
+  at += region_ids.size() * sizeof(uint64_t);
+  for (const auto& [offset, length] : ranges) {
+    memcpy(at, &offset, sizeof(offset));
+    memcpy(at + 8, &length, sizeof(length));
+    at += 16;
+  }
+  return PostSlot({user_data, 0, 0, 0, 0, 0, dst_index, queue::kFlagOpenWindow, table_index, 0});
+}
+
+absl::Status WriteQueue::PostCloseWindow(uint64_t window_id, uint32_t wait_ms, uint64_t user_data) {
+  return PostSlot({user_data, 0, window_id, 0, wait_ms, 0, 0, queue::kFlagCloseWindow, 0, 0});
+}
+
 absl::Status WriteQueue::PostSlot(const queue::SubmitEntry& entry) {
   if (posted_ - reaped_ >= entries_) {
     return absl::ResourceExhaustedError(
@@ -168,6 +191,8 @@ size_t WriteQueue::Take(std::vector<Completion>* out, size_t max) {
     if (c.code != 0) {
       r.status = absl::Status(static_cast<absl::StatusCode>(c.code),
                               std::string(c.message, strnlen(c.message, sizeof(c.message))));
+    } else {
+      memcpy(r.window_token.data(), c.message, r.window_token.size());  // an open's; zeros otherwise
     }
     out->push_back(std::move(r));
   }

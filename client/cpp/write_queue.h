@@ -44,9 +44,11 @@
 #ifndef FERRY_CLIENT_CPP_WRITE_QUEUE_H_
 #define FERRY_CLIENT_CPP_WRITE_QUEUE_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -99,9 +101,12 @@ class WriteQueue {
   };
   struct Completion {
     uint64_t user_data = 0;
-    uint64_t transfer_id = 0;  // 0 when refused before starting
+    uint64_t transfer_id = 0;  // 0 when refused before starting; an opened window's id
     absl::Status status;
     uint64_t bytes = 0;
+    // An opened window's token (PostOpenWindow, when status is OK): with its id, what the
+    // writer's descriptors carry in place of the regions' own.
+    std::array<uint8_t, 16> window_token{};
   };
 
   // `timeout_ms`: deadline of each write; 0 means the agent's --transfer_timeout_ms.
@@ -129,6 +134,17 @@ class WriteQueue {
   // queued for its owner). INVALID_ARGUMENT when it does not fit in the table.
   absl::Status PostMessage(uint32_t table_index, uint32_t dst_index, uint64_t tag, absl::string_view payload,
                            uint64_t user_data = 0);
+  // Client::OpenWriteWindow without the RPC (ring_layout.h, kFlagOpenWindow): a window
+  // over `ranges` ({offset, length}) of each of this session's regions `region_ids`, for
+  // the owner of destination `dst_index` alone, for `timeout_ms`. Writes it into the table
+  // at `table_index` (4 + 2 per region + 4 per range ids), where it must stay until the
+  // entry completes; the completion carries the window's id (transfer_id) and token.
+  absl::Status PostOpenWindow(uint32_t table_index, uint32_t dst_index, absl::Span<const uint64_t> region_ids,
+                              absl::Span<const std::pair<uint64_t, uint64_t>> ranges, uint32_t timeout_ms,
+                              uint64_t user_data = 0);
+  // Client::CloseWriteWindow without the RPC (kFlagCloseWindow): completes once nothing
+  // can land through window `window_id` any more, or DEADLINE_EXCEEDED after `wait_ms`.
+  absl::Status PostCloseWindow(uint64_t window_id, uint32_t wait_ms, uint64_t user_data = 0);
   // The block table: table_ids() uint32 ids in memory shared with the agent. Ids that
   // entries in flight name must stay as they were until those entries complete.
   uint32_t* table() { return table_; }

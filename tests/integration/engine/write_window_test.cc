@@ -2,7 +2,7 @@
 // takes a write only through an open window of it; once its owner closed the window and
 // reused the bytes, a late write is refused by the owner's agent and the new bytes stay,
 // on one agent (local copy) and across two in network namespaces (fabric, with the
-// window's keys revoked, and staged).
+// window's keys revoked, and staged); and windows opened and closed by queue entries.
 #include <catch2/catch.hpp>
 #include <cstring>
 
@@ -71,6 +71,55 @@ void LateWriteIsRefused(const std::string& writer_socket, const std::string& own
   CHECK_THAT(std::string(late.status().message()), Catch::Contains("was closed by its owner"));
   absl::SleepFor(absl::Milliseconds(100));
   CHECK(All(kv->buffer, 2 * kBlock, 4 * kBlock, 0x11));
+}
+
+// The same through entries of the owner's write queue to the writer (no RPC).
+TEST_CASE("write windows: opened and closed by write-queue entries, a late write is refused") {
+  auto agent = testing::StartAgent();
+  testing::TestPod writer = MakePod(agent->socket(), 8 * kBlock, 0xAB);
+  auto owner = Client::Connect(agent->socket());
+  REQUIRE(owner.ok());
+  auto kv = (*owner)->AllocateHost(8 * kBlock, /*write_windows=*/true);
+  REQUIRE(kv.ok());
+  memset(kv->buffer.data(), 0, 8 * kBlock);
+  auto q = WriteQueue::Create(**owner, {writer.reg.region()}, 8, 0, v1::TRAFFIC_CLASS_UNSPECIFIED, /*table_ids=*/64);
+  REQUIRE(q.ok());
+  auto one = [&](uint64_t user_data) {
+    std::vector<WriteQueue::Completion> out;
+    REQUIRE((*q)->Reap(&out, 1, absl::Seconds(10)) == 1);
+    CHECK(out[0].user_data == user_data);
+    return out[0];
+  };
+  const uint64_t ids[] = {kv->id()};
+  const std::pair<uint64_t, uint64_t> ranges[] = {{2 * kBlock, 2 * kBlock}};
+  REQUIRE((*q)->PostOpenWindow(0, 0, ids, ranges, 30000, /*user_data=*/7).ok());
+  WriteQueue::Completion opened = one(7);
+  INFO(opened.status.ToString());
+  REQUIRE(opened.status.ok());
+  REQUIRE(opened.transfer_id != 0);
+  v1::RegionDescriptor through = kv->descriptor();
+  through.set_window_id(opened.transfer_id);
+  through.set_token(reinterpret_cast<const char*>(opened.window_token.data()), opened.window_token.size());
+
+  absl::StatusOr<v1::TransferResult> in =
+      writer.client->WriteAndWait(ChunkWrite(writer, through, 0, 2 * kBlock, 2 * kBlock), absl::Seconds(30));
+  INFO(in.status().ToString());
+  REQUIRE(in.ok());
+  CHECK(All(kv->buffer, 2 * kBlock, 4 * kBlock, 0xAB));
+  CHECK(All(kv->buffer, 4 * kBlock, 8 * kBlock, 0));
+
+  REQUIRE((*q)->PostCloseWindow(opened.transfer_id, 1000, /*user_data=*/8).ok());
+  WriteQueue::Completion closed = one(8);
+  INFO(closed.status.ToString());
+  REQUIRE(closed.status.ok());
+  memset(kv->buffer.data() + 2 * kBlock, 0x11, 2 * kBlock);  // the blocks' next owner
+  absl::StatusOr<v1::TransferResult> late =
+      writer.client->WriteAndWait(ChunkWrite(writer, through, 0, 2 * kBlock, kBlock), absl::Seconds(30));
+  CHECK(late.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(All(kv->buffer, 2 * kBlock, 4 * kBlock, 0x11));
+
+  REQUIRE((*q)->PostCloseWindow(12345, 0, /*user_data=*/9).ok());  // not a window of this session
+  CHECK(one(9).status.code() == absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("write windows: a late write is refused on one agent") {
