@@ -303,6 +303,7 @@ class _Mailbox:
         self.failed: List[tuple] = []  # (kind, request id, error) of messages the agent refused
         self._windows_done: Dict[int, Completion] = {}  # user_data -> a window entry's completion
         self._abandoned: set = set()  # window entries whose caller stopped waiting
+        self._area_user = 0  # the window open entry in the table's window area, if any
 
     def send(self, kind: int, body: bytes, rid: Optional[str] = None) -> None:
         if not self._free:
@@ -314,11 +315,40 @@ class _Mailbox:
         self.queue.post_message(wire.frame(kind, body), table_index=slot * self.SLOT_IDS, user_data=self._user_data)
         self._sent[self._user_data] = (slot, kind, rid)
 
-    def open_window(self, region_ids: Sequence[int], ranges: Sequence[Tuple[int, int]], timeout: float) -> bytes:
-        """Opens a write window for the producer (the queue's destination): its id and token
-        as a PULL carries them (wire.WINDOW_BYTES). Raises the agent's refusal."""
-        ud = self._post_window_entry(lambda ud: self.queue.post_open_window(
-            region_ids, ranges, timeout=timeout, table_index=self.ENTRIES * self.SLOT_IDS, user_data=ud))
+    def post_open_window(self, region_ids: Sequence[int], ranges: Sequence[Tuple[int, int]], timeout: float) -> int:
+        """Starts opening a write window for the producer (the queue's destination);
+        window_ref(the returned id) waits for it. Opens posted together run together: each
+        in a message's table slot when it fits, else in the table's window area, one at a
+        time."""
+        slot: Optional[int] = None
+        if 4 + 2 * len(region_ids) + 4 * len(ranges) <= self.SLOT_IDS:
+            if not self._free:
+                self._reap(self.WAIT)
+            if not self._free:
+                raise errors.ResourceExhausted(f"{self.ENTRIES} entries to this producer are still in flight")
+            free = self._free.pop()
+            slot, table_index = free, free * self.SLOT_IDS
+        else:
+            deadline = time.monotonic() + self.WAIT
+            while self._area_user in self._sent and time.monotonic() < deadline:
+                self._reap(deadline - time.monotonic())
+            if self._area_user in self._sent:
+                raise errors.DeadlineExceeded(f"the agent did not take a write window's entry in {self.WAIT} s")
+            table_index = self.ENTRIES * self.SLOT_IDS
+        try:
+            ud = self._post_window_entry(lambda ud: self.queue.post_open_window(
+                region_ids, ranges, timeout=timeout, table_index=table_index, user_data=ud), slot)
+        except BaseException:
+            if slot is not None:
+                self._free.append(slot)
+            raise
+        if slot is None:
+            self._area_user = ud
+        return ud
+
+    def window_ref(self, ud: int) -> bytes:
+        """The window open entry ``ud`` opened, as a PULL carries it (wire.WINDOW_BYTES).
+        Raises the agent's refusal."""
         c = self.await_window_entry(ud, self.WAIT)
         return struct.pack("<Q", c.transfer_id) + c.token
 
@@ -328,13 +358,13 @@ class _Mailbox:
         through it still moved after ``wait``. Closes posted together run together."""
         return self._post_window_entry(lambda ud: self.queue.post_close_window(window_id, wait=wait, user_data=ud))
 
-    def _post_window_entry(self, post) -> int:
+    def _post_window_entry(self, post, slot: Optional[int] = None) -> int:
         if len(self._sent) >= self.ENTRIES:
             self._reap(self.WAIT)
         self._user_data += 1
         ud = self._user_data
         post(ud)
-        self._sent[ud] = (None, self._WINDOW, None)
+        self._sent[ud] = (slot, self._WINDOW, None)
         return ud
 
     def await_window_entry(self, ud: int, wait: float) -> Completion:
@@ -355,6 +385,8 @@ class _Mailbox:
         for c in self.queue.reap(max_count=self.ENTRIES, timeout=timeout):
             slot, kind, rid = self._sent.pop(c.user_data)
             if kind == self._WINDOW:
+                if slot is not None:
+                    self._free.append(slot)
                 if c.user_data in self._abandoned:
                     self._abandoned.discard(c.user_data)
                 else:
@@ -802,6 +834,17 @@ def refuse(client: Client, answer_to: tuple, why: str) -> None:
     client.send_message(descriptor, wire.refused_payload(reply, why), tag=wire.REFUSED)
 
 
+@dataclasses.dataclass(frozen=True)
+class PullRequest:
+    """What KVConsumer.pull() takes, for pull_many()."""
+    request_id: str
+    producer_mailbox: bytes
+    dst_block_ids: Sequence[int]
+    skip: int = 0
+    producer_request_id: Optional[str] = None
+    secret: bytes = b""
+
+
 class KVConsumer:
     """The decode side: asks producers for requests' blocks and learns when they landed."""
 
@@ -830,17 +873,16 @@ class KVConsumer:
         self._windowed = bool(layers) and all(getattr(r, "write_windows", False) for r in layers)
         self._windows: Dict[str, Union[WriteWindow, _QueueWindow]] = {}  # request id -> its open window
 
-    def _open_window(self, request_id: str, producer_mailbox: bytes, ids: Sequence[int]) -> bytes:
-        """Opens the request's window (WINDOW_BYTES for its PULL), or b"" without windows:
-        through the queue to the producer, or by RPC when its ranges do not fit there."""
+    def _open_window(self, request_id: str, producer_mailbox: bytes, ids: Sequence[int]) -> Union[bytes, int]:
+        """Opens the request's window: WINDOW_BYTES for its PULL, b"" without windows, or
+        the id of a window entry posted to the producer's queue (_window_opened() waits for
+        it; by RPC instead when its ranges do not fit there)."""
         if not self._windowed or not len(ids):
             return b""
         ranges = _block_ranges(ids, self._spec)
         if len(ranges) <= _Mailbox.MAX_WINDOW_RANGES and len(self._layers) <= 256:
-            mailbox = self._mailbox(producer_mailbox)
-            ref = mailbox.open_window([r.id for r in self._layers], ranges, self._timeout + _WINDOW_SLACK_S)
-            self._windows[request_id] = _QueueWindow(mailbox, struct.unpack_from("<Q", ref)[0])
-            return ref
+            return self._mailbox(producer_mailbox).post_open_window([r.id for r in self._layers], ranges,
+                                                                    self._timeout + _WINDOW_SLACK_S)
         window = self._client.open_write_window(self._layers, ranges, writer=producer_mailbox,
                                                 timeout=self._timeout + _WINDOW_SLACK_S)
         self._windows[request_id] = window
@@ -864,10 +906,40 @@ class KVConsumer:
         after the first ``skip`` (already cached here), into ``dst_block_ids``. The
         producer knows the request as ``producer_request_id`` (default: the same id) and
         answers only a pull with the request's ``secret`` (its hold's)."""
-        dst_block_ids = _block_ids(dst_block_ids, self._spec.num_blocks)
-        mailbox = self._mailbox(producer_mailbox)
-        self._introduce(producer_mailbox, mailbox)
-        window = self._open_window(request_id, producer_mailbox, dst_block_ids)
+        self._send_pull(self._start_pull(PullRequest(request_id, producer_mailbox, dst_block_ids, skip,
+                                                     producer_request_id, secret)))
+
+    def pull_many(self, requests: Sequence["PullRequest"]) -> Dict[str, Exception]:
+        """pull() of each request (a decode step's), their write windows opened together:
+        one round trip to the agent for the step, not one per request. Returns why each
+        request that could not be asked for failed (what pull() would have raised)."""
+        started: List[tuple] = []
+        failed: Dict[str, Exception] = {}
+        for r in requests:
+            try:
+                started.append(self._start_pull(r))
+            except (errors.FerryError, ValueError) as e:
+                failed[r.request_id] = e
+        for s in started:
+            try:
+                self._send_pull(s)
+            except (errors.FerryError, ValueError) as e:
+                failed[s[0].request_id] = e
+        return failed
+
+    def _start_pull(self, r: "PullRequest") -> tuple:
+        dst_block_ids = _block_ids(r.dst_block_ids, self._spec.num_blocks)
+        mailbox = self._mailbox(r.producer_mailbox)
+        self._introduce(r.producer_mailbox, mailbox)
+        return r, mailbox, dst_block_ids, self._open_window(r.request_id, r.producer_mailbox, dst_block_ids)
+
+    def _send_pull(self, started: tuple) -> None:
+        r, mailbox, dst_block_ids, window = started
+        request_id, producer_mailbox, skip, producer_request_id, secret = \
+            r.request_id, r.producer_mailbox, r.skip, r.producer_request_id, r.secret
+        if isinstance(window, int):  # a window entry posted to the producer's queue
+            window = mailbox.window_ref(window)
+            self._windows[request_id] = _QueueWindow(mailbox, struct.unpack_from("<Q", window)[0])
         try:
             pulls = wire.Pull.split(self._wire_name, producer_request_id or request_id, skip, dst_block_ids,
                                     request_id, secret, window)

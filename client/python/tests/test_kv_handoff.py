@@ -9,7 +9,7 @@ import pytest
 
 import ferry
 from ferry import _kv_wire as wire
-from ferry.kv_handoff import KVCacheSpec, KVConsumer, KVProducer
+from ferry.kv_handoff import KVCacheSpec, KVConsumer, KVProducer, PullRequest
 
 LAYERS, BLOCK = 4, 4096
 S = b"request-secret-1"  # every request's secret here (KVProducer.hold); tests of secrets make their own
@@ -551,6 +551,30 @@ def test_a_write_after_the_consumer_timed_out_and_reused_its_blocks(fabric_agent
         finally:
             producer.close()
             consumer.close()
+
+
+def test_a_steps_pulls_open_their_windows_together(windowed_pair):
+    """pull_many (what FerryConnector's worker calls per decode step): the windows of every
+    pull are posted to the producer's queue before any is awaited; each request lands
+    through its own, a pull that cannot be asked for fails alone, and every window is
+    closed once its request is reported."""
+    producer, consumer, players, clayers, pspec, cspec = windowed_pair
+    rng = random.Random(5)
+    src = [rng.sample(range(64), 4) for _ in range(6)]
+    dst = [list(range(8 * i, 8 * i + 4)) for i in range(6)]
+    for i in range(6):
+        producer.hold(f"m{i}", src[i], secret=S)
+    pulls = [PullRequest(f"m{i}", producer.mailbox, dst[i], secret=S) for i in range(6)]
+    pulls.append(PullRequest("bad", producer.mailbox, [48], secret=S))  # outside the consumer's 48 blocks
+    failed = consumer.pull_many(pulls)
+    assert list(failed) == ["bad"] and "outside 0..47" in str(failed["bad"]), failed
+    assert set(consumer._windows) == {f"m{i}" for i in range(6)}
+    p, c = until(producer, consumer)
+    assert c.done == {f"m{i}" for i in range(6)} and not c.failed, c
+    assert consumer._windows == {}
+    for i in range(6):
+        for s, d in zip(src[i], dst[i], strict=False):
+            assert block(clayers[0], cspec, 1, d) == block(players[0], pspec, 1, s)
 
 
 def test_a_cancel_through_a_window_settles_at_once(windowed_pair):

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Set
 
 from .. import errors
 from ..client import Client
-from ..kv_handoff import CANCELLED, KVCacheSpec, KVConsumer, KVProducer, refuse
+from ..kv_handoff import CANCELLED, KVCacheSpec, KVConsumer, KVProducer, PullRequest, refuse
 from .scheduler import StepPlan
 from .stats import HandoffCounts
 
@@ -156,16 +156,17 @@ class FerryWorker:
                 continue
             self._held.add(rid)
             self.producer.hold(rid, blocks, lease=self._lease, secret=plan.secrets.get(rid))
+        pulls = []
         for rid, pull in plan.pull.items():
             self._pulled[rid] = pull.dst_ids
             self._pull_started[rid] = time.monotonic()
             if self.consumer is None:
                 self._fail(rid, "no ferry agent (it restarted and is not back yet)")
                 continue
-            try:
-                self.consumer.pull(rid, pull.mailboxes[self.tp_rank], pull.dst_ids, skip=pull.skip,
-                                   producer_request_id=pull.producer_request_id, secret=pull.secret)
-            except (errors.FerryError, ValueError) as e:  # e.g. the producer's mailbox is gone
+            pulls.append(PullRequest(rid, pull.mailboxes[self.tp_rank], pull.dst_ids, pull.skip,
+                                     pull.producer_request_id, pull.secret))
+        if pulls and self.consumer is not None:  # the step's pulls together: their windows open at once
+            for rid, e in self.consumer.pull_many(pulls).items():  # e.g. the producer's mailbox is gone
                 self._fail(rid, f"asking the producer failed: {e}")
         for rid, (producer_rid, mailboxes, pulled) in plan.cancel.items():
             self._pull_started.pop(rid, None)  # an aborted request is not a handoff to time
