@@ -24,12 +24,19 @@ than 64 layers, a full queue or block table).
     params = {"mailbox": producer.mailbox.hex(), ...}       # to the consumer
     consumer = KVConsumer(client, spec, layer_regions, engine_id="decode-0")
     consumer.pull("req-1", bytes.fromhex(params["mailbox"]), dst_block_ids, skip=0)
+    # or a decode step's at once: consumer.pull_many([PullRequest("req-1", mailbox, ids), ...])
     ... producer.poll() -> Progress(done={"req-1"}, failed={})   # blocks may be freed
     ... consumer.poll() -> Progress(done={"req-1"}, failed={})   # blocks may be used
 
 A consumer that gives a request up (an abort) sends CANCEL: a producer that has not
 started the write drops the request and says so; one that has, lets the write answer.
 A long request's block ids span several PULL messages (4 KiB each).
+
+A consumer whose layer regions are in window mode (registered with write_windows) opens
+a write window over each pulled request's blocks for that producer alone, as an entry of
+its queue to the producer (a step's opens together, in pull_many), the PULL carrying it;
+the window is closed before poll() reports the request, so nothing lands in its blocks
+afterwards, however late the producer's write comes.
 
 Failures are reported, never waited on forever: a PULL that does not match what the
 producer holds (unknown request, block counts, layouts) fails that request on the
