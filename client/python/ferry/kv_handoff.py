@@ -292,9 +292,11 @@ class _Mailbox:
     first's delivery: 64 pulls took 4-6 ms to send on the 2-CPU VM).
 
     The same queue opens and closes the consumer's write windows for that producer (window
-    entries: no RPC, ~0.5 ms each through grpcio): an open waits for its completion (the
-    window's id and token, for the PULL after it), one at a time, in the table's last
-    WINDOW_IDS ids (room for a window of MAX_WINDOW_RANGES ranges over 256 layers)."""
+    entries: no RPC, where the two RPCs of a request cost ~0.5 ms each through grpcio).
+    Entries posted together run together; an open's completion (the window's id and token)
+    is awaited before the PULL that carries it is sent. An open takes a message's table
+    slot when it fits (up to ~220 ranges over 64 layers), else the table's last WINDOW_IDS
+    ids, one such open at a time (up to MAX_WINDOW_RANGES ranges over 256 layers)."""
     ENTRIES, SLOT_IDS = 64, wire.MAX_PAYLOAD // 4
     MAX_WINDOW_RANGES = 4096
     WINDOW_IDS = 4 + 2 * 256 + 4 * MAX_WINDOW_RANGES
@@ -882,8 +884,8 @@ class KVConsumer:
 
     def _open_window(self, request_id: str, producer_mailbox: bytes, ids: Sequence[int]) -> Union[bytes, int]:
         """Opens the request's window: WINDOW_BYTES for its PULL, b"" without windows, or
-        the id of a window entry posted to the producer's queue (_window_opened() waits for
-        it; by RPC instead when its ranges do not fit there)."""
+        the id of a window entry posted to the producer's queue (_send_pull waits for it;
+        by RPC instead when its ranges do not fit there)."""
         if not self._windowed or not len(ids):
             return b""
         ranges = _block_ranges(ids, self._spec)
@@ -935,12 +937,15 @@ class KVConsumer:
         return failed
 
     def _start_pull(self, r: "PullRequest") -> tuple:
+        """A pull's first half: its ids checked, the producer introduced, its window's open
+        posted (not awaited)."""
         dst_block_ids = _block_ids(r.dst_block_ids, self._spec.num_blocks)
         mailbox = self._mailbox(r.producer_mailbox)
         self._introduce(r.producer_mailbox, mailbox)
         return r, mailbox, dst_block_ids, self._open_window(r.request_id, r.producer_mailbox, dst_block_ids)
 
     def _send_pull(self, started: tuple) -> None:
+        """A pull's second half: its window awaited, its PULL messages sent."""
         r, mailbox, dst_block_ids, window = started
         request_id, producer_mailbox, skip, producer_request_id, secret = \
             r.request_id, r.producer_mailbox, r.skip, r.producer_request_id, r.secret
