@@ -18,7 +18,7 @@ cxx="clang++-14 -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanit
 # Each target: its sources (everything it links from agent/ and proto/).
 declare -A srcs=(
   [chunk_plan]="agent/transfer/chunk_plan.cc $gen/proto/ferry/v1/ferry.pb.cc"
-  [transfer_queue]="agent/queue/transfer_queue.cc agent/queue/shared_ring.cc agent/session/session.cc agent/common/token.cc agent/common/log.cc $gen/proto/ferry/v1/ferry.pb.cc"
+  [transfer_queue]="agent/queue/transfer_queue.cc proto/ferry/wire/ring_shape.cc agent/queue/shared_ring.cc agent/session/session.cc agent/common/token.cc agent/common/log.cc $gen/proto/ferry/v1/ferry.pb.cc"
 )
 failed=0
 for t in chunk_plan transfer_queue; do
