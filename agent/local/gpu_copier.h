@@ -31,6 +31,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "agent/cuda/cuda_driver.h"
+#include "agent/local/gpu_lane.h"
 #include "agent/metrics/metrics.h"
 #include "agent/transfer/executor.h"
 
@@ -38,8 +39,6 @@ namespace ferry {
 
 class GpuCopier : public TransferExecutor {
  public:
-  enum class Method { kCopyEngine, kKernel };
-
   // `pull`: run the gather/scatter kernel on the destination GPU (remote reads)
   // instead of the source GPU (remote writes). Counts transfers by how they were moved
   // in `metrics` (ferry_gpu_transfers_total).
@@ -69,11 +68,9 @@ class GpuCopier : public TransferExecutor {
   absl::Status health() const;
 
  private:
-  class Lane;
-  Lane* LaneFor(int device);
+  GpuLane* LaneFor(int device);
   static constexpr size_t kMaxFlushedLanes = 64;  // devices Flush looks at
-  // How `t` is moved, and on which device.
-  Method Choose(const Transfer& t) const;
+  // The device whose lane moves `t` (gpu_batching::LaunchDevice).
   int LaunchDevice(const Transfer& t) const;
   // LaunchDevice of a transfer the router sent here, which has a GPU region.
   int CheckedLaunchDevice(const Transfer& t) const;
@@ -85,7 +82,7 @@ class GpuCopier : public TransferExecutor {
   mutable absl::Mutex health_mu_;
   absl::Status health_ ABSL_GUARDED_BY(health_mu_);
   absl::Mutex mu_;
-  std::vector<std::unique_ptr<Lane>> lanes_ ABSL_GUARDED_BY(mu_);  // by device, created on first use
+  std::vector<std::unique_ptr<GpuLane>> lanes_ ABSL_GUARDED_BY(mu_);  // by device, created on first use
 };
 
 }  // namespace ferry

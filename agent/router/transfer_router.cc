@@ -107,7 +107,7 @@ absl::Status TransferRouter::CheckDestination(const std::shared_ptr<const v1::Re
   probe.deadline = deadline;
   // A region in window mode is a queue's destination all the same: its entries name a
   // window (ring_layout.h, kFlagWindow).
-  FERRY_ASSIGN_OR_RETURN(uint64_t size, Destination(dst, probe, /*batch=*/nullptr, /*window_mode_ok=*/true));
+  FERRY_RETURN_IF_ERROR(Destination(dst, probe, /*batch=*/nullptr, /*window_mode_ok=*/true).status());
   if (probe.dst_descriptor == nullptr) return absl::OkStatus();
   absl::Status remote = RouteRemote(probe);
   if (IsWindowModeError(remote)) {

@@ -8,8 +8,8 @@
 // what differs.
 #include "agent/peers/peer_table.h"
 
-#include <catch2/catch.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <memory>
 #include <string>
 #include <thread>
@@ -40,8 +40,7 @@ class FakePeer final : public v1::Peer::Service {
   }
   ~FakePeer() override { Stop(); }
 
-  grpc::Status Handshake(grpc::ServerContext*, const v1::HandshakeRequest* req,
-                         v1::HandshakeResponse* resp) override {
+  grpc::Status Handshake(grpc::ServerContext*, const v1::HandshakeRequest* req, v1::HandshakeResponse* resp) override {
     ++handshakes;
     if (req->provider() != kProvider) return grpc::Status(grpc::StatusCode::INTERNAL, "unexpected provider");
     resp->set_protocol_version(protocol_version.load());
