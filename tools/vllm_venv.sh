@@ -7,6 +7,11 @@ set -euo pipefail
 # The release CI tests; the connector supports 0.26 ... 0.33 (VLLM_VERSION=0.26.0 for another).
 VLLM_VERSION=${VLLM_VERSION:-0.33.0}
 venv=${FERRY_CACHE:-$HOME/.cache/ferry}/vllm-$VLLM_VERSION
+mkdir -p "$(dirname "$venv")"
+# One installer at a time: a second caller (a test run beside CI's) waits for the first
+# to finish rather than deleting the venv under it.
+exec 9>"$venv.lock"
+flock 9
 if [ ! -f "$venv/.complete" ]; then
   echo "vllm_venv: installing vLLM $VLLM_VERSION into $venv (once per machine, ~6 minutes)" >&2
   rm -rf "$venv"
@@ -14,4 +19,5 @@ if [ ! -f "$venv/.complete" ]; then
   nice -n 19 "$venv/bin/python" -m pip install -q "vllm==$VLLM_VERSION" pytest >&2
   touch "$venv/.complete"
 fi
+exec 9>&-
 echo "$venv"
