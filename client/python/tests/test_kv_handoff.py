@@ -8,8 +8,7 @@ import time
 import pytest
 
 import ferry
-from ferry import _kv_wire as wire
-from ferry.kv_handoff import KVCacheSpec, KVConsumer, KVProducer, PullRequest
+from ferry.kv_handoff import KVCacheSpec, KVConsumer, KVProducer, PullRequest, wire
 
 LAYERS, BLOCK = 4, 4096
 S = b"request-secret-1"  # every request's secret here (KVProducer.hold); tests of secrets make their own
@@ -98,7 +97,7 @@ def test_a_producer_gone_after_the_pull_fails_its_requests_within_seconds(pair):
 
 def test_a_write_the_queue_cannot_take_goes_by_write_batch(pair, monkeypatch):
     producer, consumer, players, clayers, pspec, cspec = pair
-    monkeypatch.setattr(ferry.kv_handoff._ConsumerQueue, "post", lambda *args: False)  # as if full
+    monkeypatch.setattr(ferry.kv_handoff.producer._ConsumerQueue, "post", lambda *args: False)  # as if full
     src, dst = random.Random(3).sample(range(64), 7), random.Random(4).sample(range(48), 7)
     producer.hold("req-2", src, secret=S)
     consumer.pull("req-2", producer.mailbox, dst, secret=S)
@@ -147,12 +146,12 @@ def test_a_steps_pulls_share_one_write_and_a_cancel_among_them_drops_only_its_ow
     # valid pulls go as one write whose notification names each request; a cancel read
     # in the same pass drops its request before the write; a bad pull is refused alone.
     producer, consumer, players, clayers, pspec, cspec = pair
-    monkeypatch.setattr(ferry.kv_handoff, "_MERGED_BLOCKS", most_blocks)
-    monkeypatch.setattr(ferry.kv_handoff, "_FEATURES", features)  # what the consumer's HELLO says
+    monkeypatch.setattr(ferry.kv_handoff.producer, "_MERGED_BLOCKS", most_blocks)
+    monkeypatch.setattr(ferry.kv_handoff.consumer, "_FEATURES", features)  # what the consumer's HELLO says
     for layer in clayers:
         layer.buffer[:] = bytes(layer.size)
-    posts, post = [], ferry.kv_handoff._ConsumerQueue.post
-    monkeypatch.setattr(ferry.kv_handoff._ConsumerQueue, "post",
+    posts, post = [], ferry.kv_handoff.producer._ConsumerQueue.post
+    monkeypatch.setattr(ferry.kv_handoff.producer._ConsumerQueue, "post",
                         lambda q, rids, *a: posts.append(list(rids)) or post(q, rids, *a))
     stepwise = KVProducer(producer._client, pspec, players, "prefill-step", background=False)
     try:
@@ -193,8 +192,8 @@ def test_pulls_read_together_that_name_one_destination_block_are_written_apart(p
     # Two pulls read in one pass name destination block 21 both (a write may fill a block
     # once): they go as two writes, in order, as before pulls shared writes.
     producer, consumer, players, clayers, pspec, cspec = pair
-    posts, post = [], ferry.kv_handoff._ConsumerQueue.post
-    monkeypatch.setattr(ferry.kv_handoff._ConsumerQueue, "post",
+    posts, post = [], ferry.kv_handoff.producer._ConsumerQueue.post
+    monkeypatch.setattr(ferry.kv_handoff.producer._ConsumerQueue, "post",
                         lambda q, rids, *a: posts.append(list(rids)) or post(q, rids, *a))
     stepwise = KVProducer(producer._client, pspec, players, "prefill-step", background=False)
     try:

@@ -1,11 +1,11 @@
-"""ferry._kv_wire: each handoff message decodes to what was encoded, splits to fit a
+"""ferry.kv_handoff.wire: each handoff message decodes to what was encoded, splits to fit a
 message, and a malformed one raises instead of decoding to something else."""
 import array
 import struct
 
 import pytest
 
-from ferry import _kv_wire as wire
+from ferry.kv_handoff import wire
 
 
 def test_messages_decode_to_what_was_encoded():
