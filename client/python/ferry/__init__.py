@@ -35,12 +35,13 @@ from .errors import (
 )
 from .inbox import Inbox
 from .kv import KVLayout
+from .status import AgentStatus
 from .write_queue import WriteQueue
 
 __all__ = [
     "Client", "HostRegion", "Notification", "Region", "RegionDescriptor", "TransferFuture", "TransferResult",
     "WriteWindow",
-    "KVLayout", "WriteQueue", "Inbox", "FerryError", "AlreadyExists", "Cancelled", "DeadlineExceeded",
+    "AgentStatus", "KVLayout", "WriteQueue", "Inbox", "FerryError", "AlreadyExists", "Cancelled", "DeadlineExceeded",
     "FailedPrecondition", "Internal", "InvalidArgument", "NotFound", "OutOfRange", "PermissionDenied",
     "ResourceExhausted", "Unauthenticated", "Unavailable",
 ]

@@ -36,6 +36,7 @@ from ._proto import ferry_pb2, ferry_pb2_grpc
 from ._session import Session
 from .inbox import Inbox
 from .notification import Notification, _notification
+from .status import AgentStatus
 from .write_queue import PATH_NAMES, WriteQueue
 
 Chunk = Tuple[int, int, int]  # (src_offset, dst_offset, length)
@@ -323,8 +324,8 @@ class Client:
     def _check_ceiling(self) -> None:
         """Refuses the session's class if the agent's rule for this pod does not allow it."""
         mine = [t for t in self.status().tenants if t.session_id == self._session.id]
-        if mine and self._traffic_class(None) < mine[0].ceiling:
-            ceiling = ferry_pb2.TrafficClass.Name(mine[0].ceiling).removeprefix("TRAFFIC_CLASS_").lower()
+        if mine and mine[0].ceiling and self._traffic_class(None) < TRAFFIC_CLASSES[mine[0].ceiling]:
+            ceiling = mine[0].ceiling
             self.close()
             raise errors.PermissionDenied(
                 f"traffic class {self.traffic_class} is above this pod's ceiling {ceiling} (agent rule "
@@ -605,8 +606,10 @@ class Client:
         return NotificationStream(self._stub.WatchNotifications(ferry_pb2.WatchNotificationsRequest(),
                                                                 metadata=self._metadata, timeout=timeout))
 
-    def status(self) -> ferry_pb2.GetStatusResponse:
-        return self._call("GetStatus", ferry_pb2.GetStatusRequest())
+    def status(self) -> AgentStatus:
+        """The agent's state (ferry.status.AgentStatus): its sessions, regions, transfers,
+        NICs, peers and each pod's traffic."""
+        return AgentStatus.from_proto(self._call("GetStatus", ferry_pb2.GetStatusRequest()))
 
     # ------------------------------------------------------------------ plumbing
 

@@ -10,7 +10,6 @@ import pytest
 from conftest import Agent
 
 import ferry
-from ferry._proto import ferry_pb2
 
 FABRIC = ("--fabric_provider=tcp;ofi_rxm",)
 
@@ -87,5 +86,5 @@ def test_bytes_are_counted_per_class_in_the_metrics_and_each_pods_status(agent_f
         assert len(mine) == 1
         t = mine[0]
         assert (t.rule, t.weight, list(t.fabric_bytes)) == (f"gid={os.getgid()}", 5, [1 << 20, 1 << 19, 4096])
-        assert t.ceiling == ferry_pb2.TRAFFIC_CLASS_LATENCY
+        assert t.ceiling == "latency"
         assert ca.status().qos
