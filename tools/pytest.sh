@@ -5,7 +5,7 @@
 # configuration (no arguments) also test_native_rpc.py, and test_client.py again with
 # every client's unary calls through libferry_rpc (client/native): a library loaded
 # into Python is not built with a sanitizer. First, in the plain configuration, ruff's
-# lint of the package and its tests and mypy's check of the package's types (the rules
+# lint of the package and its tests and mypy --strict over the package's types (the rules
 # of both in client/python/pyproject.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."

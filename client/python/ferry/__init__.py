@@ -11,7 +11,6 @@ from . import cuda  # noqa: F401  (ferry.cuda.empty, DeviceBuffer)
 from .client import (
     Client,
     HostRegion,
-    Notification,
     Region,
     RegionDescriptor,
     TransferFuture,
@@ -35,6 +34,7 @@ from .errors import (
 )
 from .inbox import Inbox
 from .kv import KVLayout
+from .notification import Notification
 from .status import AgentStatus
 from .write_queue import WriteQueue
 

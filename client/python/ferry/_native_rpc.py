@@ -20,6 +20,7 @@ import threading
 from typing import Optional, Tuple
 
 from google.protobuf import message_factory
+from google.protobuf.message import Message
 
 from . import errors
 from ._proto import ferry_pb2
@@ -78,7 +79,7 @@ class NativeChannel:
             raise errors.InvalidArgument(f"native RPC: cannot open a channel to {socket!r}")
         self._local = threading.local()  # each thread's out-parameters, made once
 
-    def call(self, method: str, request, timeout: float):
+    def call(self, method: str, request: Message, timeout: float) -> Message:
         """The answer of ``method``, or raises the FerryError of its status."""
         path, answer_type = _METHODS[method]
         out = getattr(self._local, "out", None)
@@ -97,6 +98,6 @@ class NativeChannel:
         The memory goes when the last reference does: a thread inside call() holds one."""
         self._lib.ferry_rpc_shutdown(self._channel)
 
-    def __del__(self):
+    def __del__(self) -> None:
         if getattr(self, "_channel", None):
             self._lib.ferry_rpc_free(self._channel)

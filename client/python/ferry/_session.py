@@ -77,7 +77,7 @@ class Session:
         if handle == 0:
             raise errors.ResourceExhausted("the agent refused the fd: this session holds too many unused fds "
                                            "(the agent's --max_pending_fds)")
-        return handle
+        return int(handle)
 
     def alive(self) -> bool:
         """False once the agent closed the session (it exited or restarted). Never waits.

@@ -14,9 +14,14 @@ import select
 import socket
 import threading
 import time
-from typing import Callable, List
+from typing import TYPE_CHECKING, Callable, List, TypeVar
 
 from . import errors
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+_R = TypeVar("_R", bound="SharedRing")
 
 _FENCE = threading.Lock()
 
@@ -70,7 +75,7 @@ class SharedRing:
             self.close()
             raise
 
-    def _send_doorbell(self, session, i: int) -> int:
+    def _send_doorbell(self, session: Session, i: int) -> int:
         """Hands the agent its end of doorbell ``i`` on the session socket (and closes
         ours of that end); returns the fd handle."""
         fd = self._agents_ends[i]
@@ -110,13 +115,13 @@ class SharedRing:
             os.close(fd)
         self._fds = []
 
-    def __enter__(self):
+    def __enter__(self: _R) -> _R:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:

@@ -27,9 +27,10 @@ import sys
 import threading
 import time
 import weakref
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
+from google.protobuf.message import Message
 
 from . import _native_rpc, errors
 from ._proto import ferry_pb2, ferry_pb2_grpc
@@ -61,7 +62,7 @@ class RegionDescriptor:
         return cls(proto)
 
     def to_bytes(self) -> bytes:
-        return self._proto.SerializeToString()
+        return bytes(self._proto.SerializeToString())
 
     @property
     def size(self) -> int:
@@ -86,6 +87,9 @@ class RegionDescriptor:
                 f"size={self._proto.size}, kind={kind})")
 
 
+_RegionT = TypeVar("_RegionT", bound="Region")
+
+
 class Region:
     """A region this client registered. Use as a context manager to deregister on exit."""
 
@@ -103,17 +107,17 @@ class Region:
 
     def descriptor(self) -> bytes:
         """What another pod needs to write into this region (serialized RegionDescriptor)."""
-        return self._descriptor.SerializeToString()
+        return bytes(self._descriptor.SerializeToString())
 
     def deregister(self) -> None:
         if self._registered:
             self._registered = False
             self._client._deregister(self.id)
 
-    def __enter__(self):
+    def __enter__(self: _RegionT) -> _RegionT:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.deregister()
 
 
@@ -140,7 +144,7 @@ class WriteWindow:
     def __enter__(self) -> "WriteWindow":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._open:
             self.close()
 
@@ -155,7 +159,7 @@ class HostRegion(Region):
         self._fd = fd  # kept to register the same memory again after an agent restart
         self.buffer = memoryview(mapping)
 
-    def numpy(self):
+    def numpy(self) -> Any:
         """The buffer as a numpy uint8 array (no copy)."""
         import numpy as np
 
@@ -170,7 +174,7 @@ class HostRegion(Region):
             os.close(self._fd)
             self._fd = -1
 
-    def __del__(self):
+    def __del__(self) -> None:
         if getattr(self, "_fd", -1) >= 0:
             os.close(self._fd)
 
@@ -188,8 +192,8 @@ class NotificationStream:
     """A WatchNotifications stream: iterate it on one thread, cancel() it from any other
     (the iteration then ends)."""
 
-    def __init__(self, call):
-        self._call = call
+    def __init__(self, call: Any):
+        self._call = call  # grpcio's streaming call
 
     def __iter__(self) -> Iterator[Notification]:
         try:
@@ -240,7 +244,7 @@ class TransferFuture:
         return self._result is not None
 
 
-def _packed_ids(ids) -> Optional[bytes]:
+def _packed_ids(ids: Any) -> Optional[bytes]:
     """``ids`` as PagedChunks' ``*_le32`` bytes (4 bytes an id, little-endian), or None if
     one does not fit 32 bits. Packed ids cost the agent microseconds to read where 32,768
     varints cost ~0.5 ms, and are quicker to make here too."""
@@ -249,7 +253,7 @@ def _packed_ids(ids) -> Optional[bytes]:
             raise TypeError(f"block ids must be integers, not a numpy array of {ids.dtype}")
         if ids.size and (ids.min() < 0 or ids.max() > 0xFFFFFFFF):
             return None
-        return ids.astype("<u4").tobytes()
+        return bytes(ids.astype("<u4").tobytes())
     try:
         packed = array.array("I", ids)  # 4-byte unsigned on the platforms ferry runs on
     except OverflowError:
@@ -261,7 +265,7 @@ def _packed_ids(ids) -> Optional[bytes]:
     return packed.tobytes()
 
 
-def _set_block_ids(paged: ferry_pb2.PagedChunks, src_ids, dst_ids) -> None:
+def _set_block_ids(paged: ferry_pb2.PagedChunks, src_ids: Iterable[int], dst_ids: Iterable[int]) -> None:
     """Puts a paged layout's ids into ``paged``, packed where they fit 32 bits."""
     for ids, name in ((src_ids, "src_blocks"), (dst_ids, "dst_blocks")):
         if not hasattr(ids, "__len__"):
@@ -314,7 +318,7 @@ class Client:
         self._session = Session(self.socket)
         self._channel = grpc.insecure_channel(f"unix:{self.socket}", options=[
             ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)])
-        self._stub = ferry_pb2_grpc.AgentStub(self._channel)
+        self._stub = ferry_pb2_grpc.AgentStub(self._channel)  # type: ignore[no-untyped-call]
         self._metadata = (("ferry-session", self._session.token_hex),)
         self._native = None if self._rpc_lib is None else _native_rpc.NativeChannel(self._rpc_lib, self.socket,
                                                                                     self._metadata)
@@ -371,7 +375,7 @@ class Client:
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------------ memory
@@ -402,8 +406,9 @@ class Client:
                      write_windows: bool = False) -> ferry_pb2.RegisterMemoryResponse:
         """Registers ``size`` bytes at ``offset`` of the memfd ``fd`` (sent on the session socket)."""
         handle = self._session.send_fd(fd)
-        return self._call("RegisterMemory", ferry_pb2.RegisterMemoryRequest(
+        response: ferry_pb2.RegisterMemoryResponse = self._call("RegisterMemory", ferry_pb2.RegisterMemoryRequest(
             size=size, host=ferry_pb2.HostMemory(fd_handle=handle, offset=offset), write_windows=write_windows))
+        return response
 
     def open_write_window(self, regions: Sequence[Region], ranges: Sequence[Tuple[int, int]], *,
                           writer: Union[RegionDescriptor, bytes, None] = None, timeout: float = 30.0) -> WriteWindow:
@@ -419,7 +424,7 @@ class Client:
             req.writer.CopyFrom(self._descriptor(writer)._proto)
         return WriteWindow(self, self._call("OpenWriteWindow", req))
 
-    def register_cuda(self, tensor, *, write_windows: bool = False) -> Region:
+    def register_cuda(self, tensor: Any, *, write_windows: bool = False) -> Region:
         """Registers a CUDA tensor's memory (PyTorch; contiguous). Tensors made with
         ferry.cuda.empty() go as a POSIX fd (preferred: nothing shared between pods, and
         the agent's GPU kernel can serve them); others as the legacy IPC handle of the
@@ -430,7 +435,7 @@ class Client:
                                       tensor.device.index if tensor.device.index is not None else 0,
                                       write_windows=write_windows)
 
-    def register_tensor(self, tensor, *, write_windows: bool = False) -> Region:
+    def register_tensor(self, tensor: Any, *, write_windows: bool = False) -> Region:
         """Registers a contiguous PyTorch tensor's memory: a CUDA tensor as register_cuda
         does; a CPU tensor only if made by ferry.host.empty (an agent maps host memory
         through a file descriptor, which PyTorch's CPU allocator has not). With
@@ -548,8 +553,9 @@ class Client:
                                            timeout_ms=self._timeout_ms(timeout))
         self._call("SendMessage", req)
 
-    def _write_request(self, src: Region, dst, tag: int, notify: bool, notify_payload: bytes,
-                       timeout: Optional[float], traffic_class: Optional[str], wait: Optional[float]):
+    def _write_request(self, src: Region, dst: Union[RegionDescriptor, bytes], tag: int, notify: bool,
+                       notify_payload: bytes, timeout: Optional[float], traffic_class: Optional[str],
+                       wait: Optional[float]) -> ferry_pb2.WriteRequest:
         return ferry_pb2.WriteRequest(src_region_id=src.id, dst=self._descriptor(dst)._proto, tag=tag, notify=notify,
                                       notify_payload=bytes(notify_payload), timeout_ms=self._timeout_ms(timeout),
                                       traffic_class=self._traffic_class(traffic_class), wait_ms=self._wait_ms(wait))
@@ -581,7 +587,7 @@ class Client:
         return 0 if timeout is None else max(1, int(timeout * 1000))
 
     @staticmethod
-    def _descriptor(dst) -> RegionDescriptor:
+    def _descriptor(dst: object) -> RegionDescriptor:
         if isinstance(dst, (bytes, bytearray, memoryview)):
             dst = RegionDescriptor.from_bytes(dst)
         if not isinstance(dst, RegionDescriptor):
@@ -618,7 +624,8 @@ class Client:
         if self._native is not None:
             self._native.close()
 
-    def _call(self, method: str, request, timeout: Optional[float] = None):
+    def _call(self, method: str, request: Message, timeout: Optional[float] = None) -> Any:
+        """``method``'s response message (its type is the method's), or raises its FerryError."""
         if self._closed:
             raise errors.Unavailable("this client is closed")
         timeout = self.timeout if timeout is None else timeout

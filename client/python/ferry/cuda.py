@@ -8,14 +8,14 @@ with the VMM API, which has no legacy IPC handle: turn that off for registered t
 from __future__ import annotations
 
 import ctypes
-from typing import Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from . import errors
 
-_lib = None
+_lib: Optional[ctypes.CDLL] = None
 
 
-def _driver():
+def _driver() -> ctypes.CDLL:
     global _lib
     if _lib is None:
         try:
@@ -27,14 +27,14 @@ def _driver():
     return _lib
 
 
-def _check(lib, rc: int, what: str) -> None:
+def _check(lib: ctypes.CDLL, rc: int, what: str) -> None:
     if rc != 0:
         name = ctypes.c_char_p()
         lib.cuGetErrorName(rc, ctypes.byref(name))
         raise errors.InvalidArgument(f"{what} failed: {(name.value or b'?').decode()}")
 
 
-def _use_device(lib, device: int) -> ctypes.c_int:
+def _use_device(lib: ctypes.CDLL, device: int) -> ctypes.c_int:
     """Makes ``device``'s primary context current on this thread; returns the CUdevice."""
     dev = ctypes.c_int()
     _check(lib, lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
@@ -44,7 +44,7 @@ def _use_device(lib, device: int) -> ctypes.c_int:
     return dev
 
 
-def _pci_bus_id(lib, dev: ctypes.c_int) -> str:
+def _pci_bus_id(lib: ctypes.CDLL, dev: ctypes.c_int) -> str:
     bus = ctypes.create_string_buffer(32)
     _check(lib, lib.cuDeviceGetPCIBusId(bus, 32, dev), "cuDeviceGetPCIBusId")
     return bus.value.decode().lower()
@@ -122,7 +122,7 @@ class DeviceBuffer:
         _buffers[self.ptr] = self
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
         return {"shape": (self.size,), "typestr": "|u1", "data": (self.ptr, False), "version": 3}
 
     def export_fd(self) -> int:
@@ -149,14 +149,14 @@ class DeviceBuffer:
             os.close(self._fd)
             self._fd = -1
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
             pass
 
 
-def find_buffer(ptr: int):
+def find_buffer(ptr: int) -> Optional["DeviceBuffer"]:
     """The DeviceBuffer holding ``ptr``, or None."""
     for base, buf in _buffers.items():
         if base <= ptr < base + buf.size:
@@ -164,7 +164,7 @@ def find_buffer(ptr: int):
     return None
 
 
-def empty(shape, dtype, device: int = 0):
+def empty(shape: Sequence[int], dtype: Any, device: int = 0) -> Any:
     """A PyTorch tensor over a new DeviceBuffer (uninitialized), for memory that pods
     register with ferry: Client.register_cuda then passes its fd rather than an IPC
     handle. The buffer lives as long as the tensor (and its views)."""

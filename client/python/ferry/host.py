@@ -14,7 +14,7 @@ import math
 import mmap
 import os
 import weakref
-from typing import Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 _buffers: Dict[int, "HostBuffer"] = {}  # base address -> buffer
 
@@ -48,7 +48,7 @@ def find_buffer(ptr: int) -> Optional[HostBuffer]:
     return None
 
 
-def empty(shape, dtype):
+def empty(shape: Sequence[int], dtype: Any) -> Any:
     """A PyTorch CPU tensor over a new HostBuffer (zero-filled). The buffer lives as long
     as the tensor and its views."""
     import torch

@@ -22,7 +22,8 @@ def class_name(value: int) -> str:
     """A ferry.v1.TrafficClass as the client names it; "" for TRAFFIC_CLASS_UNSPECIFIED."""
     if value == ferry_pb2.TRAFFIC_CLASS_UNSPECIFIED:
         return ""
-    return ferry_pb2.TrafficClass.Name(value).removeprefix("TRAFFIC_CLASS_").lower()
+    name: str = ferry_pb2.TrafficClass.Name(value)
+    return name.removeprefix("TRAFFIC_CLASS_").lower()
 
 
 def _from(cls: Type[_T], message: Any, **converted: Any) -> _T:

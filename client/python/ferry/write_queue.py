@@ -46,11 +46,24 @@ import operator
 import os
 import struct
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple, Union
 
 from . import errors
 from ._proto import ferry_pb2
 from ._shared_ring import SharedRing, store_load_fence
+
+if TYPE_CHECKING:  # the client imports this module
+    from .client import Client, Region, RegionDescriptor
+
+
+class _Source(Protocol):
+    """What an entry names as its source: a Region of the client, or none (_NO_REGION)."""
+    @property
+    def id(self) -> int: ...
+
+
+# post_batch's part: (source region, destination index, source base, destination base).
+BatchPart = Tuple["Region", int, int, int]
 
 # proto/ferry/wire/ring_layout.h (checked by test_write_queue.py against the agent).
 _MAGIC = 0x31515246  # "FRQ1"
@@ -86,7 +99,7 @@ class Completion:
     token: builtins.bytes = b""  # an opened window's token (post_open_window), its id in transfer_id
 
 
-def _refuse(src, **values) -> None:
+def _refuse(src: object, **values: Any) -> None:
     """Raises what is wrong with a post that struct could not pack."""
     if not isinstance(getattr(src, "id", None), int):
         raise TypeError("src must be a Region of this client")
@@ -109,7 +122,7 @@ class BatchParts:
         return len(self.packed) // _PART.size
 
 
-def _words(ids) -> array.array:
+def _words(ids: Iterable[int]) -> array.array[int]:
     """Block ids as the table's 32-bit words: an ``array.array("I")`` as it is (x86-64:
     native order is the table's little-endian), anything else converted."""
     return ids if isinstance(ids, array.array) and ids.typecode == "I" else array.array("I", ids)
@@ -126,7 +139,8 @@ _NO_REGION = _NoRegion()
 class WriteQueue(SharedRing):
     """See the module docstring. Made by ``Client.create_queue``."""
 
-    def __init__(self, client, destinations: Sequence, entries: int = 256, timeout: Optional[float] = None,
+    def __init__(self, client: Client, destinations: Sequence[Union[RegionDescriptor, bytes]], entries: int = 256,
+                 timeout: Optional[float] = None,
                  traffic_class: Optional[str] = None, table_ids: int = 0):
         if not (_MIN_ENTRIES <= entries <= _MAX_ENTRIES and entries & (entries - 1) == 0):
             raise errors.InvalidArgument(
@@ -136,7 +150,7 @@ class WriteQueue(SharedRing):
         self._entries = entries
         self._posted = 0
         self._reaped = 0
-        self._opening: set = set()  # user_data of window opens not reaped yet: their completions carry a token
+        self._opening: Set[int] = set()  # user_data of window opens not reaped yet: their completions carry a token
         self._cq_offset = _SUBMIT_OFFSET + entries * _SUBMIT.size
         table_offset = self._cq_offset + entries * _COMPLETION.size
         #: The block table: ``table_ids`` uint32 ids shared with the agent (see post_paged).
@@ -165,7 +179,7 @@ class WriteQueue(SharedRing):
     def inflight(self) -> int:
         return self._posted - self._reaped
 
-    def post(self, src, length: int, *, dst_index: int = 0, src_offset: int = 0, dst_offset: int = 0,
+    def post(self, src: _Source, length: int, *, dst_index: int = 0, src_offset: int = 0, dst_offset: int = 0,
              user_data: int = 0, notify: bool = False, tag: int = 0) -> None:
         """Queues one write of ``length`` bytes: [src_offset, +length) of region ``src``
         to [dst_offset, +length) of destination ``dst_index``. Bounds, ownership and
@@ -173,7 +187,7 @@ class WriteQueue(SharedRing):
         self._post(src, src_offset, dst_offset, length, tag, dst_index, _FLAG_NOTIFY if notify else 0, 0, 0, user_data,
                    dict(length=length, src_offset=src_offset, dst_offset=dst_offset))
 
-    def post_paged(self, src, block_size: int, blocks: int, *, table_index: int = 0, dst_index: int = 0,
+    def post_paged(self, src: _Source, block_size: int, blocks: int, *, table_index: int = 0, dst_index: int = 0,
                    src_base: int = 0, dst_base: int = 0, user_data: int = 0, notify: bool = False,
                    tag: int = 0) -> None:
         """Queues one paged write of ``blocks`` blocks of ``block_size`` bytes: block i
@@ -194,7 +208,7 @@ class WriteQueue(SharedRing):
         its ``table_index``."""
         return (_WINDOW_IDS if window else 0) + parts * _PART_IDS + 2 * blocks + (payload_bytes + 3) // 4
 
-    def pack_parts(self, parts: Sequence) -> "BatchParts":
+    def pack_parts(self, parts: Sequence[BatchPart]) -> BatchParts:
         """``post_batch``'s ``parts``, checked and packed once: a caller that posts the
         same parts for many requests (a KV producer: every layer, for each request) passes
         the result to ``post_batch`` instead of the list."""
@@ -210,9 +224,9 @@ class WriteQueue(SharedRing):
                     f"parts[{i}] must be (Region, dst_index, src_base, dst_base) of unsigned integers: {e}") from None
         return BatchParts(bytes(packed))
 
-    def post_batch(self, parts, block_size: int, src_ids: Sequence[int], dst_ids: Sequence[int], *,
-                   table_index: int = 0, user_data: int = 0, notify: bool = False, tag: int = 0,
-                   payload: bytes = b"", window=None) -> None:
+    def post_batch(self, parts: Union[BatchParts, Sequence[BatchPart]], block_size: int, src_ids: Sequence[int],
+                   dst_ids: Sequence[int], *, table_index: int = 0, user_data: int = 0, notify: bool = False,
+                   tag: int = 0, payload: bytes = b"", window: Optional[RegionDescriptor] = None) -> None:
         """Queues one block mapping over several regions as one transfer (the queue's form
         of ``Client.write_batch``): ``parts`` are ``(src Region, dst_index, src_base,
         dst_base)``; part p's block i copies ``block_size`` bytes from src_base +
@@ -310,7 +324,7 @@ class WriteQueue(SharedRing):
         self._post(_NO_REGION, window_id, 0, max(0, int(wait * 1000)), 0, 0, _FLAG_CLOSE_WINDOW, 0, 0, user_data,
                    {"window_id": window_id})
 
-    def _check_table_room(self, what: str, table_index, words: int) -> None:
+    def _check_table_room(self, what: str, table_index: int, words: int) -> None:
         """That ``words`` table ids from ``table_index`` fit, and that a slot is free
         (checked before the table is written: entries in flight may still use it)."""
         if self.closed:
@@ -322,8 +336,8 @@ class WriteQueue(SharedRing):
             raise errors.ResourceExhausted(
                 f"the queue already has {self._entries} writes in flight; reap completions first")
 
-    def _post(self, src, src_offset, dst_offset, length, tag, dst_index, flags, table_index, blocks, user_data,
-              named) -> None:
+    def _post(self, src: _Source, src_offset: int, dst_offset: int, length: int, tag: int, dst_index: int,
+              flags: int, table_index: int, blocks: int, user_data: int, named: Dict[str, object]) -> None:
         if self.closed:
             raise errors.FailedPrecondition("this queue is closed")
         if self._posted - self._reaped >= self._entries:

@@ -9,9 +9,11 @@ import logging
 import secrets
 import threading
 import weakref
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Set
 
+from .._session import Session
 from ..client import Client, Region
+from ..notification import Notification
 from ..write_queue import _words
 
 logger = logging.getLogger("ferry.kv_handoff")
@@ -33,11 +35,11 @@ class KVCacheSpec:
 @dataclasses.dataclass
 class Progress:
     """What poll() found: requests now done, and requests that failed (id -> why)."""
-    done: set = dataclasses.field(default_factory=set)
+    done: Set[str] = dataclasses.field(default_factory=set)
     failed: Dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def _block_ids(ids: Sequence[int], num_blocks: int) -> array.array:
+def _block_ids(ids: Sequence[int], num_blocks: int) -> array.array[int]:
     """``ids`` as 32-bit words (what messages and a write queue's table hold: copied in
     one piece, checked at C speed), each in 0..num_blocks - 1, else ValueError naming one."""
     try:
@@ -60,7 +62,7 @@ class _SessionInbox:
     polled: no thread, no RPC. A session has one inbox, so a client's producer and
     consumer share it: each reads the notifications of its own regions (an _Inbox), and
     those of regions neither has are dropped."""
-    _by_session: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+    _by_session: weakref.WeakKeyDictionary[Session, _SessionInbox] = weakref.WeakKeyDictionary()
 
     @classmethod
     def of(cls, client: Client) -> "_SessionInbox":
@@ -71,11 +73,11 @@ class _SessionInbox:
 
     def __init__(self, client: Client):
         self._inbox = client.open_inbox(slots=256)
-        self.readers: List[set] = []  # each reader's region ids
-        self._kept: list = []  # notifications another reader has not taken yet
+        self.readers: List[Set[int]] = []  # each reader's region ids
+        self._kept: List[Notification] = []  # notifications another reader has not taken yet
         self._lock = threading.Lock()  # a producer's responder thread takes too
 
-    def take(self, mine: set) -> list:
+    def take(self, mine: Set[int]) -> List[Notification]:
         with self._lock:
             pending = self._kept + self._inbox.poll(max_count=1 << 20)
             others = set().union(*(r for r in self.readers if r is not mine))
@@ -87,7 +89,7 @@ class _SessionInbox:
         takes nothing. Only the producer's responder waits; the others only poll."""
         self._inbox.poll(max_count=0, timeout=timeout)
 
-    def leave(self, mine: set) -> None:
+    def leave(self, mine: Set[int]) -> None:
         with self._lock:
             self.readers = [r for r in self.readers if r is not mine]
             if not self.readers:
@@ -102,7 +104,7 @@ class _Inbox:
         self._mine = {r.id for r in regions}
         self._shared.readers.append(self._mine)
 
-    def drain(self) -> list:
+    def drain(self) -> List[Notification]:
         """What arrived for these regions since the last call, in order."""
         return self._shared.take(self._mine)
 

@@ -2,11 +2,12 @@
 requests' blocks through their mailboxes and learns when they landed."""
 from __future__ import annotations
 
+import array
 import dataclasses
 import secrets
 import struct
 import time
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .. import errors
 from ..client import Client, Region, WriteWindow
@@ -43,6 +44,10 @@ def _block_ranges(ids: Sequence[int], spec: "KVCacheSpec") -> List[Tuple[int, in
             for h in range(spec.halves) for first, count in runs]
 
 
+# (kind, request id or None, the error) of a message its agent refused or could not deliver.
+RefusedMessage = Tuple[int, Optional[str], errors.FerryError]
+
+
 class _Mailbox:
     """A write queue to one producer's mailbox, for the consumer's messages to it (HELLO,
     PULL, CANCEL) as message entries: no RPC, delivered in order. Each message in flight
@@ -66,11 +71,11 @@ class _Mailbox:
         self.queue = client.create_queue([mailbox], entries=self.ENTRIES,
                                          table_ids=self.ENTRIES * self.SLOT_IDS + self.WINDOW_IDS)
         self._free = list(range(self.ENTRIES))  # table slots
-        self._sent: Dict[int, tuple] = {}  # user_data -> (slot, kind, request id)
+        self._sent: Dict[int, Tuple[Optional[int], int, Optional[str]]] = {}  # user_data -> (slot, kind, request id)
         self._user_data = 0
-        self.failed: List[tuple] = []  # (kind, request id, error) of messages the agent refused
+        self.failed: List[RefusedMessage] = []  # messages the agent refused
         self._windows_done: Dict[int, Completion] = {}  # user_data -> a window entry's completion
-        self._abandoned: set = set()  # window entries whose caller stopped waiting
+        self._abandoned: Set[int] = set()  # window entries whose caller stopped waiting
         self._area_user = 0  # the window open entry in the table's window area, if any
 
     def send(self, kind: int, body: bytes, rid: Optional[str] = None) -> None:
@@ -126,7 +131,7 @@ class _Mailbox:
         through it still moved after ``wait``. Closes posted together run together."""
         return self._post_window_entry(lambda ud: self.queue.post_close_window(window_id, wait=wait, user_data=ud))
 
-    def _post_window_entry(self, post, slot: Optional[int] = None) -> int:
+    def _post_window_entry(self, post: Callable[[int], None], slot: Optional[int] = None) -> int:
         if len(self._sent) >= self.ENTRIES:
             self._reap(self.WAIT)
         self._user_data += 1
@@ -160,11 +165,12 @@ class _Mailbox:
                 else:
                     self._windows_done[c.user_data] = c
                 continue
+            assert slot is not None  # a message entry always has its table slot
             self._free.append(slot)
             if c.error is not None:
                 self.failed.append((kind, rid, c.error))
 
-    def take_failed(self) -> List[tuple]:
+    def take_failed(self) -> List[RefusedMessage]:
         """The messages refused or undeliverable since the last call."""
         if self._sent:
             self._reap(0)
@@ -196,6 +202,11 @@ class PullRequest:
     secret: bytes = b""
 
 
+# A pull started (pull_many): the request, its producer's mailbox queue, its destination
+# block ids, and its window (WINDOW_BYTES, b"", or the id of an open entry in flight).
+_StartedPull = Tuple[PullRequest, _Mailbox, "array.array[int]", Union[bytes, int]]
+
+
 class KVConsumer:
     """The decode side: asks producers for requests' blocks and learns when they landed."""
 
@@ -211,11 +222,11 @@ class KVConsumer:
         self._wire_name = f"{engine_id}#{secrets.token_hex(8)}"
         self._descriptors = [r.descriptor() for r in layers]
         self._mailboxes: Dict[bytes, _Mailbox] = {}  # producer mailbox -> the queue to it
-        self._introduced: set = set()
+        self._introduced: Set[bytes] = set()
         self._waiting: Dict[str, float] = {}  # request id -> deadline
         self._waiting_on: Dict[str, bytes] = {}  # request id -> its producer's mailbox
         self._next_probe: Dict[bytes, float] = {}  # producer mailbox -> when to PING it next
-        self._cancelled: set = set()
+        self._cancelled: Set[str] = set()
         self._inbox = _Inbox(client, layers)
         # Caches registered with write_windows: each pull opens a window over its blocks for
         # its producer alone, closed before the request is reported: no write lands in the
@@ -264,7 +275,7 @@ class KVConsumer:
         """pull() of each request (a decode step's), their write windows opened together:
         one round trip to the agent for the step, not one per request. Returns why each
         request that could not be asked for failed (what pull() would have raised)."""
-        started: List[tuple] = []
+        started: List[_StartedPull] = []
         failed: Dict[str, Exception] = {}
         for r in requests:
             try:
@@ -278,7 +289,7 @@ class KVConsumer:
                 failed[s[0].request_id] = e
         return failed
 
-    def _start_pull(self, r: "PullRequest") -> tuple:
+    def _start_pull(self, r: PullRequest) -> _StartedPull:
         """A pull's first half: its ids checked, the producer introduced, its window's open
         posted (not awaited)."""
         dst_block_ids = _block_ids(r.dst_block_ids, self._spec.num_blocks)
@@ -286,7 +297,7 @@ class KVConsumer:
         self._introduce(r.producer_mailbox, mailbox)
         return r, mailbox, dst_block_ids, self._open_window(r.request_id, r.producer_mailbox, dst_block_ids)
 
-    def _send_pull(self, started: tuple) -> None:
+    def _send_pull(self, started: _StartedPull) -> None:
         """A pull's second half: its window awaited, its PULL messages sent."""
         r, mailbox, dst_block_ids, window = started
         request_id, producer_mailbox, skip, producer_request_id, secret = \
@@ -393,13 +404,13 @@ class KVConsumer:
                 progress.failed[rid] = CANCELLED
         self._cancelled -= progress.done | set(progress.failed)
         reported = progress.done | set(progress.failed)  # their blocks are the engine's again
-        for rid, why in self._close_windows(reported).items():
-            if why is not None:
+        for rid, close_error in self._close_windows(reported).items():
+            if close_error is not None:
                 progress.done.discard(rid)
-                progress.failed[rid] = why
+                progress.failed[rid] = close_error
         return progress
 
-    def _close_windows(self, request_ids) -> Dict[str, Optional[str]]:
+    def _close_windows(self, request_ids: Set[str]) -> Dict[str, Optional[str]]:
         """_close_window of each request, the closes through a queue posted together (a
         step's requests settle in one round trip to the agent, not one each)."""
         out: Dict[str, Optional[str]] = {}

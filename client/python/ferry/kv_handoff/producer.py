@@ -9,12 +9,23 @@ import queue
 import struct
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from .. import errors
 from ..client import Client, Region, RegionDescriptor, TransferFuture
 from . import wire
 from ._common import KVCacheSpec, Progress, _block_ids, _Inbox, logger, new_request_secret
+
+# Where a refusal of a pulled request goes: the consumer's first layer descriptor, and its
+# id for the request.
+AnswerTo = Tuple[RegionDescriptor, str]
+
+
+def _complete(slots: Optional[List[Optional[RegionDescriptor]]]) -> Optional[List[RegionDescriptor]]:
+    """A consumer's layer descriptors once its HELLOs brought every one, else None."""
+    if slots is None or any(d is None for d in slots):
+        return None
+    return [d for d in slots if d is not None]
 
 
 def _secret_matches(held: "_Held", secret: bytes) -> bool:
@@ -23,13 +34,13 @@ def _secret_matches(held: "_Held", secret: bytes) -> bool:
 
 @dataclasses.dataclass
 class _Held:
-    src_ids: array.array
+    src_ids: array.array[int]
     expires: float
     secret: bytes  # what a PULL or CANCEL of this request must carry (hold's return value)
     future: Optional[object] = None  # the write in flight: a TransferFuture, or _QUEUED
-    dst_ids: Optional[array.array] = None  # a long pull's ids, as its messages arrive
+    dst_ids: Optional[array.array[int]] = None  # a long pull's ids, as its messages arrive
     dst_pieces: Optional[Dict[int, int]] = None  # which of them arrived: first id -> count
-    answer_to: Optional[tuple] = None  # (consumer's first descriptor, its id for the request), once pulled
+    answer_to: Optional[AnswerTo] = None  # (consumer's first descriptor, its id for the request), once pulled
 
 
 _ACCEPTED = object()  # _Held.future of a valid pull not written yet (KVProducer._write)
@@ -48,8 +59,8 @@ class _Pull:
     consumer: str
     rid: str
     held: _Held
-    src_ids: array.array
-    dst_ids: array.array
+    src_ids: array.array[int]
+    dst_ids: array.array[int]
     reply: bytes  # the consumer's id for the request
     window: bytes = b""  # the consumer's write window for it (wire.WINDOW_BYTES), if any
 
@@ -67,14 +78,15 @@ class _ConsumerQueue:
     a request's range stays its own until its completion is reaped."""
     ENTRIES, TABLE_IDS = 64, 1 << 20  # 4 MiB of ids: a 64-part request of 16,384 blocks 30 times over
 
-    def __init__(self, client: Client, descriptors: list, parts: list):
+    def __init__(self, client: Client, descriptors: List[RegionDescriptor], parts: List[Tuple[Region, int, int, int]]):
         self.queue = client.create_queue(descriptors, entries=self.ENTRIES, table_ids=self.TABLE_IDS)
         self._parts = self.queue.pack_parts(parts)  # every request writes the same layer halves
         self._next = 0
-        self._ranges: Dict[int, tuple] = {}  # user_data -> (request ids, first id, end)
+        self._ranges: Dict[int, Tuple[List[str], int, int]] = {}  # user_data -> (request ids, first id, end)
         self._user_data = 0
 
-    def post(self, rids: List[str], block_bytes: int, src_ids, dst_ids, payload: bytes, window=None) -> bool:
+    def post(self, rids: List[str], block_bytes: int, src_ids: Sequence[int], dst_ids: Sequence[int], payload: bytes,
+             window: Optional[RegionDescriptor] = None) -> bool:
         """Posts the requests' batch entry (through the consumer's write ``window``, if
         any); False when the queue or its table is full (or refused the entry)."""
         words = self.queue.batch_table_ids(self._parts.count, len(src_ids), len(payload), window=window is not None)
@@ -128,13 +140,14 @@ class KVProducer:
         self._client, self._spec, self._layers, self.engine_id = client, spec, list(layers), engine_id
         self._mailbox_region = client.register_host(4096)  # its descriptor is only a way to reach us
         self.mailbox = self._mailbox_region.descriptor()
-        self._consumers: Dict[str, list] = {}  # consumer id -> its layer descriptors
+        # consumer id -> its layer descriptors, each None until a HELLO brought it
+        self._consumers: Dict[str, List[Optional[RegionDescriptor]]] = {}
         self._consumer_specs: Dict[str, KVCacheSpec] = {}
         self._consumer_features: Dict[str, int] = {}  # consumer id -> its HELLO's _FEATURES
         self._queues: Dict[str, Optional[_ConsumerQueue]] = {}  # consumer id -> its queue (None: write_batch)
         self._retired: List[_ConsumerQueue] = []  # replaced queues with writes still in flight
         self._held: Dict[str, _Held] = {}
-        self._written: "queue.Queue" = queue.Queue()  # (request id, None or why it failed)
+        self._written: queue.Queue[Tuple[str, Optional[str]]] = queue.Queue()  # (request id, None or why it failed)
         self._inbox = _Inbox(client, [self._mailbox_region])
         # Everything above that changes is the responder's and the engine's: one at a time.
         self._lock = threading.Lock()
@@ -198,7 +211,7 @@ class KVProducer:
                                            f"sent (more than {_Bucket.RATE:.0f} a second to one consumer)")
             self._unsent_refusals = 0
 
-    def _refuse_unattributed(self, consumer: str, answer_to: tuple, why: str) -> None:
+    def _refuse_unattributed(self, consumer: str, answer_to: AnswerTo, why: str) -> None:
         """Tells a consumer its pull ended no request (unknown, or without the request's
         secret), at most _Bucket's rate per consumer: anyone holding the mailbox's
         descriptor can send such pulls, and each answer is a message of ours."""
@@ -303,13 +316,13 @@ class KVProducer:
         consumer, rid, reply, secret = pull.consumer, pull.request, pull.reply, pull.secret
         skip, total, first, chunk = pull.skip, pull.total, pull.first, pull.ids
         held = self._held.get(rid)
-        descriptors = self._consumers.get(consumer)
+        descriptors = _complete(self._consumers.get(consumer))
         if held is not None and not _secret_matches(held, secret):
             # Not the request's consumer (or one from before secrets): the request stays
             # held for the one that has it.
             progress.failed.setdefault("", f"a pull of request {rid} by consumer {consumer} without the "
                                            "request's secret was refused")
-            if descriptors is not None and all(d is not None for d in descriptors):
+            if descriptors is not None:
                 self._refuse_unattributed(consumer, (descriptors[0], reply),
                                           f"request {rid}'s pull lacks its secret (kv_transfer_params' "
                                           "ferry_request_secret); a consumer older than this producer's ferry must "
@@ -337,7 +350,7 @@ class KVProducer:
         why = None
         if held is None or held.future is not None:
             why = f"request {rid} is not held here (unknown, already pulled, or its lease expired)"
-        elif descriptors is None or any(d is None for d in descriptors):
+        elif descriptors is None:
             why = f"consumer {consumer} has not introduced itself (HELLO) completely"
         elif skip + len(dst_ids) != len(held.src_ids):
             why = (f"the consumer asks for {len(dst_ids)} blocks after skipping {skip}, "
@@ -351,7 +364,7 @@ class KVProducer:
             if ends_request:
                 del self._held[rid]
                 progress.failed[rid] = why
-            if descriptors is not None and all(d is not None for d in descriptors):
+            if descriptors is not None:
                 if ends_request:
                     refuse(self._client, (descriptors[0], reply), why)
                 else:
@@ -381,7 +394,7 @@ class KVProducer:
         per pull."""
         # consumer -> the pulls of its next write, their block count, their destination
         # blocks (while another pull may join), and their names' bytes
-        runs: Dict[str, tuple] = {}
+        runs: Dict[str, Tuple[List[_Pull], int, Set[int], int]] = {}
         for pull in accepted:
             if self._held.get(pull.rid) is not pull.held:  # cancelled after its PULL, in the same pass
                 continue
@@ -407,7 +420,8 @@ class KVProducer:
             src_ids.extend(p.src_ids)
             dst_ids.extend(p.dst_ids)
         rids, payload = [p.rid for p in run], wire.names_payload([p.reply for p in run])
-        descriptors = self._consumers[consumer]
+        descriptors = _complete(self._consumers[consumer])
+        assert descriptors is not None  # only a complete consumer's pulls are accepted
         window = _through_window(descriptors[0], run[0].window) if run[0].window else None
         q = self._queue_for(consumer, descriptors)
         if q is not None and q.post(rids, self._spec.block_bytes, src_ids, dst_ids, payload, window):
@@ -442,13 +456,13 @@ class KVProducer:
         except errors.FerryError:
             pass
 
-    def _layer_halves(self, consumer: str) -> List[tuple]:
+    def _layer_halves(self, consumer: str) -> List[Tuple[int, int, int]]:
         """(layer, src_base, dst_base) of each layer half (K, V) a write to `consumer` moves."""
         half = self._spec.num_blocks * self._spec.block_bytes
         dst_half = self._consumer_specs[consumer].num_blocks * self._spec.block_bytes
         return [(layer, h * half, h * dst_half) for layer in range(len(self._layers)) for h in range(self._spec.halves)]
 
-    def _queue_for(self, consumer: str, descriptors: list) -> Optional[_ConsumerQueue]:
+    def _queue_for(self, consumer: str, descriptors: List[RegionDescriptor]) -> Optional[_ConsumerQueue]:
         """The write queue to `consumer`'s layers, made at its first write (None: it cannot
         have one, and its writes go by write_batch)."""
         if consumer not in self._queues:
@@ -487,7 +501,7 @@ class KVProducer:
         if descriptors and descriptors[0] is not None:
             self._client.send_message(descriptors[0], reply.encode(), tag=wire.DROPPED)
 
-    def in_flight(self) -> List[tuple]:
+    def in_flight(self) -> List[AnswerTo]:
         """Whom to tell if the writes in flight are lost (the agent restarted): see refuse()."""
         with self._lock:
             return [h.answer_to for h in self._held.values() if h.answer_to is not None]
@@ -520,7 +534,7 @@ class _Bucket:
         return True
 
 
-def refuse(client: Client, answer_to: tuple, why: str) -> None:
+def refuse(client: Client, answer_to: AnswerTo, why: str) -> None:
     """Tells a consumer (one of KVProducer.in_flight()) that its request will not be written."""
     descriptor, reply = answer_to
     client.send_message(descriptor, wire.refused_payload(reply, why), tag=wire.REFUSED)

@@ -128,7 +128,7 @@ class Pull:
     skip: int
     total: int
     first: int
-    ids: array.array
+    ids: array.array[int]
     reply: str
     secret: bytes = b""
     # The write window the consumer opened over the request's blocks: its id and token
@@ -155,7 +155,7 @@ class Pull:
         return cls(consumer, request, skip, total, first, ids, reply, secret, window)
 
     @classmethod
-    def split(cls, consumer: str, request: str, skip: int, ids: array.array, reply: str,
+    def split(cls, consumer: str, request: str, skip: int, ids: array.array[int], reply: str,
               secret: bytes, window: bytes = b"") -> List["Pull"]:
         """The PULLs that carry every id, as many per message as fit (at least one)."""
         fixed = _HEADER + len(cls(consumer, request, skip, len(ids), 0, array.array("I"), reply, secret,
@@ -229,11 +229,11 @@ def _unpack_str(body: bytes, at: int) -> Tuple[str, int]:
     return body[at + 2:at + 2 + n].decode(), at + 2 + n
 
 
-def _pack_ids(ids: array.array) -> bytes:
+def _pack_ids(ids: array.array[int]) -> bytes:
     return struct.pack("<I", len(ids)) + ids.tobytes()  # x86-64: native order is little-endian
 
 
-def _unpack_ids(body: bytes, at: int) -> Tuple[array.array, int]:
+def _unpack_ids(body: bytes, at: int) -> Tuple[array.array[int], int]:
     (n,) = struct.unpack_from("<I", body, at)
     if at + 4 + 4 * n > len(body):
         raise struct.error(f"{n} block ids do not fit in a {len(body)}-byte message")

@@ -8,9 +8,10 @@
 (kv_role "kv_consumer" on the decode side.) ``FerryConnector`` is loaded on first use,
 so ``ferry.vllm.scheduler`` and ``ferry.vllm.worker`` import without vLLM.
 """
+from typing import Any
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in ("FerryConnector", "FerryConnectorMetadata"):
         from . import connector
 

@@ -18,7 +18,7 @@ this class only adapts vLLM's calls to them. Configuration, in
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1 import base as vllm_base
@@ -42,9 +42,9 @@ KVConnectorWorkerMetadata: Any = getattr(vllm_base, "KVConnectorWorkerMetadata",
 
 @dataclasses.dataclass
 class _TransferResults:
-    finished_sending: set
-    finished_recving: set
-    failed_recving: set
+    finished_sending: Set[str]
+    finished_recving: Set[str]
+    failed_recving: Set[str]
 
 
 KVConnectorTransferResults: Any = getattr(vllm_base, "KVConnectorTransferResults", _TransferResults)
@@ -63,7 +63,7 @@ class FerryHandshakeMetadata(KVConnectorHandshakeMetadata):
 @dataclasses.dataclass
 class FerryWorkerMetadata(KVConnectorWorkerMetadata):
     """Workers -> scheduler: mailboxes that changed (a worker reconnected to a restarted agent)."""
-    mailboxes: dict
+    mailboxes: Dict[int, bytes]  # tp rank -> its mailbox
 
     def aggregate(self, other: "FerryWorkerMetadata") -> "FerryWorkerMetadata":
         return FerryWorkerMetadata({**self.mailboxes, **other.mailboxes})
@@ -73,12 +73,12 @@ def _tp_rank() -> int:
     try:
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
-        return get_tensor_model_parallel_rank()
+        return int(get_tensor_model_parallel_rank())
     except (AssertionError, ImportError):  # no distributed state: one process, rank 0
         return 0
 
 
-def _layout(vllm_config, kv_cache_config) -> Layout:
+def _layout(vllm_config: Any, kv_cache_config: Any) -> Layout:
     groups = kv_cache_config.kv_cache_groups
     if len(groups) != 1:
         raise ValueError(f"FerryConnector moves one KV cache group; this model has {len(groups)}")
@@ -91,7 +91,7 @@ def _layout(vllm_config, kv_cache_config) -> Layout:
                   head_size=spec.head_size, block_size=spec.block_size, memory=memory or "")
 
 
-def _extra_config(extra) -> dict:
+def _extra_config(extra: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """kv_connector_extra_config, checked: a wrong value names its key."""
     out = {"socket": "/run/ferry/ferry.sock", "lease_s": 30.0, "timeout_s": 30.0, "traffic_class": None,
            "write_windows": False}
@@ -119,14 +119,14 @@ def _extra_config(extra) -> dict:
 
 class FerryConnector(KVConnectorBase_V1):
 
-    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
         cfg = vllm_config.kv_transfer_config
         extra = _extra_config(cfg.kv_connector_extra_config)
         engine_id = cfg.engine_id or "ferry"
         self._scheduler: Optional[FerryScheduler] = None
         self._worker: Optional[FerryWorker] = None
-        self._invalid: set = set()
+        self._invalid: Set[int] = set()
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = FerryScheduler(engine_id, _layout(vllm_config, kv_cache_config),
                                              vllm_config.parallel_config.tensor_parallel_size, cfg.is_kv_producer,
@@ -152,19 +152,19 @@ class FerryConnector(KVConnectorBase_V1):
 
     # ------------------------------------------------------------ scheduler side
 
-    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[int, bool]:
         return self._sched.get_num_new_matched_tokens(request, num_computed_tokens)
 
-    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         self._sched.update_state_after_alloc(request, blocks, num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         return FerryConnectorMetadata(self._sched.build_plan())
 
-    def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._sched.request_finished(request, block_ids)
 
-    def update_connector_output(self, connector_output) -> None:
+    def update_connector_output(self, connector_output: Any) -> None:
         self._sched.update_connector_output(connector_output.finished_sending, connector_output.finished_recving)
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, FerryWorkerMetadata):
@@ -173,12 +173,12 @@ class FerryConnector(KVConnectorBase_V1):
     def has_pending_push_work(self) -> bool:
         return self._sched.has_pending_work()
 
-    def set_xfer_handshake_metadata(self, metadata) -> None:
+    def set_xfer_handshake_metadata(self, metadata: Any) -> None:
         self._sched.set_mailboxes({rank: m.mailbox for rank, m in metadata.items() if m.mailbox is not None})
 
     # ------------------------------------------------------------ worker side
 
-    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._work.register_kv_caches(kv_caches)
 
     def get_handshake_metadata(self) -> Optional[KVConnectorHandshakeMetadata]:
@@ -190,17 +190,17 @@ class FerryConnector(KVConnectorBase_V1):
         self._work.mailbox_changed = False
         return FerryWorkerMetadata({self._work.tp_rank: self._work.mailbox})
 
-    def start_load_kv(self, forward_context, **kwargs) -> None:
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         # Loads run asynchronously (the producer writes); sending is answering pulls.
         self._work.apply(self._get_connector_metadata().plan)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None
 
-    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
         return None  # the producer's blocks are written whole, after the request's prefill
 
-    def wait_for_save(self):
+    def wait_for_save(self) -> None:
         return None
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
@@ -209,7 +209,7 @@ class FerryConnector(KVConnectorBase_V1):
         return KVConnectorTransferResults(finished_sending=r.finished_sending, finished_recving=r.finished_recving,
                                           failed_recving=r.failed_recving)
 
-    def get_finished(self, finished_req_ids: set[str]):
+    def get_finished(self, finished_req_ids: set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         r = self.get_transfer_results(finished_req_ids)
         return r.finished_sending or None, r.finished_recving or None
 
@@ -224,7 +224,8 @@ class FerryConnector(KVConnectorBase_V1):
         return FerryKVConnectorStats(data=data) if data is not None else FerryKVConnectorStats()
 
     @classmethod
-    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: Any, labelnames: List[str],
+                           per_engine_labelvalues: Dict[int, List[str]]) -> Any:
         if FerryPromMetrics is None:
             return None
         return FerryPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
@@ -233,6 +234,6 @@ class FerryConnector(KVConnectorBase_V1):
         invalid, self._invalid = self._invalid, set()
         return invalid
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.close()

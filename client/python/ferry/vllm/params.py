@@ -18,7 +18,7 @@ of this request cannot take or drop it (SECURITY.md, "KV handoff").
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from ..client import RegionDescriptor
 from ..errors import FerryError
@@ -57,7 +57,7 @@ class RemotePrefill:
 
 
 def producer_params(engine_id: str, request_id: str, block_ids: List[int], num_tokens: int, tp_size: int,
-                    mailboxes: List[bytes], layout: Layout, secret: bytes) -> dict:
+                    mailboxes: List[bytes], layout: Layout, secret: bytes) -> Dict[str, Any]:
     return {
         "do_remote_prefill": True,
         "do_remote_decode": False,
@@ -72,7 +72,7 @@ def producer_params(engine_id: str, request_id: str, block_ids: List[int], num_t
     }
 
 
-def _field(params: Mapping[str, Any], name: str, kind: type):
+def _field(params: Mapping[str, Any], name: str, kind: type) -> Any:
     if name not in params:
         raise BadParams(f"kv_transfer_params lack {name!r}: are they from a FerryConnector producer?")
     value = params[name]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..kv_handoff import new_request_secret
 from . import params as params_lib
@@ -86,14 +86,14 @@ class FerryScheduler:
 
     # ---------------------------------------------------------------- consumer
 
-    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> Tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[int, bool]:
         p = request.kv_transfer_params
         if not self.is_consumer or not p or not p.get("do_remote_prefill"):
             return 0, False
         count = len(request.prompt_token_ids or ()) - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
-    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         p = request.kv_transfer_params
         if not self.is_consumer or not p or not p.get("do_remote_prefill"):
             return
@@ -118,7 +118,7 @@ class FerryScheduler:
 
     # ---------------------------------------------------------------- both
 
-    def request_finished(self, request, block_ids: List[int]) -> Tuple[bool, Optional[dict]]:
+    def request_finished(self, request: Any, block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
         p = request.kv_transfer_params
         rid = request.request_id
         if not p:
@@ -140,7 +140,7 @@ class FerryScheduler:
         return True, params_lib.producer_params(self.engine_id, rid, block_ids, request.num_computed_tokens,
                                                 self.tp_size, self._mailboxes, self.layout, secret)
 
-    def _cancel(self, rid: str, p: dict, num_prompt_tokens: int) -> None:
+    def _cancel(self, rid: str, p: Dict[str, Any], num_prompt_tokens: int) -> None:
         # A pulled request stays in _receiving until the worker reports it (finished_recving).
         remote = self._receiving.get(rid)
         pulled = remote is not None
@@ -157,7 +157,8 @@ class FerryScheduler:
         plan, self._plan = self._plan, StepPlan()
         return plan
 
-    def update_connector_output(self, finished_sending, finished_recving) -> None:
+    def update_connector_output(self, finished_sending: Optional[Set[str]],
+                                finished_recving: Optional[Set[str]]) -> None:
         for rid in finished_sending or ():
             self._held.discard(rid)
         for rid in finished_recving or ():

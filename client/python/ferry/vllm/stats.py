@@ -88,13 +88,14 @@ class FerryKVConnectorStats(KVConnectorStats):
 if KVConnectorPromMetrics is not None:
 
     class _FerryPromMetrics(KVConnectorPromMetrics):
-        def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        def __init__(self, vllm_config: Any, metric_types: Any, labelnames: List[str],
+                     per_engine_labelvalues: Dict[int, List[str]]) -> None:
             super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
-            def per_engine(metric):
+            def per_engine(metric: Any) -> Any:
                 return create_metric_per_engine(metric, self.per_engine_labelvalues)
 
-            def per_role(name: str, documentation: str):
+            def per_role(name: str, documentation: str) -> Dict[str, Dict[int, Any]]:
                 metric = self._counter_cls(name=name, documentation=documentation, labelnames=labelnames + ["role"])
                 return {role: {idx: metric.labels(*values, role) for idx, values in per_engine_labelvalues.items()}
                         for role in ("received", "sent")}

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Set
 from .. import errors
 from ..client import Client
 from ..kv_handoff import CANCELLED, KVCacheSpec, KVConsumer, KVProducer, PullRequest, refuse
+from ..kv_handoff.producer import AnswerTo
 from .scheduler import StepPlan
 from .stats import HandoffCounts
 
@@ -38,7 +39,7 @@ class StepResults:
     invalid_block_ids: Set[int] = dataclasses.field(default_factory=set)
 
 
-def _physical_dims(t) -> List[int]:
+def _physical_dims(t: Any) -> List[int]:
     """``t``'s dimensions from the outermost in memory to the innermost, size-1 ones left
     out; raises ValueError unless ``t`` covers its memory densely (a permuted view of a
     contiguous allocation, as vLLM makes its caches through a backend's stride order)."""
@@ -54,7 +55,7 @@ def _physical_dims(t) -> List[int]:
     return dims
 
 
-def layer_spec(t) -> KVCacheSpec:
+def layer_spec(t: Any) -> KVCacheSpec:
     """How one layer's KV tensor holds its blocks in memory, whatever its logical shape:
     vLLM allocates each layer's cache contiguously in its backend's stride order and hands
     the connector a permuted view. Two arrangements can be moved block by block:
@@ -80,7 +81,7 @@ def layer_spec(t) -> KVCacheSpec:
                      "moves caches whose blocks (or K / V halves) are outermost in memory")
 
 
-def cache_spec(tensors: List) -> KVCacheSpec:
+def cache_spec(tensors: List[Any]) -> KVCacheSpec:
     """The KVCacheSpec of one rank's layer tensors; raises ValueError on what ferry cannot move."""
     if not tensors:
         raise ValueError("no KV cache tensors to register")
@@ -91,7 +92,7 @@ def cache_spec(tensors: List) -> KVCacheSpec:
     return spec
 
 
-def physical_view(t):
+def physical_view(t: Any) -> Any:
     """``t``'s whole allocation as a flat contiguous tensor (what the agent registers)."""
     return t.as_strided((t.numel(),), (1,))
 
@@ -113,11 +114,11 @@ class FerryWorker:
         self.counts = HandoffCounts()  # for vLLM's stats (get_kv_connector_stats)
         self._held: Set[str] = set()  # producer: requests not yet reported in finished_sending
         self._pending = StepResults()  # reported at the next results()
-        self._tensors: List = []
+        self._tensors: List[Any] = []  # torch tensors
         self._spec: Optional[KVCacheSpec] = None
         self._next_reconnect = 0.0
         self.mailbox_changed = False  # a new mailbox since the scheduler last heard (after a reconnect)
-        self._orphans: List[tuple] = []  # consumers whose writes were lost with the old session
+        self._orphans: List[AnswerTo] = []  # consumers whose writes were lost with the old session
 
     def register_kv_caches(self, kv_caches: Mapping[str, Any]) -> None:
         """Registers every layer's tensor once (in the model's layer order, which both
