@@ -12,7 +12,7 @@ mkdir -p "$(dirname "$venv")"
 # to finish rather than deleting the venv under it.
 exec 9>"$venv.lock"
 flock 9
-if [ ! -f "$venv/.complete" ]; then
+if [ ! -f "$venv/.complete" ] || [ ! -x "$venv/bin/python" ]; then
   echo "vllm_venv: installing vLLM $VLLM_VERSION into $venv (once per machine, ~6 minutes)" >&2
   rm -rf "$venv"
   python3 -m venv "$venv"
