@@ -72,8 +72,7 @@ absl::Status GpuLane::Setup() {
   if (!peers.ok()) return peers.status();
   FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuModuleLoadData(&module_, kCopyPiecesPtx), "loading the copy kernel");
-  FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuModuleGetFunction(&kernel_, module_, kCopyPiecesKernel),
-                           "cuModuleGetFunction");
+  FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuModuleGetFunction(&kernel_, module_, kCopyPiecesKernel), "cuModuleGetFunction");
   CUdevice dev;
   FERRY_RETURN_IF_CU_ERROR(cu_, cu_->cuDeviceGet(&dev, device_), "cuDeviceGet");
   int sms = 0, per_sm = 0;

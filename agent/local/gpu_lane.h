@@ -162,7 +162,7 @@ class GpuLane {
   std::atomic<size_t> queued_{0};  // queue_.size(), for the submitter's spin without mu_
   std::deque<Job> inflight_ ABSL_GUARDED_BY(mu_);
   std::vector<CUevent> spare_events_ ABSL_GUARDED_BY(mu_);  // recorded and completed before
-  std::thread submitter_;  // last: they start after every member above is initialized
+  std::thread submitter_;                                   // last: they start after every member above is initialized
   std::thread completer_;
 };
 

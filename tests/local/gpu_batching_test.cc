@@ -25,10 +25,10 @@ CopyShape Shape(int src, int dst, uint64_t bytes, size_t chunks, const void* map
 TEST_CASE("The kernel moves many small chunks between GPUs it reaches; the copy engines everything else") {
   CHECK(ChooseMethod(Shape(0, 0, 64 * 16 * kKiB, 64)) == CopyMethod::kKernel);
   CHECK(ChooseMethod(Shape(0, 1, 64 * 16 * kKiB, 64)) == CopyMethod::kKernel);
-  CHECK(ChooseMethod(Shape(0, 1, 16 * kKiB, 1)) == CopyMethod::kCopyEngine);            // one chunk
-  CHECK(ChooseMethod(Shape(0, 1, 2 * 8 * kMiB, 2)) == CopyMethod::kCopyEngine);         // big chunks
-  CHECK(ChooseMethod(Shape(-1, 0, 64 * 16 * kKiB, 64)) == CopyMethod::kCopyEngine);     // from host
-  CHECK(ChooseMethod(Shape(0, -1, 64 * 16 * kKiB, 64)) == CopyMethod::kCopyEngine);     // to host
+  CHECK(ChooseMethod(Shape(0, 1, 16 * kKiB, 1)) == CopyMethod::kCopyEngine);         // one chunk
+  CHECK(ChooseMethod(Shape(0, 1, 2 * 8 * kMiB, 2)) == CopyMethod::kCopyEngine);      // big chunks
+  CHECK(ChooseMethod(Shape(-1, 0, 64 * 16 * kKiB, 64)) == CopyMethod::kCopyEngine);  // from host
+  CHECK(ChooseMethod(Shape(0, -1, 64 * 16 * kKiB, 64)) == CopyMethod::kCopyEngine);  // to host
   CopyShape unreachable = Shape(0, 1, 64 * 16 * kKiB, 64);
   unreachable.reaches = false;  // an IPC mapping only the other context opened
   CHECK(ChooseMethod(unreachable) == CopyMethod::kCopyEngine);
