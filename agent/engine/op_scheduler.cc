@@ -88,89 +88,106 @@ void OpScheduler::EndThrottle(Tenant& t, int c, absl::Time now) {
 
 bool OpScheduler::Post(absl::Time now, HeldFn held, PostFn post) {
   if (pending_ == 0) return false;
+  RefillRates(now);
+  const uint64_t window = BulkWindow(now);
+  bool progressed = false;
+  for (int round = 0; round < kMaxRounds; ++round) {
+    Pass pass;
+    for (int c = 0; c < kTrafficClasses; ++c) {
+      std::vector<Flow>& flows = flows_[c];
+      const size_t n = flows.size();
+      if (n == 0) continue;
+      if (round == 0) next_flow_[c] = (next_flow_[c] + 1) % n;
+      for (size_t k = 0; k < n; ++k) {
+        Flow& f = flows[(next_flow_[c] + k) % n];
+        if (f.ops.empty() || held(f.peer)) continue;
+        if (!PostFlow(f, c, window, now, post, pass)) return progressed || pass.progressed;  // the provider is full
+      }
+    }
+    progressed |= pass.progressed;
+    // A new round once every pod's class that could post has spent its credit (pods held
+    // by a cap or a reconnecting peer cannot use theirs; they do not hold up the others).
+    if (!pass.out_of_credit || pass.window_with_credit) break;
+    EarnCredit();
+  }
+  Prune();
+  return progressed;
+}
+
+void OpScheduler::RefillRates(absl::Time now) {
   for (Tenant& t : tenants_) {
     if (!t.used || t.rate_cap == 0) continue;
     const double burst = static_cast<double>(t.rate_cap) * kRateBurstSeconds;
     t.tokens = std::min(burst, t.tokens + static_cast<double>(t.rate_cap) * absl::ToDoubleSeconds(now - t.refilled));
     t.refilled = now;
   }
+}
+
+uint64_t OpScheduler::BulkWindow(absl::Time now) const {
   constexpr int kLatency = static_cast<int>(TrafficClass::kLatency);
   const bool latency_about =
       queued_[kLatency] > 0 || inflight_[kLatency] > 0 || now < latency_seen_ + options_.latency_linger;
-  const uint64_t window = latency_about ? options_.qos.latency_window_bytes : options_.qos.window_bytes;
-  bool progressed = false;
-  for (int round = 0; round < kMaxRounds; ++round) {
-    bool out_of_credit = false;       // some pod's class has ops its credit does not cover
-    bool window_with_credit = false;  // and some other still has credit, once the window opens
-    for (int c = 0; c < kTrafficClasses; ++c) {
-      std::vector<Flow>& flows = flows_[c];
-      const size_t n = flows.size();
-      if (n == 0) continue;
-      if (round == 0) next_flow_[c] = (next_flow_[c] + 1) % n;
-      const bool windowed = options_.qos.enabled && c != kLatency;
-      for (size_t k = 0; k < n; ++k) {
-        Flow& f = flows[(next_flow_[c] + k) % n];
-        if (f.ops.empty() || held(f.peer)) continue;
-        Tenant& t = tenants_[f.tenant];
-        while (!f.ops.empty()) {
-          const WriteOp op = f.ops.front();
-          if (windowed && inflight_[1] + inflight_[2] >= window) {
-            window_with_credit |= t.credit[c] >= static_cast<int64_t>(op.length);
-            break;
-          }
-          if (options_.qos.enabled) {
-            if (Capped(t, op.length)) {
-              if (t.throttled_since[c] == absl::InfiniteFuture()) t.throttled_since[c] = now;
-              break;
-            }
-            if (t.credit[c] < static_cast<int64_t>(op.length)) {
-              out_of_credit = true;
-              break;
-            }
-          }
-          // --qos=false queues every op as bulk; its metrics still count its own class.
-          const Ticket ticket{f.tenant, op.state->transfer().share.traffic_class};
-          const Outcome outcome = post(op, ticket);
-          if (outcome == Outcome::kFull) return progressed;
-          f.ops.pop_front();
-          --pending_;
-          --queued_[c];
-          progressed = true;
-          EndThrottle(t, c, now);
-          if (outcome == Outcome::kPosted) {
-            const int counted = ClassIndex(ticket.traffic_class);
-            t.credit[c] -= static_cast<int64_t>(op.length);
-            t.inflight += op.length;
-            if (t.rate_cap != 0) t.tokens -= static_cast<double>(op.length);
-            inflight_[counted] += op.length;
-            if (!op.message) {
-              ClassStats& s = stats_[counted];
-              const double delay = absl::ToDoubleSeconds(now - op.state->transfer().submitted);
-              s.delay_counts[std::lower_bound(delay_bounds_.begin(), delay_bounds_.end(), delay) -
-                             delay_bounds_.begin()] += 1;
-              s.delay_sum += delay;
-              ++s.delays;
-            }
-          }
-          if (--t.queued[c] == 0) t.credit[c] = 0;  // an emptied queue keeps no credit (DRR)
-          if (outcome == Outcome::kPeerStopped) break;
-        }
+  return latency_about ? options_.qos.latency_window_bytes : options_.qos.window_bytes;
+}
+
+bool OpScheduler::PostFlow(Flow& f, int c, uint64_t window, absl::Time now, PostFn post, Pass& pass) {
+  Tenant& t = tenants_[f.tenant];
+  const bool windowed = options_.qos.enabled && c != static_cast<int>(TrafficClass::kLatency);
+  while (!f.ops.empty()) {
+    const WriteOp op = f.ops.front();
+    if (windowed && inflight_[1] + inflight_[2] >= window) {
+      pass.window_with_credit |= t.credit[c] >= static_cast<int64_t>(op.length);
+      return true;
+    }
+    if (options_.qos.enabled) {
+      if (Capped(t, op.length)) {
+        if (t.throttled_since[c] == absl::InfiniteFuture()) t.throttled_since[c] = now;
+        return true;
+      }
+      if (t.credit[c] < static_cast<int64_t>(op.length)) {
+        pass.out_of_credit = true;
+        return true;
       }
     }
-    // A new round once every pod's class that could post has spent its credit (pods held
-    // by a cap or a reconnecting peer cannot use theirs; they do not hold up the others).
-    if (!out_of_credit || window_with_credit) break;
-    // Every pod's class with a backlog earns its credit (at most two rounds' worth saved,
-    // for one held back by a cap meanwhile).
-    for (Tenant& t : tenants_) {
-      if (!t.used) continue;
-      for (int c = 0; c < kTrafficClasses; ++c) {
-        if (t.queued[c] > 0) t.credit[c] = std::min(t.credit[c] + Quantum(t, c), 2 * Quantum(t, c));
-      }
+    // --qos=false queues every op as bulk; its metrics still count its own class.
+    const Ticket ticket{f.tenant, op.state->transfer().share.traffic_class};
+    const Outcome outcome = post(op, ticket);
+    if (outcome == Outcome::kFull) return false;
+    f.ops.pop_front();
+    --pending_;
+    --queued_[c];
+    pass.progressed = true;
+    EndThrottle(t, c, now);
+    if (outcome == Outcome::kPosted) CountPosted(t, c, op, ticket, now);
+    if (--t.queued[c] == 0) t.credit[c] = 0;  // an emptied queue keeps no credit (DRR)
+    if (outcome == Outcome::kPeerStopped) return true;
+  }
+  return true;
+}
+
+void OpScheduler::CountPosted(Tenant& t, int c, const WriteOp& op, const Ticket& ticket, absl::Time now) {
+  const int counted = ClassIndex(ticket.traffic_class);
+  t.credit[c] -= static_cast<int64_t>(op.length);
+  t.inflight += op.length;
+  if (t.rate_cap != 0) t.tokens -= static_cast<double>(op.length);
+  inflight_[counted] += op.length;
+  if (op.message) return;
+  ClassStats& s = stats_[counted];
+  const double delay = absl::ToDoubleSeconds(now - op.state->transfer().submitted);
+  s.delay_counts[std::lower_bound(delay_bounds_.begin(), delay_bounds_.end(), delay) - delay_bounds_.begin()] += 1;
+  s.delay_sum += delay;
+  ++s.delays;
+}
+
+void OpScheduler::EarnCredit() {
+  // Every pod's class with a backlog earns its credit (at most two rounds' worth saved,
+  // for one held back by a cap meanwhile).
+  for (Tenant& t : tenants_) {
+    if (!t.used) continue;
+    for (int c = 0; c < kTrafficClasses; ++c) {
+      if (t.queued[c] > 0) t.credit[c] = std::min(t.credit[c] + Quantum(t, c), 2 * Quantum(t, c));
     }
   }
-  Prune();
-  return progressed;
 }
 
 void OpScheduler::Done(Ticket ticket, uint64_t length, bool ok, absl::Time now) {

@@ -120,6 +120,22 @@ class OpScheduler {
     size_t delays = 0;
   };
 
+  // What one pass over every flow found: whether another round of credit follows.
+  struct Pass {
+    bool progressed = false;          // something was posted (or ended without a post)
+    bool out_of_credit = false;       // some pod's class has ops its credit does not cover
+    bool window_with_credit = false;  // and some other still has credit, once the window opens
+  };
+
+  // Post's steps: the rate caps' buckets refilled; the bytes bulk and background may
+  // have in flight (smaller while latency ops are about); one flow's ops posted while its
+  // credit, its caps and the window allow (false: the provider is full, stop); a posted
+  // op booked; every backlogged pod's class given its next quantum.
+  void RefillRates(absl::Time now);
+  uint64_t BulkWindow(absl::Time now) const;
+  bool PostFlow(Flow& f, int c, uint64_t window, absl::Time now, PostFn post, Pass& pass);
+  void CountPosted(Tenant& t, int c, const WriteOp& op, const Ticket& ticket, absl::Time now);
+  void EarnCredit();
   uint32_t TenantSlot(const TenantShare& share, absl::Time now);
   int64_t Quantum(const Tenant& t, int c) const;
   bool Capped(const Tenant& t, uint64_t length) const;
