@@ -7,6 +7,12 @@
 //   ...                                          // later, maybe on another thread:
 //   slots.Release(*slot);
 //
+// Or held by a SlotLease, which gives the slot back when it goes (every early return of
+// the code that took it), or sooner with Release():
+//
+//   absl::StatusOr<SlotLease> lease = SlotLease::Acquire(pool, deadline);
+//   Fill(buffer + lease->offset(), pool->slot_bytes());
+//
 // The staged path's pipeline: every stage of a transfer holds a slot of the local and of
 // the target's staging buffer while it is copied, written and committed, so several
 // stages (of one transfer or of several) are in flight at once without sharing bytes.
@@ -15,6 +21,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -63,6 +71,45 @@ class SlotPool {
   absl::Mutex mu_;
   std::vector<bool> busy_ ABSL_GUARDED_BY(mu_);
   size_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// One slot of a SlotPool, given back when the lease is destroyed or Release()d (which
+// may come first, on any thread). Move-only; an empty lease (default, moved from,
+// released) holds nothing.
+class SlotLease {
+ public:
+  SlotLease() = default;
+  // A free slot of `pool`, waiting for one until `deadline` (SlotPool::Acquire).
+  static absl::StatusOr<SlotLease> Acquire(std::shared_ptr<SlotPool> pool, absl::Time deadline) {
+    absl::StatusOr<int> slot = pool->Acquire(deadline);
+    if (!slot.ok()) return slot.status();
+    return SlotLease(std::move(pool), *slot);
+  }
+  SlotLease(SlotLease&& other) noexcept : pool_(std::move(other.pool_)), slot_(std::exchange(other.slot_, -1)) {}
+  SlotLease& operator=(SlotLease&& other) noexcept {
+    if (this != &other) {
+      Release();
+      pool_ = std::move(other.pool_);
+      slot_ = std::exchange(other.slot_, -1);
+    }
+    return *this;
+  }
+  SlotLease(const SlotLease&) = delete;
+  SlotLease& operator=(const SlotLease&) = delete;
+  ~SlotLease() { Release(); }
+
+  bool held() const { return slot_ >= 0; }
+  // The slot's offset in the pool's buffer; held() only.
+  uint64_t offset() const { return pool_->offset(slot_); }
+  void Release() {
+    if (slot_ >= 0) pool_->Release(std::exchange(slot_, -1));
+  }
+
+ private:
+  SlotLease(std::shared_ptr<SlotPool> pool, int slot) : pool_(std::move(pool)), slot_(slot) {}
+
+  std::shared_ptr<SlotPool> pool_;
+  int slot_ = -1;
 };
 
 }  // namespace ferry

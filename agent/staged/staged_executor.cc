@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
@@ -11,16 +10,14 @@
 #include "proto/ferry/v1/grpc_status.h"
 
 namespace ferry {
-namespace {
 
-// One CommitStaged call in flight; lives until its callback ran.
-struct CommitCall {
+// One stage's CommitStaged call: its context, request and response live until its
+// callback ran.
+struct StagedExecutor::CommitCall {
   grpc::ClientContext ctx;
   v1::CommitStagedRequest req;
   v1::CommitStagedResponse resp;
 };
-
-}  // namespace
 
 // Engine and RPC callbacks of one transfer in flight, arriving on other threads: how
 // many are outstanding, and the first error.
@@ -153,6 +150,50 @@ absl::Status StagedExecutor::Run(const std::shared_ptr<Transfer>& t, LocalStagin
   return tracker->WaitAll(t->deadline);
 }
 
+StagedExecutor::StagePlan StagedExecutor::PlanStage(const Transfer& t, const std::vector<CopyChunk>& stage,
+                                                    const SlotLease& local, const SlotLease& remote) const {
+  // Staged sides are packed: the stage's chunks back to back from the slot's start.
+  const uint64_t local_base = local.held() ? local.offset() : 0;
+  const uint64_t remote_base = remote.held() ? remote.offset() : 0;
+  StagePlan plan;
+  plan.sub = std::make_shared<Transfer>();
+  Transfer& sub = *plan.sub;
+  sub.id = t.id;
+  sub.session = t.session;
+  sub.share = t.share;
+  sub.path = v1::TRANSFER_PATH_STAGED;
+  sub.src = t.src;
+  sub.deadline = t.deadline;
+  sub.dst_descriptor = t.dst_descriptor;
+  sub.rail = engine_->RailFor(*t.src);  // the GPU's rail, not the staging buffer's
+  if (remote.held()) {
+    plan.commit = std::make_shared<CommitCall>();
+    const v1::RegionDescriptor& d = *t.dst_descriptor;
+    v1::CommitStagedRequest& req = plan.commit->req;
+    req.set_target_incarnation(d.agent_incarnation());
+    req.set_region_id(d.region_id());
+    req.set_token(d.token());
+    req.set_staging_id(t.remote_region->staging->id());
+    req.set_window_id(d.window_id());
+    plan.commit->ctx.set_deadline(absl::ToChronoTime(std::max(t.deadline, absl::Now() + absl::Milliseconds(100))));
+  }
+  uint64_t packed = 0;
+  for (const CopyChunk& c : stage) {
+    sub.plan.chunks.push_back({local.held() ? local_base + packed : c.src_offset,
+                               remote.held() ? remote_base + packed : c.dst_offset, c.length});
+    if (local.held()) plan.gather.push_back({c.src_offset, packed, c.length});
+    if (plan.commit != nullptr) {
+      v1::Chunk* out = plan.commit->req.add_chunks();
+      out->set_src_offset(remote_base + packed);
+      out->set_dst_offset(c.dst_offset);
+      out->set_length(c.length);
+    }
+    packed += c.length;
+  }
+  sub.plan.total_bytes = packed;
+  return plan;
+}
+
 absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, const std::vector<CopyChunk>& stage,
                                         const LocalStaging& local, const std::shared_ptr<SlotPool>& remote_slots,
                                         const std::shared_ptr<StageTracker>& tracker) {
@@ -162,90 +203,44 @@ absl::Status StagedExecutor::StartStage(const std::shared_ptr<Transfer>& t, cons
   FERRY_RETURN_IF_ERROR(t->Stopped(absl::Now()));
 
   // Slots: the target's first, then this worker's. A worker's own slots free as its
-  // writes complete, which waits on nothing a worker holds, so there is no cycle.
-  int remote_slot = -1, local_slot = -1;
+  // writes complete, which waits on nothing a worker holds, so there is no cycle. Until
+  // the write is submitted, a return gives them back (the leases go).
+  auto slots = std::make_shared<StageSlots>();
   if (remote_slots != nullptr) {
-    FERRY_ASSIGN_OR_RETURN(int slot, remote_slots->Acquire(t->deadline));
-    remote_slot = slot;
+    FERRY_ASSIGN_OR_RETURN(slots->remote, SlotLease::Acquire(remote_slots, t->deadline));
   }
-  auto release_remote = absl::MakeCleanup([&] {
-    if (remote_slot >= 0) remote_slots->Release(remote_slot);
-  });
   if (local.slots != nullptr) {
-    FERRY_ASSIGN_OR_RETURN(int slot, local.slots->Acquire(t->deadline));
-    local_slot = slot;
+    FERRY_ASSIGN_OR_RETURN(slots->local, SlotLease::Acquire(local.slots, t->deadline));
   }
-  auto release_local = absl::MakeCleanup([&] {
-    if (local_slot >= 0) local.slots->Release(local_slot);
-  });
-
-  // Staged sides are packed: the stage's chunks back to back from the slot's start.
-  const uint64_t local_base = local_slot >= 0 ? local.slots->offset(local_slot) : 0;
-  const uint64_t remote_base = remote_slot >= 0 ? remote_slots->offset(remote_slot) : 0;
-  auto sub = std::make_shared<Transfer>();
-  sub->id = t->id;
-  sub->session = t->session;
-  sub->share = t->share;
-  sub->path = v1::TRANSFER_PATH_STAGED;
-  sub->src = t->src;
-  sub->deadline = t->deadline;
-  sub->dst_descriptor = t->dst_descriptor;
-  sub->rail = engine_->RailFor(*t->src);  // the GPU's rail, not the staging buffer's
-  std::vector<CopyChunk> gather;
-  std::shared_ptr<CommitCall> commit;
-  if (remote_slot >= 0) {
-    commit = std::make_shared<CommitCall>();
-    const v1::RegionDescriptor& d = *t->dst_descriptor;
-    commit->req.set_target_incarnation(d.agent_incarnation());
-    commit->req.set_region_id(d.region_id());
-    commit->req.set_token(d.token());
-    commit->req.set_staging_id(region->staging->id());
-    commit->req.set_window_id(d.window_id());
-    commit->ctx.set_deadline(absl::ToChronoTime(std::max(t->deadline, absl::Now() + absl::Milliseconds(100))));
-  }
-  uint64_t packed = 0;
-  for (const CopyChunk& c : stage) {
-    sub->plan.chunks.push_back({local_slot >= 0 ? local_base + packed : c.src_offset,
-                                remote_slot >= 0 ? remote_base + packed : c.dst_offset, c.length});
-    if (local_slot >= 0) gather.push_back({c.src_offset, packed, c.length});
-    if (commit != nullptr) {
-      v1::Chunk* out = commit->req.add_chunks();
-      out->set_src_offset(remote_base + packed);
-      out->set_dst_offset(c.dst_offset);
-      out->set_length(c.length);
-    }
-    packed += c.length;
-  }
-  sub->plan.total_bytes = packed;
-  if (local_slot >= 0) {
-    FERRY_RETURN_IF_ERROR(copier_->FromRegion(*t->src, local.memory->data() + local_base, gather));
-    sub->src = local.memory;
+  StagePlan plan = PlanStage(*t, stage, slots->local, slots->remote);
+  if (slots->local.held()) {
+    FERRY_RETURN_IF_ERROR(copier_->FromRegion(*t->src, local.memory->data() + slots->local.offset(), plan.gather));
+    plan.sub->src = local.memory;
   }
 
-  // From here the stage's callbacks own its slots.
-  std::move(release_remote).Cancel();
-  std::move(release_local).Cancel();
+  // From here the stage's callbacks hold its slots: this worker's until the write
+  // completes, the target's until the commit does (or the write fails).
   tracker->Start();
   std::vector<v1::RemoteKey> keys = region->keys;
-  if (commit != nullptr) keys.assign(region->staging->keys().begin(), region->staging->keys().end());
-  std::shared_ptr<SlotPool> local_slots = local.slots;
+  if (plan.commit != nullptr) keys.assign(region->staging->keys().begin(), region->staging->keys().end());
   // Staged writes are left out of the stale-key guard (see RailWorker): their keys are
   // the target's staging buffer's, which stays registered while the region lives, and a
   // staged transfer is not written again after a drop (it fails UNAVAILABLE).
-  engine_->SubmitTo(sub, peer, keys, region->region_id, absl::InfiniteFuture(), [=](absl::Status s) {
-    if (local_slot >= 0) local_slots->Release(local_slot);
-    if (!s.ok() || commit == nullptr) {
-      if (remote_slot >= 0) remote_slots->Release(remote_slot);
-      tracker->Finish(std::move(s));
-      return;
-    }
-    // The call owns `commit` (context, request, response) until it ends.
-    peer->stub()->async()->CommitStaged(&commit->ctx, &commit->req, &commit->resp,
-                                        [commit, remote_slots, remote_slot, tracker, peer, region](grpc::Status rpc) {
-                                          remote_slots->Release(remote_slot);
-                                          tracker->Finish(CommitStatus(rpc, *peer, *region));
-                                        });
-  });
+  engine_->SubmitTo(plan.sub, peer, keys, region->region_id, absl::InfiniteFuture(),
+                    [slots, commit = plan.commit, tracker, peer, region](absl::Status s) {
+                      slots->local.Release();
+                      if (!s.ok() || commit == nullptr) {
+                        slots->remote.Release();
+                        tracker->Finish(std::move(s));
+                        return;
+                      }
+                      // The call owns `commit` (context, request, response) until it ends.
+                      peer->stub()->async()->CommitStaged(&commit->ctx, &commit->req, &commit->resp,
+                                                          [commit, slots, tracker, peer, region](grpc::Status rpc) {
+                                                            slots->remote.Release();
+                                                            tracker->Finish(CommitStatus(rpc, *peer, *region));
+                                                          });
+                    });
   return absl::OkStatus();
 }
 

@@ -49,6 +49,7 @@ class StagedExecutor : public TransferExecutor {
 
  private:
   class StageTracker;
+  struct CommitCall;
   // A worker's staging buffer and its slots, made on first need.
   struct LocalStaging {
     std::shared_ptr<Region> memory;
@@ -57,6 +58,22 @@ class StagedExecutor : public TransferExecutor {
 
   void Work();
   absl::Status Run(const std::shared_ptr<Transfer>& t, LocalStaging& local);
+  // The slots one stage holds: this worker's staging buffer's (a GPU source copied out),
+  // the target's (a staged target); either may be empty.
+  struct StageSlots {
+    SlotLease local, remote;
+  };
+  // One stage as the fabric writes it (`sub`: from the local slot or the source, into
+  // the target's slot or region), what is copied into the local slot first (`gather`,
+  // source offset -> slot offset), and for a staged target the commit that copies the
+  // slot into the region.
+  struct StagePlan {
+    std::shared_ptr<Transfer> sub;
+    std::vector<CopyChunk> gather;
+    std::shared_ptr<CommitCall> commit;
+  };
+  StagePlan PlanStage(const Transfer& t, const std::vector<CopyChunk>& stage, const SlotLease& local,
+                      const SlotLease& remote) const;
   // Starts one stage (chunks already cut to fit a slot): takes its slots, copies it out,
   // submits the write, whose completion commits it. Errors after the start reach
   // `tracker`; an error returned here means the stage never started.

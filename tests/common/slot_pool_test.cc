@@ -46,5 +46,30 @@ TEST_CASE("slots are lent once each; a full pool waits until a release or its de
   CHECK(*again == 1);
 }
 
+TEST_CASE("a slot lease gives its slot back when it goes, once, however it goes") {
+  auto pool = std::make_shared<SlotPool>(4096 * 2, 4096);
+  const absl::Time soon = absl::Now() + absl::Milliseconds(50);
+  {
+    absl::StatusOr<SlotLease> a = SlotLease::Acquire(pool, soon);
+    absl::StatusOr<SlotLease> b = SlotLease::Acquire(pool, soon);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->offset() != b->offset());
+    CHECK(!SlotLease::Acquire(pool, soon).ok());  // both lent
+    SlotLease moved = std::move(*a);              // the slot moves with it, once
+    CHECK(moved.held());
+    CHECK(!a->held());
+    b->Release();
+    b->Release();  // again: nothing
+    absl::StatusOr<SlotLease> c = SlotLease::Acquire(pool, soon);
+    REQUIRE(c.ok());
+    CHECK(!SlotLease::Acquire(pool, soon).ok());
+  }  // `moved` and `c` give theirs back here
+  absl::StatusOr<SlotLease> d = SlotLease::Acquire(pool, soon);
+  absl::StatusOr<SlotLease> e = SlotLease::Acquire(pool, soon);
+  CHECK(d.ok());
+  CHECK(e.ok());
+}
+
 }  // namespace
 }  // namespace ferry
