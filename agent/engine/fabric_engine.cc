@@ -249,7 +249,7 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
         } else if (t->notify) {
           NotifyPeer(t, peer, first_nic, nic_bytes, done);
         } else {
-          AddRxReport(*t, peer, nic_bytes);
+          receive_reports_.Add(*t, peer, nic_bytes);
           done(absl::OkStatus());
         }
       });
@@ -364,33 +364,8 @@ void FabricEngine::SendNotify(const std::shared_ptr<Transfer>& t, const v1::Noti
   }
 }
 
-void FabricEngine::AddRxReport(const Transfer& t, const std::shared_ptr<PeerConnection>& peer,
-                               const std::vector<uint64_t>& nic_bytes) {
-  const v1::RegionDescriptor& d = *t.dst_descriptor;
-  absl::MutexLock lock(&report_mu_);
-  RxReport& r = rx_reports_[{peer.get(), d.region_id()}];
-  if (r.peer == nullptr) {
-    r.peer = peer;
-    r.request.set_target_incarnation(d.agent_incarnation());
-    r.request.set_region_id(d.region_id());
-    r.request.set_window_id(d.window_id());
-    r.request.set_token(d.token());
-    r.request.set_source_incarnation(options_.incarnation);
-    r.request.mutable_nic_bytes()->Resize(static_cast<int>(nic_bytes.size()), 0);
-  }
-  r.request.set_bytes(r.request.bytes() + t.plan.total_bytes);
-  for (size_t i = 0; i < nic_bytes.size() && i < static_cast<size_t>(r.request.nic_bytes_size()); ++i) {
-    r.request.set_nic_bytes(static_cast<int>(i), r.request.nic_bytes(static_cast<int>(i)) + nic_bytes[i]);
-  }
-}
-
-void FabricEngine::FlushRxReports() {
-  std::map<std::pair<const PeerConnection*, uint64_t>, RxReport> reports;
-  {
-    absl::MutexLock lock(&report_mu_);
-    reports.swap(rx_reports_);
-  }
-  for (auto& [key, report] : reports) {
+void FabricEngine::SendReceiveReports() {
+  for (ReceiveReports::Report& report : receive_reports_.Take()) {
     Enqueue([r = std::move(report)] {
       v1::NotifyResponse resp;
       grpc::ClientContext ctx;
@@ -430,7 +405,7 @@ void FabricEngine::Watchdog() {
   absl::Time last_report = absl::Now();
   for (;;) {
     if (absl::Now() - last_report >= absl::Seconds(1)) {
-      FlushRxReports();
+      SendReceiveReports();
       last_report = absl::Now();
       PeerTable* peers = peers_for_watchdog_.load(std::memory_order_acquire);
       if (peers != nullptr && options_.peer_idle > absl::ZeroDuration()) {

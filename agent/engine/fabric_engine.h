@@ -33,7 +33,6 @@
 #include <atomic>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -46,6 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/engine/rail_worker.h"
+#include "agent/engine/receive_reports.h"
 #include "agent/fabric/fabric_nic.h"
 #include "agent/memory/region.h"
 #include "agent/metrics/metrics.h"
@@ -175,16 +175,8 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   void SendNotifyMessage(const std::shared_ptr<Transfer>& t, const std::shared_ptr<PeerConnection>& peer, size_t nic,
                          const v1::NotifyRequest& req, Done done);
 
-  // Receive accounting for transfers the target was not notified of: one-sided writes
-  // are invisible to the target agent, so the initiator adds them up per target region
-  // and reports them (Notify with deliver=false) from the watchdog.
-  struct RxReport {
-    std::shared_ptr<PeerConnection> peer;
-    v1::NotifyRequest request;  // deliver=false; bytes and nic_bytes accumulate
-  };
-  void AddRxReport(const Transfer& t, const std::shared_ptr<PeerConnection>& peer,
-                   const std::vector<uint64_t>& nic_bytes);
-  void FlushRxReports();
+  // Sends what receive_reports_ added up since the last call, on the notify threads.
+  void SendReceiveReports();
 
   const FabricEngineOptions options_;
   uint64_t max_op_bytes_ = 0;  // the largest op: the option, capped by every NIC's max_msg_size
@@ -205,12 +197,12 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::weak_ptr<TransferState>> active_ ABSL_GUARDED_BY(mu_);
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex report_mu_;
-  std::map<std::pair<const PeerConnection*, uint64_t>, RxReport> rx_reports_ ABSL_GUARDED_BY(report_mu_);
   absl::Mutex handler_mu_;
   std::function<void(absl::string_view)> handler_ ABSL_GUARDED_BY(handler_mu_);
   std::thread watchdog_;
   std::vector<std::thread> notifiers_;
+  // Un-notified writes' bytes per target region, reported by the watchdog once a second.
+  ReceiveReports receive_reports_{options_.incarnation};
 };
 
 }  // namespace ferry
