@@ -4,7 +4,8 @@
 #                                              process (~2 minutes after the build)
 #   tools/test.sh integration [BAZEL_ARGS...]  the Bazel tests tagged "integration" (real agents as
 #                                              processes, network namespaces, Prometheus), the Python
-#                                              client's pytest suite (tools/pytest.sh) and the
+#                                              client's pytest suite (tools/pytest.sh; not under
+#                                              --config=ubsan) and, without BAZEL_ARGS, the
 #                                              deployment checks (tools/deploy_check.sh)
 #   tools/test.sh [full] [BAZEL_ARGS...]       both; and, without BAZEL_ARGS, once per CI run: clang's
 #                                              thread-safety analysis, the formatting check, the agent's
@@ -65,11 +66,17 @@ if grep -qE '^//tests/gpu:gpu_test +(\(cached\) )?PASSED' "$log" &&
 fi
 
 if [ "$tier" != unit ]; then
-  # The Python client's pytest suite.
-  extra_target //client/python:pytest bash tools/pytest.sh "$@"
+  # The Python client's pytest suite, against a ferryd built as Bazel's tests are; under
+  # UBSan only the C++ suites run (CI's time: the Python suite under ASan and TSan finds
+  # what the agent does wrong with the memory and threads its traffic touches).
+  case " $* " in
+    *" --config=ubsan "*) ;;
+    *) extra_target //client/python:pytest bash tools/pytest.sh "$@" ;;
+  esac
   # The deployment checks (helm lint, manifests validated against the Kubernetes API types,
-  # invariants between chart, agent and examples).
-  extra_target //deploy:k8s_check bash tools/deploy_check.sh
+  # invariants between chart, agent and examples): no C++ of ours, so not again under a
+  # sanitizer.
+  [ "$#" -gt 0 ] || extra_target //deploy:k8s_check bash tools/deploy_check.sh
 fi
 # Once per CI run, only without a sanitizer config: clang's thread-safety analysis of
 # the lock annotations GCC ignores, the formatting of the C++ tree (.clang-format), the
