@@ -317,6 +317,7 @@ absl::Status Agent::StartFabric() {
     return windows->Revoke(window_id, "closed when its writer's agent was lost");
   });
   peer_service_->set_windows(windows_.get());
+  peer_service_->set_registrar(engine_.get());
   engine_->SetMessageHandler([p = peer_service_.get()](absl::string_view m) { p->AcceptMessage(m); });
   // The staged path, both sides: GPU memory through host staging buffers.
   const CudaDriver* cu = cuda_memory_ != nullptr ? *CudaDriver::Load() : nullptr;

@@ -18,6 +18,8 @@
 
 #include "absl/status/statusor.h"
 #include "agent/common/token.h"
+#include "agent/memory/registration.h"
+#include "agent/memory/writer_keys.h"
 #include "agent/topology/placement.h"
 
 namespace ferry {
@@ -55,39 +57,6 @@ class MemoryBacking {
 // of the file, with INVALID_ARGUMENT / OUT_OF_RANGE.
 absl::StatusOr<std::unique_ptr<MemoryBacking>> MapHostFd(int fd, uint64_t offset, uint64_t size);
 
-// Per-NIC information a transport attached to a region.
-struct NicRegistration {
-  uint64_t key = 0;            // remote key peers use to write into the region
-  uint64_t remote_base = 0;    // remote address of byte 0 (0 for offset addressing)
-  void* local_desc = nullptr;  // fi_mr_desc for FI_MR_LOCAL providers
-};
-
-// Releases transport resources (e.g. closes MRs) when destroyed.
-class TransportAttachment {
- public:
-  virtual ~TransportAttachment() = default;
-};
-
-struct RegionRegistration {
-  std::vector<NicRegistration> nics;
-  std::unique_ptr<TransportAttachment> owner;
-};
-
-// Attaches transports to new regions (e.g. registers them with every NIC). Called
-// before a region is published; a failure fails the RegisterMemory call.
-class RegionRegistrar {
- public:
-  virtual ~RegionRegistrar() = default;
-  virtual absl::StatusOr<RegionRegistration> Register(const MemoryBacking& backing) = 0;
-  // Registers bytes [offset, offset + length) of a registered region alone, under keys
-  // of their own (a write window's, revoked by destroying the result). Each
-  // NicRegistration's remote_base is that of the region's byte 0, as in Register.
-  virtual absl::StatusOr<RegionRegistration> RegisterRange(const MemoryBacking& backing, uint64_t offset,
-                                                           uint64_t length) {
-    return absl::FailedPreconditionError("this agent's transport cannot register part of a region");
-  }
-};
-
 class Region {
  public:
   Region(uint64_t id, uint64_t owner_session, Token token, std::unique_ptr<MemoryBacking> backing)
@@ -116,15 +85,19 @@ class Region {
   // (write_windows.h). Set once, before the region is published.
   void set_write_windows(bool on) { write_windows_ = on; }
   bool write_windows() const { return write_windows_; }
+  // The keys of each agent that writes into the region over the fabric (writer_keys.h).
+  WriterKeys& writers() { return writers_; }
 
  private:
   const uint64_t id_;
   const uint64_t owner_session_;
   const Token token_;
   // Declaration order matters: members are destroyed bottom-up, so transport
-  // registrations are released (after ~Region retired the backing) before the backing.
+  // registrations (the writers' and the region's own) are released (after ~Region
+  // retired the backing) before the backing.
   std::unique_ptr<MemoryBacking> backing_;
   RegionRegistration registration_;
+  WriterKeys writers_;
   Placement placement_;
   bool write_windows_ = false;
 };

@@ -1,5 +1,6 @@
 #include "agent/peers/inbound_writes.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -159,10 +160,10 @@ void InboundWrites::Check(absl::Time now) {
     }
     sources_.erase(it);  // that incarnation sends nothing more
   }
-  Tell(std::move(lost));
+  Tell(std::move(lost), now);
 }
 
-void InboundWrites::Tell(std::vector<Lost> lost) {
+void InboundWrites::Tell(std::vector<Lost> lost, absl::Time now) {
   for (Lost& l : lost) {
     std::shared_ptr<Region> region = l.write.region.lock();
     if (region == nullptr) continue;  // deregistered since: nobody waits on it
@@ -174,13 +175,25 @@ void InboundWrites::Tell(std::vector<Lost> lost) {
     n.set_payload(std::move(l.write.payload));
     n.set_kind(v1::NOTIFICATION_KIND_WRITE);
     n.set_code(static_cast<int>(l.status.code()));
-    // Through a write window: the window goes first (its keys revoked), so that a writer's
-    // agent that was only stopped cannot go on writing once it resumes.
+    // The writer is fenced first, so that a writer's agent that was only stopped cannot go
+    // on writing once it resumes: through a write window, the window closes (its keys
+    // revoked); otherwise that agent's own keys of the region close and it is refused new
+    // ones until the write's deadline has passed (after which its agent writes none of it).
     if (l.write.window_id != 0 && fence_ && fence_(l.write.window_id)) {
       n.set_message(absl::StrCat(l.status.message(), ": write ", l.transfer_id, " will not complete; its write window ",
                                  l.write.window_id,
                                  " is closed, so no further operation of it is accepted (one the NIC was already "
                                  "receiving may still finish); some, all or none of its bytes may be in the region"));
+    } else if (l.write.window_id == 0) {
+      const absl::Duration left = std::max(l.write.deadline - now, absl::ZeroDuration());
+      region->writers().Fence(l.source_incarnation, absl::Now() + left + options_.grace,
+                              absl::StrCat("its write ", l.transfer_id, " into region ", region->id(),
+                                           " was declared lost (", l.status.message(), ")"));
+      n.set_message(absl::StrCat(l.status.message(), ": write ", l.transfer_id,
+                                 " will not complete; its writer's keys of this region are revoked and it is refused "
+                                 "until the write's deadline, so no further operation of it is accepted (one the NIC "
+                                 "was already receiving may still finish); some, all or none of its bytes may be in "
+                                 "the region"));
     } else {
       n.set_message(absl::StrCat(l.status.message(), ": write ", l.transfer_id,
                                  " will not complete; some, all or none of its bytes may be in the region"));

@@ -8,7 +8,10 @@
 // row, or answers with another incarnation (it restarted), every write of its still in
 // flight ends for its receiver with an UNAVAILABLE notification. A write whose writer
 // answers but never says how it ended is ended DEADLINE_EXCEEDED `grace` after its
-// deadline.
+// deadline. Before its receiver is told, the writer is fenced, so that no further
+// operation of the write lands: its write window closes, or (without one) its agent's
+// keys of the region close and it is refused new ones until the write's deadline has
+// passed (Region::writers).
 //
 //   InboundWrites inbound(options, &transfers);    // before the peer API serves
 //   inbound.StartProbing(ping);                     // once agents can be pinged
@@ -113,8 +116,8 @@ class InboundWrites {
   void Run();
   // Counts a held write out (the caller erases it).
   void Forget(const Write& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends `lost` for their receivers (outside the lock).
-  void Tell(std::vector<Lost> lost);
+  // Ends `lost` for their receivers (outside the lock), found lost at `now`.
+  void Tell(std::vector<Lost> lost, absl::Time now);
 
   const InboundWritesOptions options_;
   TransferManager* const transfers_;

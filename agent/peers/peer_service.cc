@@ -124,6 +124,11 @@ grpc::Status PeerService::OpenRegion(grpc::ServerContext*, const v1::OpenRegionR
       regs = *std::move(keys);
     }
   }
+  const uint64_t writer = req->initiator_incarnation();
+  const bool own_keys = !access->window.has_value() && writer != 0;  // older agents send no incarnation
+  if (own_keys) {  // a writer whose write was declared lost is refused for a while
+    if (absl::Status fenced = region->writers().Admit(writer); !fenced.ok()) return Reply("peer.OpenRegion", fenced);
+  }
   resp->set_size(region->size());
   resp->set_kind(region->kind() == MemoryKind::kHost ? v1::MEMORY_KIND_HOST : v1::MEMORY_KIND_CUDA);
   if (staging_ != nullptr && staging_->NeedsStaging(*region)) {
@@ -140,6 +145,11 @@ grpc::Status PeerService::OpenRegion(grpc::ServerContext*, const v1::OpenRegionR
   }
   if (regs.size() != nics_.size()) {
     return Reply("peer.OpenRegion", absl::FailedPreconditionError("region is not registered with the fabric"));
+  }
+  if (own_keys && registrar_ != nullptr && !regs.empty()) {  // keys InboundWrites can take away from this writer
+    absl::StatusOr<std::vector<NicRegistration>> keys = region->writers().Keys(writer, region->backing(), *registrar_);
+    if (!keys.ok()) return Reply("peer.OpenRegion", keys.status());
+    regs = *std::move(keys);
   }
   for (const NicRegistration& r : regs) {
     v1::RemoteKey* k = resp->add_keys();

@@ -52,6 +52,9 @@ class PeerService final : public v1::Peer::Service {
   void set_inbound(InboundWrites* inbound) { inbound_ = inbound; }
   // This agent's write windows; without them a window is never found. Set before serving.
   void set_windows(WriteWindows* windows) { windows_ = windows; }
+  // Makes each writing agent keys of its own (Region::writers), which InboundWrites can
+  // fence; without one, every writer gets the region's own keys. Set before serving.
+  void set_registrar(RegionRegistrar* registrar) { registrar_ = registrar; }
 
  private:
   // The region a peer names, if the incarnation and token (the region's, or with
@@ -83,6 +86,7 @@ class PeerService final : public v1::Peer::Service {
   StagingProvider* staging_ = nullptr;
   InboundWrites* inbound_ = nullptr;
   WriteWindows* windows_ = nullptr;
+  RegionRegistrar* registrar_ = nullptr;
 };
 
 }  // namespace ferry

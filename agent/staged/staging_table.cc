@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
 #include "agent/staged/staging_memory.h"
 
 namespace ferry {
@@ -110,6 +111,9 @@ absl::Status StagingTable::Commit(const std::shared_ptr<Region>& region, uint64_
                                               "; open the region again"));
     }
     memory = it->second.memory;
+    // A writer whose write into the region was declared lost commits no more of it.
+    if (it->second.initiator.incarnation != 0)
+      FERRY_RETURN_IF_ERROR(region->writers().Admit(it->second.initiator.incarnation));
   }
   // The request comes from a peer: check every chunk against both sides.
   std::vector<CopyChunk> plan;

@@ -148,6 +148,14 @@ TEST_CASE("a writer that stops answering: its writes in flight end UNAVAILABLE f
   CHECK(n->message().find("stopped answering") != std::string::npos);
   CHECK(r.inbound.size() == 0);
   CHECK(r.inbound.sources() == 0);
+  // Before the receiver was told, the writer was fenced: no keys, no staged commit, until
+  // the write's deadline (60 s) and the grace have passed.
+  CHECK(n->message().find("no further operation of it is accepted") != std::string::npos);
+  absl::Status fenced = r.region->writers().Admit(kWriter);
+  CHECK(fenced.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(fenced.message()), Catch::Contains("its write 3 into region 7 was declared lost"));
+  CHECK_THAT(std::string(fenced.message()), Catch::Contains("refused for 5"));  // 60 s + 2 s, less the 3 s passed
+  CHECK(r.region->writers().Admit(kWriter + 1).ok());                           // other writers are not
 }
 
 TEST_CASE("a writer that restarted (another incarnation answers) loses its writes at once") {

@@ -1,0 +1,97 @@
+// WriterKeys with a registrar that counts the keys it makes and those closed: each
+// writing agent gets keys of its own, a fence closes one writer's and refuses it for a
+// time, and the number of writers holding keys is bounded.
+#include "agent/memory/writer_keys.h"
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+
+#include "agent/memory/region.h"
+#include "tests/testing/host_region.h"
+
+namespace ferry {
+namespace {
+
+class CountingRegistrar : public RegionRegistrar {
+ public:
+  struct Closed : TransportAttachment {
+    explicit Closed(int* n) : n_(n) {}
+    ~Closed() override { ++*n_; }
+    int* n_;
+  };
+  absl::StatusOr<RegionRegistration> Register(const MemoryBacking&) override {
+    RegionRegistration reg;
+    reg.nics.push_back({/*key=*/++made, /*remote_base=*/0, nullptr});
+    reg.owner = std::make_unique<Closed>(&closed);
+    return reg;
+  }
+  uint64_t made = 0;
+  int closed = 0;
+};
+
+uint64_t KeyOf(const absl::StatusOr<std::vector<NicRegistration>>& keys) {
+  REQUIRE(keys.ok());
+  REQUIRE(keys->size() == 1);
+  return (*keys)[0].key;
+}
+
+TEST_CASE("each writer gets keys of its own, made once") {
+  CountingRegistrar registrar;
+  std::shared_ptr<Region> region = testing::MemfdRegion(1, 4096);
+  WriterKeys& writers = region->writers();
+  const uint64_t a = KeyOf(writers.Keys(10, region->backing(), registrar));
+  const uint64_t b = KeyOf(writers.Keys(20, region->backing(), registrar));
+  CHECK(a != b);
+  CHECK(KeyOf(writers.Keys(10, region->backing(), registrar)) == a);  // cached
+  CHECK(registrar.made == 2);
+  CHECK(writers.writers() == 2);
+  absl::StatusOr<std::vector<NicRegistration>> nobody = writers.Keys(0, region->backing(), registrar);
+  CHECK(nobody.status().code() == absl::StatusCode::kInvalidArgument);
+  region.reset();  // the region goes: its writers' keys close with it
+  CHECK(registrar.closed == 2);
+}
+
+TEST_CASE("a fence closes one writer's keys and refuses it until its time, saying why") {
+  CountingRegistrar registrar;
+  std::shared_ptr<Region> region = testing::MemfdRegion(1, 4096);
+  WriterKeys& writers = region->writers();
+  KeyOf(writers.Keys(10, region->backing(), registrar));
+  KeyOf(writers.Keys(20, region->backing(), registrar));
+  writers.Fence(10, absl::Now() + absl::Hours(1), "its write 7 was declared lost");
+  CHECK(registrar.closed == 1);  // closed before Fence returns: the NIC refuses its next operation
+  for (absl::Status s : {writers.Admit(10), writers.Keys(10, region->backing(), registrar).status()}) {
+    CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("writes from agent incarnation 10 are refused for "));
+    CHECK_THAT(std::string(s.message()), Catch::Contains("its write 7 was declared lost; nothing was written"));
+  }
+  CHECK(writers.Admit(20).ok());  // the other writer is untouched
+  CHECK(registrar.made == 2);
+  // A shorter fence does not shorten it; one past its time lets the writer open again.
+  writers.Fence(10, absl::Now(), "shorter");
+  CHECK_THAT(std::string(writers.Admit(10).message()), Catch::Contains("declared lost"));
+  writers.Fence(30, absl::InfinitePast(), "already over");
+  CHECK(writers.Admit(30).ok());
+  CHECK(KeyOf(writers.Keys(30, region->backing(), registrar)) == 3);
+  // A writer fenced before it ever opened the region.
+  writers.Fence(40, absl::InfiniteFuture(), "its agent restarted");
+  CHECK_THAT(std::string(writers.Admit(40).message()), Catch::Contains("refused for good: its agent restarted"));
+}
+
+TEST_CASE("at most kMaxWriters hold keys: a new writer closes the oldest one's") {
+  CountingRegistrar registrar;
+  std::shared_ptr<Region> region = testing::MemfdRegion(1, 4096);
+  WriterKeys& writers = region->writers();
+  writers.Fence(999, absl::InfiniteFuture(), "fenced");  // fenced writers hold no keys and stay
+  for (uint64_t w = 1; w <= WriterKeys::kMaxWriters; ++w) KeyOf(writers.Keys(w, region->backing(), registrar));
+  CHECK(registrar.closed == 0);
+  KeyOf(writers.Keys(WriterKeys::kMaxWriters + 1, region->backing(), registrar));
+  CHECK(registrar.closed == 1);
+  CHECK(writers.writers() == WriterKeys::kMaxWriters + 1);  // 256 with keys, and the fenced one
+  CHECK(!writers.Admit(999).ok());
+  // The writer whose keys closed opens again with new ones (as after any revoked key).
+  CHECK(KeyOf(writers.Keys(1, region->backing(), registrar)) == WriterKeys::kMaxWriters + 2);
+}
+
+}  // namespace
+}  // namespace ferry
