@@ -70,7 +70,6 @@ absl::StatusOr<std::unique_ptr<FabricEngine>> FabricEngine::Create(const FabricE
     e->workers_.back()->Start();
   }
   e->watchdog_ = std::thread([p = e.get()] { p->Watchdog(); });
-  for (int i = 0; i < options.notify_threads; ++i) e->notifiers_.emplace_back([p = e.get()] { p->NotifyLoop(); });
   return e;
 }
 
@@ -115,8 +114,7 @@ void FabricEngine::Shutdown() {
   }
   for (auto& s : live) s->Finish(absl::UnavailableError("the agent is shutting down"));
   if (watchdog_.joinable()) watchdog_.join();
-  for (std::thread& t : notifiers_) t.join();
-  notifiers_.clear();
+  peer_calls_.Stop();
   for (auto& w : workers_) w->Stop();
   metrics_->SetScrapeHook(nullptr);
   peers_.reset();
@@ -178,7 +176,7 @@ void FabricEngine::Submit(std::shared_ptr<Transfer> t, Done done) {
     // dropped the connection), the writer gets NOT_FOUND instead of a second write.
     if (!IsConnectionReset(s) || absl::Now() >= t->deadline) return done(s);
     metrics_->transfer_retries().Increment();
-    Enqueue([this, t, done] {
+    CallPeer(*t->peer, [this, t, done] {
       {
         absl::MutexLock lock(&mu_);
         if (stopping_) return done(absl::UnavailableError("the agent is shutting down"));
@@ -315,7 +313,7 @@ void FabricEngine::NotifyPeer(const std::shared_ptr<Transfer>& t, const std::sha
                             absl::StrCat("the bytes landed but notifying agent ", agent, " failed: ", s.message())));
                       });
   } else {
-    Enqueue([this, t, req = std::move(req), done = std::move(done)] { SendNotify(t, req, done); });
+    CallPeer(*peer, [this, t, req = std::move(req), done = std::move(done)] { SendNotify(t, req, done); });
   }
 }
 
@@ -366,7 +364,8 @@ void FabricEngine::SendNotify(const std::shared_ptr<Transfer>& t, const v1::Noti
 
 void FabricEngine::SendReceiveReports() {
   for (ReceiveReports::Report& report : receive_reports_.Take()) {
-    Enqueue([r = std::move(report)] {
+    const PeerConnection& peer = *report.peer;
+    CallPeer(peer, [r = std::move(report)] {
       v1::NotifyResponse resp;
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
@@ -379,25 +378,8 @@ void FabricEngine::SendReceiveReports() {
   }
 }
 
-void FabricEngine::Enqueue(std::function<void()> job) {
-  absl::MutexLock lock(&mu_);
-  jobs_.push_back(std::move(job));
-}
-
-void FabricEngine::NotifyLoop() {
-  NameThisThread("ferry-notify");
-  for (;;) {
-    std::function<void()> job;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !jobs_.empty(); };
-      mu_.Await(absl::Condition(&ready));
-      if (jobs_.empty()) return;
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
-    }
-    job();
-  }
+void FabricEngine::CallPeer(const PeerConnection& peer, std::function<void()> call) {
+  peer_calls_.Post(reinterpret_cast<uintptr_t>(&peer), std::move(call));
 }
 
 void FabricEngine::Watchdog() {

@@ -31,7 +31,6 @@
 #define FERRY_AGENT_ENGINE_FABRIC_ENGINE_H_
 
 #include <atomic>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -44,6 +43,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/common/blocking_lanes.h"
 #include "agent/engine/rail_worker.h"
 #include "agent/engine/receive_reports.h"
 #include "agent/fabric/fabric_nic.h"
@@ -64,6 +64,8 @@ struct FabricEngineOptions {
   size_t tx_size = 0;                                    // > 0 overrides the provider's queue depth
   bool hmem = true;                                      // use FI_HMEM for GPU memory where the provider has it
   absl::Duration worker_spin = absl::Microseconds(100);  // see RailWorker
+  // Threads for the calls to other agents that block (Notify RPCs, receive reports, a
+  // retried write's new handshake); one peer's calls hold at most one of them.
   int notify_threads = 2;
   // Receive notifications as fabric messages (and so send them, where the peer does
   // too); false: by the Notify RPC only (--fabric_messages).
@@ -154,8 +156,8 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
  private:
   FabricEngine(const FabricEngineOptions& options, Metrics* metrics) : options_(options), metrics_(metrics) {}
   void Watchdog();
-  void NotifyLoop();
-  void Enqueue(std::function<void()> job);
+  // Runs `call`, which may block on agent `peer`, on peer_calls_.
+  void CallPeer(const PeerConnection& peer, std::function<void()> call);
   void FailTransfersTo(const PeerConnection& peer);
   void OnMessage(absl::string_view bytes);
   // The NotifyRequest that delivers `t`'s notification.
@@ -175,7 +177,7 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   void SendNotifyMessage(const std::shared_ptr<Transfer>& t, const std::shared_ptr<PeerConnection>& peer, size_t nic,
                          const v1::NotifyRequest& req, Done done);
 
-  // Sends what receive_reports_ added up since the last call, on the notify threads.
+  // Sends what receive_reports_ added up since the last call, on peer_calls_.
   void SendReceiveReports();
 
   const FabricEngineOptions options_;
@@ -196,13 +198,14 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::weak_ptr<TransferState>> active_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::Mutex handler_mu_;
   std::function<void(absl::string_view)> handler_ ABSL_GUARDED_BY(handler_mu_);
-  std::thread watchdog_;
-  std::vector<std::thread> notifiers_;
   // Un-notified writes' bytes per target region, reported by the watchdog once a second.
   ReceiveReports receive_reports_{options_.incarnation};
+  // Calls to other agents that block, in a lane per peer: a peer that stopped answering
+  // holds up its own calls only (Shutdown stops it: what was posted runs first).
+  BlockingLanes peer_calls_{static_cast<size_t>(std::max(options_.notify_threads, 1)), "ferry-notify"};
+  std::thread watchdog_;
 };
 
 }  // namespace ferry
