@@ -214,9 +214,8 @@ bool PeerTable::ReleaseIfUnheldLocked(const std::shared_ptr<PeerConnection>& pee
 }
 
 void PeerTable::ForgetHandshakeLocked(const std::string& address) {
-  // The map's reference and the caller's: nobody else waits on this address's mutex.
-  if (auto h = handshaking_.find(address); h != handshaking_.end() && h->second.use_count() == 2) {
-    handshaking_.erase(h);
+  if (auto h = handshaking_.find(address); h != handshaking_.end() && --h->second->callers == 0) {
+    handshaking_.erase(h);  // the caller's reference keeps its mutex until it unlocks it
   }
 }
 
@@ -274,14 +273,15 @@ absl::StatusOr<std::shared_ptr<PeerConnection>> PeerTable::Resolve(const v1::Reg
   if (lookup == PeerLookup::kCachedOnly) {
     return WouldBlockError(absl::StrCat("agent ", address, " needs a handshake"));
   }
-  std::shared_ptr<absl::Mutex> handshaking;
+  std::shared_ptr<Handshaking> handshaking;
   {
     absl::MutexLock lock(&mu_);
-    std::shared_ptr<absl::Mutex>& m = handshaking_[address];
-    if (m == nullptr) m = std::make_shared<absl::Mutex>();
-    handshaking = m;
+    std::shared_ptr<Handshaking>& h = handshaking_[address];
+    if (h == nullptr) h = std::make_shared<Handshaking>();
+    ++h->callers;
+    handshaking = h;
   }
-  absl::MutexLock handshake_lock(handshaking.get());
+  absl::MutexLock handshake_lock(&handshaking->mu);
   {
     absl::MutexLock lock(&mu_);
     auto it = peers_.find(address);

@@ -228,7 +228,7 @@ class PeerTable : public RemoteTargets {
   // Lets go of retired connections nothing refers to any more (no op, transfer or cache
   // holds them): their address-vector entries, region and key caches and staging slots.
   void ReleaseRetiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops the address's handshake mutex from handshaking_ once no other call waits on it.
+  // One Resolve call is done with the address's handshake entry; the last drops it.
   void ForgetHandshakeLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Self self_;
@@ -243,8 +243,13 @@ class PeerTable : public RemoteTargets {
   size_t idle_closed_total_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> ping_channels_ ABSL_GUARDED_BY(mu_);
   // Handshakes in progress, one at a time per address: a slow or dead peer holds up only
-  // the transfers to it, not first contacts with every other agent.
-  absl::flat_hash_map<std::string, std::shared_ptr<absl::Mutex>> handshaking_ ABSL_GUARDED_BY(mu_);
+  // the transfers to it, not first contacts with every other agent. `callers` counts the
+  // Resolve calls that took the entry (under mu_), so the last one out drops it.
+  struct Handshaking {
+    absl::Mutex mu;
+    int callers = 0;  // guarded by the table's mu_
+  };
+  absl::flat_hash_map<std::string, std::shared_ptr<Handshaking>> handshaking_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry
