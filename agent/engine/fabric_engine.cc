@@ -105,14 +105,8 @@ void FabricEngine::Shutdown() {
     stopping_ = true;
   }
   // Transfers still running fail now; their unposted ops are dropped by the workers.
-  std::vector<std::shared_ptr<TransferState>> live;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& w : active_) {
-      if (auto s = w.lock()) live.push_back(std::move(s));
-    }
-  }
-  for (auto& s : live) s->Finish(absl::UnavailableError("the agent is shutting down"));
+  watch_.Fail(nullptr, absl::UnavailableError("the agent is shutting down"));
+  watch_.Stop();
   if (watchdog_.joinable()) watchdog_.join();
   peer_calls_.Stop();
   for (auto& w : workers_) w->Stop();
@@ -251,10 +245,7 @@ void FabricEngine::SubmitTo(std::shared_ptr<Transfer> t, std::shared_ptr<PeerCon
           done(absl::OkStatus());
         }
       });
-  {
-    absl::MutexLock lock(&mu_);
-    active_.push_back(state);
-  }
+  watch_.Add(state);
 
   // Piece i goes to the rail's NIC i % local_nics; each NIC's ops in one hand-off.
   for (size_t j = 0; j < local_nics && j < pieces.size(); ++j) {
@@ -335,10 +326,7 @@ void FabricEngine::SendNotifyMessage(const std::shared_ptr<Transfer>& t, const s
     done(s);
   });
   req.SerializeToString(&state->message());
-  {
-    absl::MutexLock lock(&mu_);
-    active_.push_back(state);  // the watchdog holds it to the transfer's deadline
-  }
+  watch_.Add(state);  // held to the transfer's deadline
   WriteOp op;
   op.state = state.get();
   op.message = true;
@@ -394,58 +382,22 @@ void FabricEngine::Watchdog() {
         peers->CloseIdle(last_report, options_.peer_idle);
       }
     }
-    std::vector<std::pair<std::shared_ptr<TransferState>, absl::Status>> expired;
-    {
-      absl::MutexLock lock(&mu_);
-      // Nothing in flight: sleep until a transfer starts (an idle agent stays idle).
-      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !active_.empty(); };
-      mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Seconds(1));
-      if (stopping_) return;
-      const absl::Time now = absl::Now();
-      // Compact in place. Never move an element onto itself: libstdc++'s weak_ptr move
-      // assignment empties a self-assigned pointer, which would drop that transfer from
-      // the watchdog (and its deadline) for good.
-      size_t keep = 0;
-      for (size_t i = 0; i < active_.size(); ++i) {
-        std::shared_ptr<TransferState> s = active_[i].lock();
-        if (s == nullptr || s->finished()) continue;
-        if (absl::Status stopped = s->Stopped(now); !stopped.ok()) {
-          if (stopped.code() == absl::StatusCode::kDeadlineExceeded) {
-            expired.emplace_back(std::move(s), std::move(stopped));
-            continue;
-          }
-          // The writer's pod is gone: post no more, end once the posted ops are done
-          // (by the deadline at the latest, so it stays watched).
-          if (!s->stopped()) s->Stop(stopped);
-        }
-        if (keep != i) active_[keep] = std::move(active_[i]);
-        ++keep;
-      }
-      active_.resize(keep);
-    }
-    for (auto& [s, stopped] : expired) {
+    // Nothing in flight: sleep until a transfer starts (an idle agent stays idle).
+    if (!watch_.AwaitWork(absl::Seconds(1))) return;
+    for (TransferWatch::Expired& e : watch_.Sweep(absl::Now())) {
       const absl::Status status = absl::DeadlineExceededError(
-          absl::StrCat(stopped.message(), " (writing to agent ", s->peer()->address(), ")"));
+          absl::StrCat(e.why.message(), " (writing to agent ", e.state->peer()->address(), ")"));
       FERRY_LOG(WARNING) << status.message();
-      s->Finish(status);
-      s->peer()->MarkSuspect();  // it may be gone: the next transfer to it checks
+      e.state->Finish(status);
+      e.state->peer()->MarkSuspect();  // it may be gone: the next transfer to it checks
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
 }
 
 void FabricEngine::FailTransfersTo(const PeerConnection& peer) {
-  std::vector<std::shared_ptr<TransferState>> hit;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& w : active_) {
-      std::shared_ptr<TransferState> s = w.lock();
-      if (s != nullptr && s->peer().get() == &peer) hit.push_back(std::move(s));
-    }
-  }
-  for (auto& s : hit) {
-    s->Finish(absl::UnavailableError(absl::StrCat("agent ", peer.address(), " restarted or became unreachable")));
-  }
+  watch_.Fail(&peer,
+              absl::UnavailableError(absl::StrCat("agent ", peer.address(), " restarted or became unreachable")));
 }
 
 void FabricEngine::FillStatus(v1::GetStatusResponse* resp) const {

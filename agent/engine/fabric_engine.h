@@ -24,9 +24,11 @@
 // Remote CQ data (fi_writedata) would not do: 8 bytes hold no tag, id or payload, and
 // pieces on other NICs may still be in flight when one NIC's last write lands.
 // Transfers without a notification are reported to the target in the background, at
-// most once a second per target region, so its receive counters stay complete.
-// A watchdog enforces each transfer's deadline; a peer restart fails its transfers with
-// UNAVAILABLE.
+// most once a second per target region, so its receive counters stay complete
+// (ReceiveReports). A watchdog thread enforces each transfer's deadline (TransferWatch);
+// a peer restart fails its transfers with UNAVAILABLE. Calls to other agents that block
+// (Notify RPCs, reports, a retried write's handshake) run on BlockingLanes, a lane per
+// peer.
 #ifndef FERRY_AGENT_ENGINE_FABRIC_ENGINE_H_
 #define FERRY_AGENT_ENGINE_FABRIC_ENGINE_H_
 
@@ -46,6 +48,7 @@
 #include "agent/common/blocking_lanes.h"
 #include "agent/engine/rail_worker.h"
 #include "agent/engine/receive_reports.h"
+#include "agent/engine/transfer_watch.h"
 #include "agent/fabric/fabric_nic.h"
 #include "agent/memory/region.h"
 #include "agent/metrics/metrics.h"
@@ -197,7 +200,7 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::weak_ptr<TransferState>> active_ ABSL_GUARDED_BY(mu_);
+  TransferWatch watch_;  // every transfer with ops posted, to its deadline
   absl::Mutex handler_mu_;
   std::function<void(absl::string_view)> handler_ ABSL_GUARDED_BY(handler_mu_);
   // Un-notified writes' bytes per target region, reported by the watchdog once a second.
