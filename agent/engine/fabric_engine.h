@@ -206,7 +206,10 @@ class FabricEngine : public TransferExecutor, public RegionRegistrar {
   // Un-notified writes' bytes per target region, reported by the watchdog once a second.
   ReceiveReports receive_reports_{options_.incarnation};
   // Calls to other agents that block, in a lane per peer: a peer that stopped answering
-  // holds up its own calls only (Shutdown stops it: what was posted runs first).
+  // holds up its own calls only (Shutdown stops it: what was posted runs first). Bounded
+  // without a cap of its own: a transfer has at most one call queued at a time (its
+  // notification, or its one retry), transfers are capped (--max_inflight_transfers), and
+  // reports come at most once a second per target region.
   BlockingLanes peer_calls_{static_cast<size_t>(std::max(options_.notify_threads, 1)), "ferry-notify"};
   std::thread watchdog_;
 };

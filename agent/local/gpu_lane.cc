@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/log.h"
@@ -43,10 +44,13 @@ void GpuLane::Push(std::shared_ptr<Transfer> t, TransferExecutor::Done done) {
 }
 
 void GpuLane::PushAll(TransferExecutor::Submissions& jobs, size_t first, size_t last) {
+  // Shapes first, outside the lock the submitter thread takes the queue under.
+  absl::InlinedVector<gpu_batching::CopyShape, 64> shapes;
+  shapes.reserve(last - first);
+  for (size_t i = first; i < last; ++i) shapes.push_back(gpu_batching::ShapeOf(*jobs[i].first, pull_));
   absl::MutexLock lock(&mu_);
   for (size_t i = first; i < last; ++i) {
-    const gpu_batching::CopyShape shape = gpu_batching::ShapeOf(*jobs[i].first, pull_);
-    queue_.push_back(Job{std::move(jobs[i].first), std::move(jobs[i].second), shape});
+    queue_.push_back(Job{std::move(jobs[i].first), std::move(jobs[i].second), shapes[i - first]});
   }
   queued_.fetch_add(last - first, std::memory_order_release);
 }
