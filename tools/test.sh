@@ -4,8 +4,8 @@
 #                                              process (~2 minutes after the build)
 #   tools/test.sh integration [BAZEL_ARGS...]  the Bazel tests tagged "integration" (real agents as
 #                                              processes, network namespaces, Prometheus), the Python
-#                                              client's pytest suite (tools/pytest.sh; not under
-#                                              --config=ubsan) and, without BAZEL_ARGS, the
+#                                              client's pytest suite (tools/pytest.sh; plain and
+#                                              --config=asan) and, without BAZEL_ARGS, the
 #                                              deployment checks (tools/deploy_check.sh)
 #   tools/test.sh [full] [BAZEL_ARGS...]       both; and, without BAZEL_ARGS, once per CI run: clang's
 #                                              thread-safety analysis, the formatting check, the agent's
@@ -66,11 +66,11 @@ if grep -qE '^//tests/gpu:gpu_test +(\(cached\) )?PASSED' "$log" &&
 fi
 
 if [ "$tier" != unit ]; then
-  # The Python client's pytest suite, against a ferryd built as Bazel's tests are; under
-  # UBSan only the C++ suites run (CI's time: the Python suite under ASan and TSan finds
-  # what the agent does wrong with the memory and threads its traffic touches).
+  # The Python client's pytest suite, against a ferryd built as Bazel's tests are: plain
+  # and under ASan; under UBSan and TSan only the C++ suites run (CI's hour: ~6 minutes
+  # each; the C++ integration suites drive the same agent paths under every sanitizer).
   case " $* " in
-    *" --config=ubsan "*) ;;
+    *" --config=ubsan "* | *" --config=tsan "*) ;;
     *) extra_target //client/python:pytest bash tools/pytest.sh "$@" ;;
   esac
   # The deployment checks (helm lint, manifests validated against the Kubernetes API types,

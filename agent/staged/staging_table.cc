@@ -112,8 +112,9 @@ absl::Status StagingTable::Commit(const std::shared_ptr<Region>& region, uint64_
     }
     memory = it->second.memory;
     // A writer whose write into the region was declared lost commits no more of it.
-    if (it->second.initiator.incarnation != 0)
+    if (it->second.initiator.incarnation != 0) {
       FERRY_RETURN_IF_ERROR(region->writers().Admit(it->second.initiator.incarnation));
+    }
   }
   // The request comes from a peer: check every chunk against both sides.
   std::vector<CopyChunk> plan;
