@@ -8,11 +8,10 @@
 See ferry.client for the full example.
 """
 from . import cuda  # noqa: F401  (ferry.cuda.empty, DeviceBuffer)
+from ._types import Region, RegionDescriptor
 from .client import (
     Client,
     HostRegion,
-    Region,
-    RegionDescriptor,
     TransferFuture,
     TransferResult,
     WriteWindow,

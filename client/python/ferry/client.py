@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 from google.protobuf.message import Message
@@ -35,90 +35,14 @@ from google.protobuf.message import Message
 from . import _native_rpc, errors
 from ._proto import ferry_pb2, ferry_pb2_grpc
 from ._session import Session
+from ._types import Region as Region  # re-exported: ferry.client.Region
+from ._types import RegionDescriptor as RegionDescriptor
 from .inbox import Inbox
 from .notification import Notification, _notification
 from .status import AgentStatus
 from .write_queue import PATH_NAMES, WriteQueue
 
 Chunk = Tuple[int, int, int]  # (src_offset, dst_offset, length)
-
-
-class RegionDescriptor:
-    """Names a region anywhere in the cluster, with the capability to write into it."""
-
-    def __init__(self, proto: ferry_pb2.RegionDescriptor):
-        self._proto = proto
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> "RegionDescriptor":
-        """Parses what Region.descriptor() produced. Raises InvalidArgument on garbage."""
-        proto = ferry_pb2.RegionDescriptor()
-        try:
-            proto.ParseFromString(bytes(data))
-        except Exception as e:  # protobuf's DecodeError
-            raise errors.InvalidArgument(f"not a ferry RegionDescriptor: {e}") from None
-        if proto.version != 1 or proto.region_id == 0 or len(proto.token) != 16:
-            raise errors.InvalidArgument("not a ferry RegionDescriptor (version, region id or token missing)")
-        return cls(proto)
-
-    def to_bytes(self) -> bytes:
-        return bytes(self._proto.SerializeToString())
-
-    @property
-    def size(self) -> int:
-        return self._proto.size
-
-    @property
-    def agent_address(self) -> str:
-        return self._proto.agent_address
-
-    @property
-    def is_gpu(self) -> bool:
-        return self._proto.kind == ferry_pb2.MEMORY_KIND_CUDA
-
-    @property
-    def window_id(self) -> int:
-        """The write window this descriptor writes through (Client.open_write_window); 0: none."""
-        return self._proto.window_id
-
-    def __repr__(self) -> str:
-        kind = "cuda" if self.is_gpu else "host"
-        return (f"RegionDescriptor(agent={self._proto.agent_address or 'local'}, region={self._proto.region_id}, "
-                f"size={self._proto.size}, kind={kind})")
-
-
-_RegionT = TypeVar("_RegionT", bound="Region")
-
-
-class Region:
-    """A region this client registered. Use as a context manager to deregister on exit."""
-
-    def __init__(self, client: "Client", response: ferry_pb2.RegisterMemoryResponse, write_windows: bool = False):
-        self._client = client
-        self.id: int = response.region_id
-        self._descriptor = response.region
-        self._registered = True
-        # Registered in window mode: writes land only through windows its client opens.
-        self.write_windows = write_windows
-
-    @property
-    def size(self) -> int:
-        return self._descriptor.size
-
-    def descriptor(self) -> bytes:
-        """What another pod needs to write into this region (serialized RegionDescriptor)."""
-        return bytes(self._descriptor.SerializeToString())
-
-    def deregister(self) -> None:
-        if self._registered:
-            self._registered = False
-            self._client._deregister(self.id)
-
-    def __enter__(self: _RegionT) -> _RegionT:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.deregister()
 
 
 class WriteWindow:

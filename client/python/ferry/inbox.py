@@ -19,15 +19,13 @@ from __future__ import annotations
 import os
 import struct
 import time
-from typing import TYPE_CHECKING, List
+from typing import List
 
 from . import errors
 from ._proto import ferry_pb2
 from ._shared_ring import SharedRing, store_load_fence
+from ._types import ClientCalls
 from .notification import Notification, _notification
-
-if TYPE_CHECKING:  # the client imports this module
-    from .client import Client
 
 # proto/ferry/wire/inbox_layout.h (checked by test_inbox.py against the agent).
 _MAGIC = 0x31494246  # "FBI1"
@@ -41,7 +39,7 @@ class Inbox(SharedRing):
     """See the module docstring. Made by ``Client.open_inbox``. close() unmaps the ring;
     the agent keeps the inbox (and the session's notifications) until the session ends."""
 
-    def __init__(self, client: Client, slots: int = 64):
+    def __init__(self, client: ClientCalls, slots: int = 64):
         if not (isinstance(slots, int) and _MIN_SLOTS <= slots <= _MAX_SLOTS and slots & (slots - 1) == 0):
             raise errors.InvalidArgument(f"slots must be a power of two in [{_MIN_SLOTS}, {_MAX_SLOTS}], got {slots!r}")
         self._slots, self._head = slots, 0

@@ -46,14 +46,12 @@ import operator
 import os
 import struct
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple, Union
 
 from . import errors
 from ._proto import ferry_pb2
 from ._shared_ring import SharedRing, store_load_fence
-
-if TYPE_CHECKING:  # the client imports this module
-    from .client import Client, Region, RegionDescriptor
+from ._types import ClientCalls, Region, RegionDescriptor
 
 
 class _Source(Protocol):
@@ -63,7 +61,7 @@ class _Source(Protocol):
 
 
 # post_batch's part: (source region, destination index, source base, destination base).
-BatchPart = Tuple["Region", int, int, int]
+BatchPart = Tuple[Region, int, int, int]
 
 # proto/ferry/wire/ring_layout.h (checked by test_write_queue.py against the agent).
 _MAGIC = 0x31515246  # "FRQ1"
@@ -139,7 +137,7 @@ _NO_REGION = _NoRegion()
 class WriteQueue(SharedRing):
     """See the module docstring. Made by ``Client.create_queue``."""
 
-    def __init__(self, client: Client, destinations: Sequence[Union[RegionDescriptor, bytes]], entries: int = 256,
+    def __init__(self, client: ClientCalls, destinations: Sequence[Union[RegionDescriptor, bytes]], entries: int = 256,
                  timeout: Optional[float] = None,
                  traffic_class: Optional[str] = None, table_ids: int = 0):
         if not (_MIN_ENTRIES <= entries <= _MAX_ENTRIES and entries & (entries - 1) == 0):

@@ -12,7 +12,8 @@ import weakref
 from typing import Dict, List, Sequence, Set
 
 from .._session import Session
-from ..client import Client, Region
+from .._types import Region
+from ..client import Client
 from ..notification import Notification
 from ..write_queue import _words
 

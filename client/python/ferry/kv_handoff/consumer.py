@@ -10,7 +10,8 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .. import errors
-from ..client import Client, Region, WriteWindow
+from .._types import Region
+from ..client import Client, WriteWindow
 from ..write_queue import Completion
 from . import wire
 from ._common import KVCacheSpec, Progress, _block_ids, _Inbox

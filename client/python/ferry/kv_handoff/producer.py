@@ -12,7 +12,8 @@ import time
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from .. import errors
-from ..client import Client, Region, RegionDescriptor, TransferFuture
+from .._types import Region, RegionDescriptor
+from ..client import Client, TransferFuture
 from . import wire
 from ._common import KVCacheSpec, Progress, _block_ids, _Inbox, logger, new_request_secret
 

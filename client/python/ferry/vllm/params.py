@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Mapping, Optional
 
-from ..client import RegionDescriptor
+from .._types import RegionDescriptor
 from ..errors import FerryError
 
 
