@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "agent/cuda/cuda_driver.h"
 #include "agent/cuda/import_cache.h"
 #include "agent/memory/region.h"
+#include "proto/ferry/cuda/cuda_driver.h"
 #include "proto/ferry/v1/ferry.pb.h"
 
 namespace ferry {

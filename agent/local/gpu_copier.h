@@ -30,10 +30,10 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "agent/cuda/cuda_driver.h"
 #include "agent/local/gpu_lane.h"
 #include "agent/metrics/metrics.h"
 #include "agent/transfer/executor.h"
+#include "proto/ferry/cuda/cuda_driver.h"
 
 namespace ferry {
 

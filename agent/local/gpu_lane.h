@@ -25,10 +25,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/cuda/copy_kernel.h"
-#include "agent/cuda/cuda_driver.h"
 #include "agent/local/gpu_batching.h"
 #include "agent/metrics/metrics.h"
 #include "agent/transfer/executor.h"
+#include "proto/ferry/cuda/cuda_driver.h"
 
 namespace ferry {
 

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "agent/cuda/cuda_driver.h"
 #include "agent/memory/region.h"
 #include "agent/transfer/chunk_plan.h"
+#include "proto/ferry/cuda/cuda_driver.h"
 
 namespace ferry {
 

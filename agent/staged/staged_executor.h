@@ -25,10 +25,10 @@
 
 #include "absl/synchronization/mutex.h"
 #include "agent/common/slot_pool.h"
-#include "agent/cuda/cuda_driver.h"
 #include "agent/engine/fabric_engine.h"
 #include "agent/staged/stage_copier.h"
 #include "agent/transfer/executor.h"
+#include "proto/ferry/cuda/cuda_driver.h"
 
 namespace ferry {
 

@@ -14,8 +14,8 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "agent/cuda/cuda_driver.h"
 #include "agent/memory/region.h"
+#include "proto/ferry/cuda/cuda_driver.h"
 
 namespace ferry {
 

@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "agent/cuda/cuda_driver.h"
 #include "agent/peers/staging_provider.h"
 #include "agent/staged/stage_copier.h"
+#include "proto/ferry/cuda/cuda_driver.h"
 
 namespace ferry {
 

@@ -20,8 +20,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "agent/cuda/cuda_driver.h"
 #include "client/cpp/ferry_client.h"
+#include "proto/ferry/cuda/cuda_driver.h"
 
 namespace ferry {
 

@@ -28,7 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/cuda/copy_kernel.h"
-#include "agent/cuda/cuda_driver.h"
+#include "proto/ferry/cuda/cuda_driver.h"
 
 ABSL_FLAG(int, device, 0, "GPU");
 

@@ -23,10 +23,10 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "agent/cuda/cuda_driver.h"
 #include "client/cpp/cuda_buffer.h"
 #include "client/cpp/ferry_client.h"
 #include "client/cpp/write_queue.h"
+#include "proto/ferry/cuda/cuda_driver.h"
 
 ABSL_FLAG(std::string, socket, "/run/ferry/ferry.sock", "agent socket");
 ABSL_FLAG(int, src_device, 0, "source GPU");

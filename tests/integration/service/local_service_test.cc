@@ -15,8 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "agent/cuda/cuda_driver.h"
 #include "client/cpp/ferry_client.h"
+#include "proto/ferry/cuda/cuda_driver.h"
 #include "tests/testing/agent_process.h"
 #include "tests/testing/test_pod.h"
 

@@ -8,8 +8,8 @@
 // One ferryd binary serves GPU and CPU-only nodes: nothing links against libcuda, and
 // every entry point is resolved once, by the versioned name cuda.h maps it to
 // (cuMemAlloc -> cuMemAlloc_v2), so a member is called exactly as the C API is.
-#ifndef FERRY_AGENT_CUDA_CUDA_DRIVER_H_
-#define FERRY_AGENT_CUDA_CUDA_DRIVER_H_
+#ifndef FERRY_PROTO_FERRY_CUDA_CUDA_DRIVER_H_
+#define FERRY_PROTO_FERRY_CUDA_CUDA_DRIVER_H_
 
 #include <cuda.h>
 
@@ -78,4 +78,4 @@ absl::StatusOr<int> EnablePeerAccess(const CudaDriver& cu, int device);
     if (!_ferry_cu_status.ok()) return _ferry_cu_status;         \
   } while (0)
 
-#endif  // FERRY_AGENT_CUDA_CUDA_DRIVER_H_
+#endif  // FERRY_PROTO_FERRY_CUDA_CUDA_DRIVER_H_

@@ -1,4 +1,4 @@
-#include "agent/cuda/cuda_driver.h"
+#include "proto/ferry/cuda/cuda_driver.h"
 
 #include <dlfcn.h>
 
@@ -8,7 +8,6 @@
 #include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "agent/common/status_macros.h"
 
 namespace ferry {
 namespace {
@@ -112,7 +111,8 @@ absl::StatusOr<int> EnablePeerAccess(const CudaDriver& cu, int device) {
     FERRY_RETURN_IF_CU_ERROR(&cu, cu.cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
     peers.push_back(ctx);
   }
-  FERRY_RETURN_IF_ERROR(UseDevice(cu, device));
+  absl::Status use = UseDevice(cu, device);
+  if (!use.ok()) return use;
   for (CUcontext peer : peers) {
     CUresult r = cu.cuCtxEnablePeerAccess(peer, 0);
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
