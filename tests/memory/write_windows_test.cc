@@ -10,32 +10,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "tests/testing/counting_registrar.h"
 #include "tests/testing/host_region.h"
 
 namespace ferry {
 namespace {
 
 constexpr uint64_t kSession = 1;
-
-// Counts the keys it made and those revoked (their attachment destroyed).
-class CountingRegistrar : public RegionRegistrar {
- public:
-  struct Revoked : TransportAttachment {
-    explicit Revoked(int* n) : n_(n) {}
-    ~Revoked() override { ++*n_; }
-    int* n_;
-  };
-  absl::StatusOr<RegionRegistration> Register(const MemoryBacking&) override { return RegionRegistration{}; }
-  absl::StatusOr<RegionRegistration> RegisterRange(const MemoryBacking&, uint64_t offset, uint64_t length) override {
-    ranges.push_back({offset, length});
-    RegionRegistration reg;
-    reg.nics.push_back({/*key=*/100 + ranges.size(), /*remote_base=*/0, nullptr});
-    reg.owner = std::make_unique<Revoked>(&revoked);
-    return reg;
-  }
-  std::vector<ByteSpan> ranges;
-  int revoked = 0;
-};
 
 struct Fixture {
   Fixture()
@@ -53,7 +34,7 @@ struct Fixture {
     return {{region->id()}, std::move(ranges), {}, timeout};
   }
   RegionTable regions;
-  CountingRegistrar registrar;
+  testing::CountingRegistrar registrar;
   std::vector<std::string> refusals;
   WriteWindows windows;
   std::shared_ptr<Region> region, plain;
@@ -155,7 +136,7 @@ TEST_CASE("Close waits for admitted writes, bounded, and revokes the window's ke
     writer.join();
     CHECK(f.windows.Close(id, kSession, absl::ZeroDuration()).ok());
   }
-  CHECK(f.registrar.revoked == 1);
+  CHECK(f.registrar.closed == 1);
   absl::StatusOr<WindowAdmission> late = f.windows.Admit(id, token, f.region->id());
   CHECK(late.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(late.status().message()), Catch::Contains("closed by its owner"));
@@ -176,8 +157,8 @@ TEST_CASE("A session's end and a deadline close its windows") {
   CHECK(f.windows.Admit((*b)->id(), (*b)->token(), f.region->id()).status().code() ==
         absl::StatusCode::kFailedPrecondition);
   const absl::Time deadline = absl::Now() + absl::Seconds(5);  // the sweeper revokes its keys
-  while (f.registrar.revoked == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
-  CHECK(f.registrar.revoked == 1);
+  while (f.registrar.closed == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  CHECK(f.registrar.closed == 1);
   f.windows.CloseSession(kSession);
   CHECK(f.windows.open() == 0);
   CHECK(f.windows.Admit((*a)->id(), (*a)->token(), f.region->id()).status().code() ==

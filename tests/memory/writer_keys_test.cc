@@ -8,27 +8,11 @@
 #include <string>
 
 #include "agent/memory/region.h"
+#include "tests/testing/counting_registrar.h"
 #include "tests/testing/host_region.h"
 
 namespace ferry {
 namespace {
-
-class CountingRegistrar : public RegionRegistrar {
- public:
-  struct Closed : TransportAttachment {
-    explicit Closed(int* n) : n_(n) {}
-    ~Closed() override { ++*n_; }
-    int* n_;
-  };
-  absl::StatusOr<RegionRegistration> Register(const MemoryBacking&) override {
-    RegionRegistration reg;
-    reg.nics.push_back({/*key=*/++made, /*remote_base=*/0, nullptr});
-    reg.owner = std::make_unique<Closed>(&closed);
-    return reg;
-  }
-  uint64_t made = 0;
-  int closed = 0;
-};
 
 uint64_t KeyOf(const absl::StatusOr<std::vector<NicRegistration>>& keys) {
   REQUIRE(keys.ok());
@@ -37,7 +21,7 @@ uint64_t KeyOf(const absl::StatusOr<std::vector<NicRegistration>>& keys) {
 }
 
 TEST_CASE("each writer gets keys of its own, made once") {
-  CountingRegistrar registrar;
+  testing::CountingRegistrar registrar;
   std::shared_ptr<Region> region = testing::MemfdRegion(1, 4096);
   WriterKeys& writers = region->writers();
   const uint64_t a = KeyOf(writers.Keys(10, region->backing(), registrar));
@@ -53,7 +37,7 @@ TEST_CASE("each writer gets keys of its own, made once") {
 }
 
 TEST_CASE("a fence closes one writer's keys and refuses it until its time, saying why") {
-  CountingRegistrar registrar;
+  testing::CountingRegistrar registrar;
   std::shared_ptr<Region> region = testing::MemfdRegion(1, 4096);
   WriterKeys& writers = region->writers();
   KeyOf(writers.Keys(10, region->backing(), registrar));
@@ -79,7 +63,7 @@ TEST_CASE("a fence closes one writer's keys and refuses it until its time, sayin
 }
 
 TEST_CASE("at most kMaxWriters hold keys: a new writer closes the oldest one's") {
-  CountingRegistrar registrar;
+  testing::CountingRegistrar registrar;
   std::shared_ptr<Region> region = testing::MemfdRegion(1, 4096);
   WriterKeys& writers = region->writers();
   writers.Fence(999, absl::InfiniteFuture(), "fenced");  // fenced writers hold no keys and stay

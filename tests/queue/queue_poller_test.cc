@@ -4,7 +4,6 @@
 #include "agent/queue/queue_poller.h"
 
 #include <sys/eventfd.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "proto/ferry/wire/ring_layout.h"
+#include "tests/testing/mapped_ring.h"
 
 namespace ferry {
 namespace {
@@ -25,43 +25,32 @@ constexpr uint32_t kEntries = 16;
 class PodRing {
  public:
   PodRing() {
-    const size_t bytes = queue::RingBytes(kEntries);
-    int fd = memfd_create("poller-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    REQUIRE(fd >= 0);
-    REQUIRE(ftruncate(fd, static_cast<off_t>(bytes)) == 0);
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    REQUIRE(p != MAP_FAILED);
-    base_ = static_cast<uint8_t*>(p);
-    bytes_ = bytes;
-    header()->magic = queue::kRingMagic;
-    header()->entries = kEntries;
     int bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     submit_bell_ = dup(bell);
     int pair[2];
     REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == 0);
     complete_end_ = pair[1];
     absl::StatusOr<std::shared_ptr<TransferQueue>> q =
-        TransferQueue::Open(1, 1, UniqueFd(fd), UniqueFd(bell), UniqueFd(pair[0]), kEntries, 0, {});
+        TransferQueue::Open(1, 1, ring_.TakeFd(), UniqueFd(bell), UniqueFd(pair[0]), kEntries, 0, {});
     INFO(q.status().ToString());
     REQUIRE(q.ok());
     queue_ = *std::move(q);
   }
   ~PodRing() {
-    munmap(base_, bytes_);
     close(submit_bell_);
     close(complete_end_);
   }
 
   // Submits `n` entries (user_data 1, 2, ...) and rings the doorbell.
   void Submit(uint32_t n) {
-    auto* slots = reinterpret_cast<queue::SubmitEntry*>(base_ + queue::kSubmitOffset);
-    uint32_t tail = header()->sq_tail.value.load(std::memory_order_relaxed);
+    auto* slots = reinterpret_cast<queue::SubmitEntry*>(ring_.base() + queue::kSubmitOffset);
+    uint32_t tail = ring_.header()->sq_tail.value.load(std::memory_order_relaxed);
     for (uint32_t i = 0; i < n; ++i, ++tail) {
       queue::SubmitEntry e{};
       e.user_data = tail + 1;
       slots[tail % kEntries] = e;
     }
-    header()->sq_tail.value.store(tail, std::memory_order_release);
+    ring_.header()->sq_tail.value.store(tail, std::memory_order_release);
     uint64_t one = 1;
     REQUIRE(write(submit_bell_, &one, sizeof(one)) == sizeof(one));
   }
@@ -69,10 +58,7 @@ class PodRing {
   const std::shared_ptr<TransferQueue>& queue() const { return queue_; }
 
  private:
-  queue::RingHeader* header() { return reinterpret_cast<queue::RingHeader*>(base_); }
-
-  uint8_t* base_ = nullptr;
-  size_t bytes_ = 0;
+  testing::MappedRing ring_{kEntries};
   int submit_bell_ = -1, complete_end_ = -1;
   std::shared_ptr<TransferQueue> queue_;
 };

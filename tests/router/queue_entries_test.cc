@@ -8,7 +8,6 @@
 #include "agent/router/queue_entries.h"
 
 #include <sys/eventfd.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -22,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "agent/local/host_copier.h"
 #include "tests/testing/host_region.h"
+#include "tests/testing/mapped_ring.h"
 
 namespace ferry {
 namespace {
@@ -36,30 +36,19 @@ class ClientRing {
  public:
   ClientRing(uint64_t id, const Session& session,
              std::vector<std::shared_ptr<const v1::RegionDescriptor>> destinations) {
-    const size_t bytes = queue::RingBytes(kEntries, kTableIds);
-    int ring = memfd_create("ferry-test-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    REQUIRE(ring >= 0);
-    REQUIRE(ftruncate(ring, static_cast<off_t>(bytes)) == 0);
-    void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ring, 0);
-    REQUIRE(map != MAP_FAILED);
-    map_ = static_cast<uint8_t*>(map);
-    bytes_ = bytes;
-    header()->magic = queue::kRingMagic;
-    header()->entries = kEntries;
     int doorbell[2];
     REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, doorbell) == 0);
     client_doorbell_ = UniqueFd(doorbell[1]);
     absl::StatusOr<std::shared_ptr<TransferQueue>> q =
-        TransferQueue::Open(id, session.id(), UniqueFd(ring), UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+        TransferQueue::Open(id, session.id(), ring_.TakeFd(), UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
                             UniqueFd(doorbell[0]), kEntries, kTableIds, std::move(destinations));
     REQUIRE(q.ok());
     queue_ = *q;
     queue_->set_timeout_ms(5000);
   }
-  ~ClientRing() { munmap(map_, bytes_); }
 
   const std::shared_ptr<TransferQueue>& queue() const { return queue_; }
-  uint32_t* table() { return reinterpret_cast<uint32_t*>(map_ + queue::TableOffset(kEntries)); }
+  uint32_t* table() { return reinterpret_cast<uint32_t*>(ring_.base() + queue::TableOffset(kEntries)); }
   void WriteTable(uint32_t index, const void* words, size_t bytes) { memcpy(table() + index, words, bytes); }
   uint32_t completions_written() const { return header()->cq_tail.value.load(); }
 
@@ -71,16 +60,15 @@ class ClientRing {
     }
     REQUIRE(header()->cq_tail.value.load(std::memory_order_acquire) != seen_);
     queue::CompletionEntry c;
-    memcpy(&c, map_ + queue::CompletionOffset(kEntries) + (seen_ % kEntries) * sizeof(c), sizeof(c));
+    memcpy(&c, ring_.base() + queue::CompletionOffset(kEntries) + (seen_ % kEntries) * sizeof(c), sizeof(c));
     header()->cq_head.value.store(++seen_);
     return c;
   }
 
  private:
-  queue::RingHeader* header() const { return reinterpret_cast<queue::RingHeader*>(map_); }
+  queue::RingHeader* header() const { return ring_.header(); }
 
-  uint8_t* map_ = nullptr;
-  size_t bytes_ = 0;
+  testing::MappedRing ring_{kEntries, kTableIds};
   UniqueFd client_doorbell_;
   std::shared_ptr<TransferQueue> queue_;
   uint32_t seen_ = 0;
