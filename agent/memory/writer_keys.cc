@@ -21,11 +21,27 @@ absl::Status WriterKeys::Refusal(uint64_t incarnation, const Writer& w, absl::Ti
 absl::StatusOr<std::vector<NicRegistration>> WriterKeys::Keys(uint64_t incarnation, const MemoryBacking& backing,
                                                               RegionRegistrar& registrar) {
   if (incarnation == 0) return absl::InvalidArgumentError("initiator_incarnation is 0: name the writing agent");
-  const absl::Time now = absl::Now();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = writers_.find(incarnation);
+    if (it != writers_.end()) {
+      if (absl::Status refused = Refusal(incarnation, it->second, absl::Now()); !refused.ok()) return refused;
+      if (!it->second.keys.nics.empty()) return it->second.keys.nics;
+    }
+  }
+  // Registered outside the lock: on verbs and EFA registering a large GPU region takes
+  // long, and other writers' opens of this region must not wait for it. Whatever this
+  // call does not keep (keys a racing open of the same writer made first, an evicted
+  // writer's) closes after the lock, like Fence's.
+  absl::StatusOr<RegionRegistration> made = registrar.Register(backing);
+  if (!made.ok()) return made.status();
+  RegionRegistration evicted;
   absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
   auto it = writers_.find(incarnation);
   if (it != writers_.end()) {
-    if (absl::Status refused = Refusal(incarnation, it->second, now); !refused.ok()) return refused;
+    if (absl::Status refused = Refusal(incarnation, it->second, now); !refused.ok())
+      return refused;  // fenced meanwhile
     if (!it->second.keys.nics.empty()) return it->second.keys.nics;
   } else {
     // Room for one more: fences past their time go, then the writer whose keys are oldest.
@@ -42,12 +58,13 @@ absl::StatusOr<std::vector<NicRegistration>> WriterKeys::Keys(uint64_t incarnati
       }
       ++w;
     }
-    if (holding >= kMaxWriters && oldest != writers_.end()) writers_.erase(oldest);  // its keys close
+    if (holding >= kMaxWriters && oldest != writers_.end()) {
+      evicted = std::move(oldest->second.keys);
+      writers_.erase(oldest);
+    }
     it = writers_.try_emplace(incarnation).first;
   }
-  absl::StatusOr<RegionRegistration> keys = registrar.Register(backing);
-  if (!keys.ok()) return keys.status();
-  it->second.keys = *std::move(keys);
+  it->second.keys = *std::move(made);
   it->second.opened = now;
   it->second.fenced_until = absl::InfinitePast();
   return it->second.keys.nics;

@@ -4,9 +4,13 @@
 #include "agent/memory/writer_keys.h"
 
 #include <catch2/catch.hpp>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 
+#include "absl/synchronization/notification.h"
 #include "agent/memory/region.h"
 #include "tests/testing/counting_registrar.h"
 #include "tests/testing/host_region.h"
@@ -75,6 +79,45 @@ TEST_CASE("at most kMaxWriters hold keys: a new writer closes the oldest one's")
   CHECK(!writers.Admit(999).ok());
   // The writer whose keys closed opens again with new ones (as after any revoked key).
   CHECK(KeyOf(writers.Keys(1, region->backing(), registrar)) == WriterKeys::kMaxWriters + 2);
+}
+
+// Runs `during` inside each registration, as a slow NIC registration would give others
+// time to.
+struct HookedRegistrar : testing::CountingRegistrar {
+  std::function<void()> during;
+  absl::StatusOr<RegionRegistration> Register(const MemoryBacking& backing) override {
+    if (during) std::exchange(during, nullptr)();
+    return CountingRegistrar::Register(backing);
+  }
+};
+
+TEST_CASE("a first open registers outside the lock: other writers go on, and a fence meanwhile wins") {
+  HookedRegistrar registrar;
+  std::shared_ptr<Region> region = testing::MemfdRegion(1, 4096);
+  WriterKeys& writers = region->writers();
+  const uint64_t a = KeyOf(writers.Keys(10, region->backing(), registrar));
+  // While writer 20's keys are being made, writer 10 opens again and 20 is fenced.
+  std::thread other;
+  absl::Notification done;
+  uint64_t a_again = 0;
+  bool other_went_on = false;
+  registrar.during = [&] {
+    other = std::thread([&] {
+      absl::StatusOr<std::vector<NicRegistration>> keys = writers.Keys(10, region->backing(), registrar);
+      if (keys.ok() && keys->size() == 1) a_again = (*keys)[0].key;
+      writers.Fence(20, absl::Now() + absl::Seconds(30), "its write 7 was declared lost");
+      done.Notify();
+    });
+    other_went_on = done.WaitForNotificationWithTimeout(absl::Seconds(5));
+  };
+  absl::StatusOr<std::vector<NicRegistration>> b = writers.Keys(20, region->backing(), registrar);
+  other.join();
+  CHECK(other_went_on);  // not held up by writer 20's registration
+  CHECK(a_again == a);
+  CHECK(b.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(b.status().message()), Catch::Contains("its write 7 was declared lost"));
+  CHECK(registrar.made == 2);
+  CHECK(registrar.closed == 1);  // the keys made for writer 20 are not kept
 }
 
 }  // namespace
