@@ -5,12 +5,13 @@
 # field fails), deploy/manifests equal to the chart's rendering, and the invariants
 # between the agent, the chart and the example pods. Needs a built ferryd (its --helpfull
 # lists the flags the ConfigMap may use): FERRYD=path, default bazel-bin/agent/main/ferryd.
+# `bazel test //deploy:k8s_check` runs it with ferryd as the test's data.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+ferryd=$(realpath "${FERRYD:-$(dirname "$0")/../bazel-bin/agent/main/ferryd}")
+cd "$(dirname "$(readlink -f "$0")")/.."  # the checkout, also from Bazel's runfiles
 bash tools/setup.sh
 source tools/go_path.sh
 helm=$PWD/tools/go/bin/helm
-ferryd=$(realpath "${FERRYD:-bazel-bin/agent/main/ferryd}")
 for values in "" values-gke-a3-ultra.yaml values-eks-p5.yaml values-gke-dra.yaml values-eks-dra.yaml; do
   echo "== helm lint deploy/helm/ferry ${values}"
   "$helm" lint --strict deploy/helm/ferry ${values:+-f deploy/helm/ferry/$values}

@@ -7,11 +7,11 @@
 # fds, threads, peers and metric series over time (tools/scale/scale.py).
 #
 #   tools/scale.sh [--agents=64] [--minutes=10] [--churn_s=5] [--interval_ms=500]
+#   bazel test //tools/scale:scale_short      16 agents for a minute, as tools/test.sh runs it
 #
 # Needs root (network namespaces). Exit status 1 on a lost, corrupt or hung write, or an
 # agent that died on its own. KEEP_WORK=1 keeps the agents' and pods' logs.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 args=()
 for a in "$@"; do
   case $a in
@@ -20,9 +20,17 @@ for a in "$@"; do
   esac
 done
 if [ "$(id -u)" != 0 ]; then echo "tools/scale.sh: needs root (network namespaces)" >&2; exit 2; fi
-bash tools/setup.sh
-bazel build -c opt //agent/main:ferryd //tools/scale:scale_pod 2>&1 | tail -n 1
-bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+if [ -n "${FERRYD:-}" ]; then  # `bazel test //tools/scale:scale_short`: the binaries are its data
+  ferryd=$(realpath "$FERRYD")
+  pod=$(realpath "$FERRY_SCALE_POD")
+  cd "$(dirname "$(readlink -f "$0")")/.."
+else
+  cd "$(dirname "$0")/.."
+  bash tools/setup.sh
+  bazel build -c opt //agent/main:ferryd //tools/scale:scale_pod 2>&1 | tail -n 1
+  bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+  ferryd=$bin/agent/main/ferryd
+  pod=$bin/tools/scale/scale_pod
+fi
 source tools/lib.sh
-python3 tools/scale/scale.py "${args[@]}" --ferryd="$bin/agent/main/ferryd" --pod="$bin/tools/scale/scale_pod" \
-  --dir="$work"
+python3 tools/scale/scale.py "${args[@]}" --ferryd="$ferryd" --pod="$pod" --dir="$work"

@@ -3,15 +3,18 @@
 #   tools/test.sh unit [BAZEL_ARGS...]         Bazel's unit tests: one component each, no agent
 #                                              process (~2 minutes after the build)
 #   tools/test.sh integration [BAZEL_ARGS...]  the Bazel tests tagged "integration" (real agents as
-#                                              processes, network namespaces, Prometheus), the Python
-#                                              client's pytest suite (tools/pytest.sh; plain and
-#                                              --config=asan) and, without BAZEL_ARGS, the
-#                                              deployment checks (tools/deploy_check.sh)
-#   tools/test.sh [full] [BAZEL_ARGS...]       both; and, without BAZEL_ARGS, once per CI run: clang's
-#                                              thread-safety analysis, the formatting check, the agent's
-#                                              image run as the chart runs it (tools/container_test.sh),
-#                                              vLLM's connector tests (tools/vllm_test.sh), a short scale
-#                                              run and the demo. CI runs full, and full --config=asan ...
+#                                              processes, network namespaces, Prometheus), with the
+#                                              Python client's suite (//client/python:pytest; plain
+#                                              and --config=asan) and, without BAZEL_ARGS, the
+#                                              deployment checks (//deploy:k8s_check)
+#   tools/test.sh [full] [BAZEL_ARGS...]       both; and, without BAZEL_ARGS, once per CI run: the vLLM
+#                                              connector's tests (//client/python:vllm_test), a short
+#                                              scale run (//tools/scale:scale_short), and checks that drive
+#                                              what is not a Bazel target: clang's thread-safety
+#                                              analysis and the formatting of the whole tree, the
+#                                              agent's image run as the chart runs it (podman), and the
+#                                              demo as a newcomer runs it. CI runs full, and full
+#                                              --config=asan ...
 # BAZEL_ARGS are sanitizer configs and the like, e.g. `tools/test.sh unit --config=asan`.
 # Prints the logs of failing tests and ends with the line "N passed, N failed" (a suite
 # that could only skip on this machine, the GPU suite without a GPU, is counted apart).
@@ -36,7 +39,23 @@ trap 'rm -f "$log"' EXIT
 filter=()
 [ "$tier" = unit ] && filter=(--test_tag_filters=-integration)
 [ "$tier" = integration ] && filter=(--test_tag_filters=integration)
-bazel test //... --test_summary=short "${filter[@]}" "$@" 2>&1 | tee "$log"
+# The suites tagged "manual" in tools/BUILD, client/python/BUILD and deploy/BUILD: Bazel
+# tests whose scripts use what the checkout has beside Bazel's graph (a venv, helm, root).
+# The Python suite runs plain and under ASan; under UBSan and TSan only the C++ suites run
+# (CI's hour: ~6 minutes each; the C++ integration suites drive the same agent paths under
+# every sanitizer). The deployment checks have no C++ of ours: not again under a sanitizer.
+extra=()
+if [ "$tier" != unit ]; then
+  case " $* " in
+    *" --config=ubsan "* | *" --config=tsan "*) ;;
+    *) extra+=(//client/python:pytest) ;;
+  esac
+  [ "$#" -gt 0 ] || extra+=(//deploy:k8s_check)
+fi
+# With the real vLLM (its venv cached under ~/.cache/ferry, ~6 minutes once per machine),
+# and 16 agents in network namespaces for a minute.
+[ "$tier" = full ] && [ "$#" -eq 0 ] && extra+=(//client/python:vllm_test //tools/scale:scale_short)
+bazel test //... "${extra[@]}" --test_summary=short "${filter[@]}" "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
@@ -45,10 +64,10 @@ if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # the build itself failed, or Bazel stopped before testing
 fi
 
-# extra_target NAME COMMAND...: runs COMMAND as one more target, counted like Bazel's.
-extra_target() {
+# extra_check SCRIPT ARGS...: runs one more check, counted like a Bazel target.
+extra_check() {
   echo "== $1 =="
-  if "${@:2}" 2>&1 | tee -a "$log"; then
+  if bash "$@" 2>&1 | tee -a "$log"; then
     passed=$((passed + 1))
   else
     failed=$((failed + 1))
@@ -65,34 +84,18 @@ if grep -qE '^//tests/gpu:gpu_test +(\(cached\) )?PASSED' "$log" &&
   skipped=1
 fi
 
-if [ "$tier" != unit ]; then
-  # The Python client's pytest suite, against a ferryd built as Bazel's tests are: plain
-  # and under ASan; under UBSan and TSan only the C++ suites run (CI's hour: ~6 minutes
-  # each; the C++ integration suites drive the same agent paths under every sanitizer).
-  case " $* " in
-    *" --config=ubsan "* | *" --config=tsan "*) ;;
-    *) extra_target //client/python:pytest bash tools/pytest.sh "$@" ;;
-  esac
-  # The deployment checks (helm lint, manifests validated against the Kubernetes API types,
-  # invariants between chart, agent and examples): no C++ of ours, so not again under a
-  # sanitizer.
-  [ "$#" -gt 0 ] || extra_target //deploy:k8s_check bash tools/deploy_check.sh
-fi
-# Once per CI run, only without a sanitizer config: clang's thread-safety analysis of
-# the lock annotations GCC ignores, the formatting of the C++ tree (.clang-format), the
-# vLLM connector, a short scale-and-churn run, and the README's main job, tools/demo.sh,
-# run as a newcomer runs it (tests/demo/demo_test.sh checks its exit status, checksums,
-# table rows and clean-up; the demo builds its own -c opt binaries).
+# Once per CI run, only without a sanitizer config, the checks that are not Bazel tests
+# because they drive Bazel or tools beside it themselves: clang's thread-safety analysis
+# of the lock annotations GCC ignores and the formatting of the C++ tree (.clang-format),
+# both over the whole checkout; the image (podman) run as the chart's rendered DaemonSet
+# runs it, per profile; and the README's main job, tools/demo.sh, run as a newcomer runs
+# it (tests/demo/demo_test.sh checks its exit status, checksums, table rows and clean-up;
+# the demo builds its own -c opt binaries).
 if [ "$tier" = full ] && [ "$#" -eq 0 ]; then
-  extra_target //tools:check_thread_safety bash tools/check_thread_safety.sh
-  extra_target //tools:check_format bash tools/check_format.sh
-  # The image (podman) run as the chart's rendered DaemonSet runs it, per profile.
-  extra_target //deploy:container_test bash tools/container_test.sh
-  # FerryConnector with the real vLLM (its cached venv is made on first use, ~6 minutes).
-  extra_target //client/python:vllm_test bash tools/vllm_test.sh
-  extra_target //tests/demo:demo_test bash tests/demo/demo_test.sh
-  # Scale and churn, short: 16 agents in network namespaces for a minute.
-  extra_target //tools:scale_short bash tools/scale.sh --agents=16 --minutes=1
+  extra_check tools/check_thread_safety.sh
+  extra_check tools/check_format.sh
+  extra_check tools/container_test.sh
+  extra_check tests/demo/demo_test.sh
 fi
 
 if [ "$failed" -ne 0 ]; then
