@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Checks that every C++ and CUDA file of the tree is formatted as .clang-format says
-# (clang-format 14, Debian 12's). tools/test.sh runs it; ends PASSED or FAILED.
-#   tools/check_format.sh           check, listing the files that differ
+# (clang-format 14, Debian 12's). Ends PASSED or FAILED.
+#   tools/check_format.sh           check, listing the files that differ (also as
+#                                   `bazel test //tools:check_format`, which tools/test.sh runs)
 #   tools/check_format.sh --fix     rewrite them in place
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$(readlink -f "$0")")/.."  # the checkout, also from Bazel's runfiles
 mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' | grep -v '^tools/cuda/include/')
 if [ "${1:-}" = "--fix" ]; then
   clang-format-14 -i "${files[@]}"

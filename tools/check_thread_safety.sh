@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # Checks the lock annotations (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED, ...) that
 # GCC ignores: every C++ file of the tree through clang's thread-safety analysis, as
-# errors (-Werror=thread-safety), syntax only. Needs the generated protos (bazel build).
-# Usage: tools/check_thread_safety.sh   (tools/test.sh runs it; ends PASSED or FAILED)
+# errors (-Werror=thread-safety), syntax only. Needs the generated protos.
+#   bazel test //tools:check_thread_safety   as tools/test.sh runs it: the generated protos
+#                                            are the test's data, in its runfiles
+#   tools/check_thread_safety.sh             by hand: builds them first
+# Ends PASSED or FAILED.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-bazel build //proto/... 2>&1 | tail -n 1
-flags=(-std=c++17 -fsyntax-only -Wthread-safety -Werror=thread-safety -I. -Ibazel-bin -Itools/cuda/include
+if [ -n "${TEST_SRCDIR:-}" ]; then
+  generated=$PWD
+  cd "$(dirname "$(readlink -f "$0")")/.."  # the checkout, from Bazel's runfiles
+else
+  cd "$(dirname "$0")/.."
+  bazel build //proto/... //tools/bench:echo_cc_proto 2>&1 | tail -n 1
+  generated=bazel-bin
+fi
+flags=(-std=c++17 -fsyntax-only -Wthread-safety -Werror=thread-safety -I. "-I$generated" -Itools/cuda/include
        $(pkg-config --cflags grpc++ protobuf libfabric prometheus-cpp-core))
 log=$(mktemp /tmp/ferry-tsa.XXXXXX)
 trap 'rm -f "$log"' EXIT

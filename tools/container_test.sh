@@ -4,8 +4,17 @@
 # profile's rendered pod with two workload containers. ~1 minute per profile after the
 # image (the first run on a machine also makes the Debian base, ~2 minutes).
 #   tools/container_test.sh [--profile=default|gke-a3-ultra|eks-p5|gke-dra ...]
+#   bazel test //deploy:container_test   as tools/test.sh runs it: the binaries are its data
+#                                        (FERRYD, FERRYCTL, FERRY_POD_WORKLOAD)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+if [ -n "${FERRYD:-}" ]; then
+  FERRYD=$(realpath "$FERRYD") FERRYCTL=$(realpath "$FERRYCTL")
+  workload=$(realpath "$FERRY_POD_WORKLOAD")
+  export FERRYD FERRYCTL
+  cd "$(dirname "$(readlink -f "$0")")/.."  # the checkout, from Bazel's runfiles
+else
+  cd "$(dirname "$0")/.."
+fi
 profiles=()
 for arg in "$@"; do
   case $arg in
@@ -15,7 +24,9 @@ for arg in "$@"; do
 done
 bash tools/setup.sh
 image=$(bash tools/image.sh | tail -n 1)
-bazel build //tests/deploy/container:pod_workload 2>&1 | tail -n 1
-bin=$(bazel info bazel-bin 2>/dev/null)
-python3 tests/deploy/container/pod_test.py --image "$image" --workload "$bin/tests/deploy/container/pod_workload" \
+if [ -z "${workload:-}" ]; then
+  bazel build //tests/deploy/container:pod_workload 2>&1 | tail -n 1
+  workload=$(bazel info bazel-bin 2>/dev/null)/tests/deploy/container/pod_workload
+fi
+python3 tests/deploy/container/pod_test.py --image "$image" --workload "$workload" \
   --helm "$PWD/tools/go/bin/helm" --health_probe "$PWD/tools/go/bin/grpc-health-probe" "${profiles[@]}"

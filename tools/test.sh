@@ -9,12 +9,12 @@
 #                                              deployment checks (//deploy:k8s_check)
 #   tools/test.sh [full] [BAZEL_ARGS...]       both; and, without BAZEL_ARGS, once per CI run: the vLLM
 #                                              connector's tests (//client/python:vllm_test), a short
-#                                              scale run (//tools/scale:scale_short), and checks that drive
-#                                              what is not a Bazel target: clang's thread-safety
-#                                              analysis and the formatting of the whole tree, the
-#                                              agent's image run as the chart runs it (podman), and the
-#                                              demo as a newcomer runs it. CI runs full, and full
-#                                              --config=asan ...
+#                                              scale run (//tools/scale:scale_short), the agent's image
+#                                              run as the chart runs it (//deploy:container_test),
+#                                              clang's thread-safety analysis and the formatting of the
+#                                              whole tree (//tools:check_thread_safety, :check_format),
+#                                              and the demo as a newcomer runs it (tests/demo). CI runs
+#                                              full, and full --config=asan ...
 # BAZEL_ARGS are sanitizer configs and the like, e.g. `tools/test.sh unit --config=asan`.
 # Prints the logs of failing tests and ends with the line "N passed, N failed" (a suite
 # that could only skip on this machine, the GPU suite without a GPU, is counted apart).
@@ -39,8 +39,8 @@ trap 'rm -f "$log"' EXIT
 filter=()
 [ "$tier" = unit ] && filter=(--test_tag_filters=-integration)
 [ "$tier" = integration ] && filter=(--test_tag_filters=integration)
-# The suites tagged "manual" in tools/BUILD, client/python/BUILD and deploy/BUILD: Bazel
-# tests whose scripts use what the checkout has beside Bazel's graph (a venv, helm, root).
+# The suites tagged "manual" (tools/BUILD says why): Bazel tests whose scripts use what the
+# checkout has beside Bazel's graph (its whole tree, a venv, helm, podman, root).
 # The Python suite runs plain and under ASan; under UBSan and TSan only the C++ suites run
 # (CI's hour: ~6 minutes each; the C++ integration suites drive the same agent paths under
 # every sanitizer). The deployment checks have no C++ of ours: not again under a sanitizer.
@@ -52,9 +52,15 @@ if [ "$tier" != unit ]; then
   esac
   [ "$#" -gt 0 ] || extra+=(//deploy:k8s_check)
 fi
-# With the real vLLM (its venv cached under ~/.cache/ferry, ~6 minutes once per machine),
-# and 16 agents in network namespaces for a minute.
-[ "$tier" = full ] && [ "$#" -eq 0 ] && extra+=(//client/python:vllm_test //tools/scale:scale_short)
+# Once per CI run, only without a sanitizer config: the connector with the real vLLM (its
+# venv cached under ~/.cache/ferry, ~6 minutes once per machine), 16 agents in network
+# namespaces for a minute, the image run as each profile's rendered pod, and the checks
+# over the whole tree: clang's thread-safety analysis of the lock annotations GCC ignores
+# and the formatting (.clang-format).
+if [ "$tier" = full ] && [ "$#" -eq 0 ]; then
+  extra+=(//client/python:vllm_test //tools/scale:scale_short //deploy:container_test)
+  extra+=(//tools:check_thread_safety //tools:check_format)
+fi
 bazel test //... "${extra[@]}" --test_summary=short "${filter[@]}" "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 
@@ -64,18 +70,6 @@ if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # the build itself failed, or Bazel stopped before testing
 fi
 
-# extra_check SCRIPT ARGS...: runs one more check, counted like a Bazel target.
-extra_check() {
-  echo "== $1 =="
-  if bash "$@" 2>&1 | tee -a "$log"; then
-    passed=$((passed + 1))
-  else
-    failed=$((failed + 1))
-    rc=1
-    echo "$1 FAILED" | tee -a "$log"
-  fi
-}
-
 # The GPU suite passes without asserting anything where there is no GPU: say so.
 skipped=0
 if grep -qE '^//tests/gpu:gpu_test +(\(cached\) )?PASSED' "$log" &&
@@ -84,18 +78,19 @@ if grep -qE '^//tests/gpu:gpu_test +(\(cached\) )?PASSED' "$log" &&
   skipped=1
 fi
 
-# Once per CI run, only without a sanitizer config, the checks that are not Bazel tests
-# because they drive Bazel or tools beside it themselves: clang's thread-safety analysis
-# of the lock annotations GCC ignores and the formatting of the C++ tree (.clang-format),
-# both over the whole checkout; the image (podman) run as the chart's rendered DaemonSet
-# runs it, per profile; and the README's main job, tools/demo.sh, run as a newcomer runs
-# it (tests/demo/demo_test.sh checks its exit status, checksums, table rows and clean-up;
-# the demo builds its own -c opt binaries).
+# The README's main job, tools/demo.sh, run as a newcomer runs it, once per CI run: not a
+# Bazel test, because the demo builds its own -c opt binaries with Bazel as a newcomer's
+# run does (tests/demo/demo_test.sh checks its exit status, checksums, table rows and
+# clean-up). Counted like a target.
 if [ "$tier" = full ] && [ "$#" -eq 0 ]; then
-  extra_check tools/check_thread_safety.sh
-  extra_check tools/check_format.sh
-  extra_check tools/container_test.sh
-  extra_check tests/demo/demo_test.sh
+  echo "== tests/demo/demo_test.sh =="
+  if bash tests/demo/demo_test.sh 2>&1 | tee -a "$log"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    rc=1
+    echo "tests/demo/demo_test.sh FAILED" | tee -a "$log"
+  fi
 fi
 
 if [ "$failed" -ne 0 ]; then

@@ -26,6 +26,7 @@ def ferry_cc_proto(name, srcs, deps = [], grpc = False, visibility = None):
         srcs = srcs + dep_protos,
         outs = outs,
         cmd = cmd,
+        visibility = visibility,
     )
     native.cc_library(
         name = name,
