@@ -3,7 +3,7 @@
 # tools/image.sh builds the image, then tests/deploy/container/pod_test.py plays each
 # profile's rendered pod with two workload containers. ~1 minute per profile after the
 # image (the first run on a machine also makes the Debian base, ~2 minutes).
-#   tools/container_test.sh [--profile=default|gke-a3-ultra|eks-p5|gke-dra ...]
+#   tools/container_test.sh [--profile=default|gke-a3-ultra|eks-p5|gke-dra|eks-dra ...]
 #   bazel test //deploy:container_test   as tools/test.sh runs it: the binaries are its data
 #                                        (FERRYD, FERRYCTL, FERRY_POD_WORKLOAD)
 set -euo pipefail

@@ -24,9 +24,10 @@ What differs from a node, and why: NIC selection only (this machine has no RDMA 
 fabric.provider auto, loopback interface, no RDMA discovery), free ports instead of
 9464 / 7700, and hostPath directories of type Directory created by the test as the node
 would have them (/dev/infiniband, the NVIDIA driver directory: empty here). The DRA
-profile's init container reads the pod's claim from the API server, which podman lacks:
+profiles' init container reads the pod's claim from the API server, which podman lacks:
 the test writes the file it would write (the loopback device as the claimed NIC, with a
-PCIe root and NUMA node), and the pod, which has no host network, gets the host's all
+PCIe root and NUMA node, under DRANet's attribute names for GKE and the EFA driver's own
+domain for EKS), and the pod, which has no host network, gets the host's all
 the same (podman's own networks are not set up on these machines); tools/k8s/node_e2e.sh
 runs that init container and the pod's own network on a real node.
 
@@ -34,6 +35,7 @@ runs that init container and the pod's own network on a real node.
         --health_probe PATH [--profile default ...]
 """
 import argparse
+import json
 import os
 import re
 import resource
@@ -56,12 +58,23 @@ PROFILES = {
     "gke-a3-ultra": ["-f", os.path.join(CHART, "values-gke-a3-ultra.yaml")],
     "eks-p5": ["-f", os.path.join(CHART, "values-eks-p5.yaml")],
     "gke-dra": ["-f", os.path.join(CHART, "values-gke-dra.yaml")],
+    "eks-dra": ["-f", os.path.join(CHART, "values-eks-dra.yaml")],
 }
-# What `ferryctl claimed-devices` writes for a claim of one NIC, here the loopback device.
-CLAIMED_LOOPBACK = """{"pod": "ferry/ferry-test", "node": "node-1", "devices": [{"claim": "nics", "request": "nics",
-  "driver": "dra.net", "pool": "node-1", "device": "pci-0000-91-00-0", "attributes": {
-  "dra.net/ifName": {"string": "lo"}, "dra.net/rdma": {"bool": true}, "dra.net/numaNode": {"int": 0},
-  "resource.kubernetes.io/pcieRoot": {"string": "pci0000:8c"}}}]}"""
+# What `ferryctl claimed-devices` writes for a claim of one NIC, here the loopback device:
+# as DRANet publishes it (GKE), and as a driver that keeps its attributes in its own domain
+# publishes it (the EKS profile's efa.networking.k8s.aws; aws-dranet's own names could not be
+# checked here, so the agent's fallback to the driver's domain is what this plays).
+CLAIM_DRIVER = {"gke-dra": "dra.net", "eks-dra": "efa.networking.k8s.aws"}
+
+
+def claimed_loopback(driver: str) -> str:
+    return json.dumps({"pod": "ferry/ferry-test", "node": "node-1", "devices": [{
+        "claim": "nics", "request": "nics", "driver": driver, "pool": "node-1", "device": "pci-0000-91-00-0",
+        "attributes": {f"{driver}/ifName": {"string": "lo"}, f"{driver}/rdma": {"bool": True},
+                       f"{driver}/numaNode": {"int": 0},
+                       "resource.kubernetes.io/pcieRoot": {"string": "pci0000:8c"}}}]})
+
+
 # A node's default locked-memory limit under containerd; open files as this machine allows
 # and processes as podman's conmon allows (podman drops its default limits once one is given).
 _NOFILE = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -94,7 +107,7 @@ def render(helm: str, profile: str, metrics_port: int, peer_port: int):
     nics = [] if profile == "default" else [
         "--set", "fabric.provider=auto", "--set", f"fabric.ifaces={{{NODE_IP}}}",
         "--set", "fabric.discoverRdmaDevices=false"]
-    if profile == "gke-dra":  # the claim names the NIC; no GPU DRA driver here
+    if profile in CLAIM_DRIVER:  # the claim names the NIC; no GPU DRA driver here
         nics = ["--set", "fabric.provider=auto", "--set", "dra.gpuDeviceClassName="]
     out = run([helm, "template", "ferry", CHART, "--namespace", "ferry", *PROFILES[profile], *nics,
                "--set", f"metricsPort={metrics_port}", "--set", f"peerPort={peer_port}"]).stdout
@@ -234,14 +247,14 @@ def workload_pod(node_root: str, label: str, name: str):
     return pod, shared
 
 
-def write_claim(pod: "Pod", init: dict) -> str:
+def write_claim(pod: "Pod", init: dict, profile: str) -> str:
     """Writes what the claimed-devices init container would, where it would: its --out
     path inside the volume it mounts there. Returns the path on this machine."""
     out_path = next(a for a in init["command"] if a.startswith("--out="))[len("--out="):]
     mount = next(m for m in init["volumeMounts"] if out_path.startswith(m["mountPath"] + "/"))
     path = pod.volumes[mount["name"]] + out_path[len(mount["mountPath"]):]
     with open(path, "w") as f:
-        f.write(CLAIMED_LOOPBACK)
+        f.write(claimed_loopback(CLAIM_DRIVER[profile]))
     return path
 
 
@@ -259,7 +272,7 @@ def check_profile(profile: str, args, out) -> None:
         for init in spec.get("initContainers", []):
             if init["name"] == "claimed-devices":
                 out(f"{profile}: init container claimed-devices played by the file it writes "
-                    f"({write_claim(agent, init)})")
+                    f"({write_claim(agent, init, profile)})")
                 continue
             run(agent.args(init, args.image))
             code = wait_exit(f"{agent.name}-{init['name']}", 60)
@@ -276,7 +289,7 @@ def check_profile(profile: str, args, out) -> None:
             "readiness and liveness pass")
         if "--claimed_devices" in " ".join(c.get("args", [])):
             said = logs(name)
-            if "claimed NIC lo (dra.net/node-1/pci-0000-91-00-0)" not in said:
+            if f"claimed NIC lo ({CLAIM_DRIVER[profile]}/node-1/pci-0000-91-00-0)" not in said:
                 raise Failure(f"ferryd did not take its NIC from the claim: {said[-1500:]}")
             out(f"{profile}: ferryd took its fabric NIC from the claimed devices (lo, PCIe root pci0000:8c, NUMA 0)")
 
@@ -335,7 +348,7 @@ def check_profile(profile: str, args, out) -> None:
         old = Pod(f"nogroup-{profile}", bare, node_root, configmaps, label)
         for init in spec.get("initContainers", []):
             if init["name"] == "claimed-devices":
-                write_claim(old, init)
+                write_claim(old, init, profile)
         run(old.args(c, args.image))
         code = wait_exit(f"{old.name}-{c['name']}", 20)
         said = logs(f"{old.name}-{c['name']}")
