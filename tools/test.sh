@@ -39,8 +39,8 @@ trap 'rm -f "$log"' EXIT
 filter=()
 [ "$tier" = unit ] && filter=(--test_tag_filters=-integration)
 [ "$tier" = integration ] && filter=(--test_tag_filters=integration)
-# The suites tagged "manual" (tools/BUILD says why): Bazel tests whose scripts use what the
-# checkout has beside Bazel's graph (its whole tree, a venv, helm, podman, root).
+# The suites tagged "manual" (tools/bazel/checkout_test.bzl says why): Bazel tests whose
+# scripts use what the checkout has beside Bazel's graph (its tree, a venv, helm, podman).
 # The Python suite runs plain and under ASan; under UBSan and TSan only the C++ suites run
 # (CI's hour: ~6 minutes each; the C++ integration suites drive the same agent paths under
 # every sanitizer). The deployment checks have no C++ of ours: not again under a sanitizer.
