@@ -19,7 +19,10 @@ if [ -n "${FERRYD:-}" ]; then
 else
   cd "$(dirname "$0")/.."
   for arg in "$@"; do
-    case $arg in --config=*san) sanitizer=${arg#--config=} ;; esac
+    case $arg in
+      --config=*san) sanitizer=${arg#--config=} ;;
+      --test_env=*=*) export "${arg#--test_env=}" ;;  # reaches ferryd as it reaches Bazel's tests
+    esac
   done
   bazel build "$@" //agent/main:ferryd //client/native:libferry_rpc.so 2>&1 | tail -n 1
   ferryd=$PWD/bazel-bin/agent/main/ferryd
