@@ -8,9 +8,9 @@
 #                                        (FERRYD, FERRYCTL, FERRY_POD_WORKLOAD)
 set -euo pipefail
 if [ -n "${FERRYD:-}" ]; then
-  FERRYD=$(realpath "$FERRYD") FERRYCTL=$(realpath "$FERRYCTL")
+  FERRY_IMAGE_FERRYD=$(realpath "$FERRYD") FERRY_IMAGE_FERRYCTL=$(realpath "$FERRYCTL")
   workload=$(realpath "$FERRY_POD_WORKLOAD")
-  export FERRYD FERRYCTL
+  export FERRY_IMAGE_FERRYD FERRY_IMAGE_FERRYCTL  # tools/image.sh puts them in the image
   cd "$(dirname "$(readlink -f "$0")")/.."  # the checkout, from Bazel's runfiles
 else
   cd "$(dirname "$0")/.."

@@ -6,8 +6,8 @@
 #                                  -c opt build (Dockerfile target `prebuilt`)
 #   tools/image.sh --from-source   the same image built as users build it (target
 #                                  `runtime`: Bazel runs inside the build stage, ~15 min)
-# FERRYD and FERRYCTL, when set, are the prebuilt binaries to use (a Bazel test's data);
-# else this builds them. Prints the image's name last.
+# FERRY_IMAGE_FERRYD and FERRY_IMAGE_FERRYCTL, when set, are the prebuilt binaries to put
+# in the image (a Bazel test's data); else this builds them. Prints the image's name last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=prebuilt
@@ -53,14 +53,15 @@ fi
 version=$(awk -F'"' '/^appVersion:/ {print $2}' deploy/helm/ferry/Chart.yaml)
 image=ferry/ferryd:$version
 if [ "$target" = prebuilt ]; then
-  if [ -z "${FERRYD:-}" ]; then
+  ferryd=${FERRY_IMAGE_FERRYD:-} ferryctl=${FERRY_IMAGE_FERRYCTL:-}
+  if [ -z "$ferryd" ]; then
     bash tools/setup.sh --roles=build
     bazel build -c opt //agent/main:ferryd //tools/ferryctl 2>&1 | tail -n 1 >&2
     bin=$(bazel info -c opt bazel-bin 2>/dev/null)
-    FERRYD=$bin/agent/main/ferryd FERRYCTL=$bin/tools/ferryctl/ferryctl
+    ferryd=$bin/agent/main/ferryd ferryctl=$bin/tools/ferryctl/ferryctl
   fi
   rm -rf .image-bin && mkdir -p .image-bin
-  cp "$FERRYD" "$FERRYCTL" .image-bin/
+  cp "$ferryd" "$ferryctl" .image-bin/
 fi
 # The build stage fetches cuda.h from PyPI: behind a proxy that re-signs TLS it must trust
 # the CAs this machine added (the stage's ca-certificates takes them from there when it is

@@ -39,9 +39,8 @@ absl::StatusOr<std::vector<NicRegistration>> WriterKeys::Keys(uint64_t incarnati
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   auto it = writers_.find(incarnation);
-  if (it != writers_.end()) {
-    if (absl::Status refused = Refusal(incarnation, it->second, now); !refused.ok())
-      return refused;  // fenced meanwhile
+  if (it != writers_.end()) {  // opened or fenced meanwhile
+    if (absl::Status refused = Refusal(incarnation, it->second, now); !refused.ok()) return refused;
     if (!it->second.keys.nics.empty()) return it->second.keys.nics;
   } else {
     // Room for one more: fences past their time go, then the writer whose keys are oldest.
