@@ -39,6 +39,27 @@ absl::StatusOr<SessionFrame> ReadFrame(int fd, absl::Duration timeout, std::stri
   return f;
 }
 
+// Ends a session and waits, up to `wait`, for the agent to close its end, which it does
+// only after releasing everything registered in it: a process that destroys one Client
+// and connects another finds the session's room given back.
+void EndSession(int fd, absl::Duration wait = absl::Seconds(2)) {
+  if (fd < 0) return;
+  if (shutdown(fd, SHUT_WR) == 0) {
+    const absl::Time deadline = absl::Now() + wait;
+    char frame[sizeof(SessionFrame)];
+    for (absl::Time now = absl::Now(); now < deadline; now = absl::Now()) {
+      pollfd p{fd, POLLIN, 0};
+      const int left_ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - now)) + 1;
+      const int ready = poll(&p, 1, left_ms);
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0) break;
+      const ssize_t n = recv(fd, frame, sizeof(frame), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) break;  // released, or gone
+    }
+  }
+  close(fd);
+}
+
 }  // namespace
 
 void SetBlockIds(const std::vector<uint64_t>& src_blocks, const std::vector<uint64_t>& dst_blocks,
@@ -149,7 +170,7 @@ absl::Status Client::Open() {
 absl::Status Client::Reconnect(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
-    if (session_fd_ >= 0) close(session_fd_);
+    EndSession(session_fd_);
     session_fd_ = -1;
     absl::Status s = Open();
     if (s.ok() || absl::Now() >= deadline) return s;
@@ -180,9 +201,7 @@ absl::Status Client::Checked(const grpc::Status& s) const {
   return st;
 }
 
-Client::~Client() {
-  if (session_fd_ >= 0) close(session_fd_);
-}
+Client::~Client() { EndSession(session_fd_); }
 
 std::unique_ptr<grpc::ClientContext> Client::NewContext(absl::Duration timeout) const {
   auto ctx = std::make_unique<grpc::ClientContext>();

@@ -12,7 +12,8 @@
 //   absl::StatusOr<ferry::v1::TransferResult> r = (*c)->Wait(*id, absl::Seconds(10));
 //
 // The session lasts as long as the Client: destroying it (or the process dying) makes
-// the agent reclaim every region the session registered.
+// the agent reclaim every region the session registered. The destructor waits (up to
+// 2 s) until the agent has, so the next Client of this process finds the room given back.
 #ifndef FERRY_CLIENT_CPP_FERRY_CLIENT_H_
 #define FERRY_CLIENT_CPP_FERRY_CLIENT_H_
 

@@ -14,6 +14,7 @@ import select
 import socket
 import struct
 import threading
+import time
 
 from . import errors
 
@@ -96,5 +97,18 @@ class Session:
             except OSError:
                 return False
 
-    def close(self) -> None:
-        self._sock.close()
+    def close(self, wait: float = 2.0) -> None:
+        """Ends the session and waits, up to ``wait`` seconds, until the agent has released
+        it: the agent closes its end only after releasing everything registered in it, so
+        a pod that closes one client and opens another finds its room given back."""
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + wait
+            while (left := deadline - time.monotonic()) > 0:
+                self._sock.settimeout(left)
+                if not self._sock.recv(_FRAME.size):
+                    break  # the agent's end: released
+        except OSError:
+            pass  # already gone, or the agent slower than ``wait``: it still releases
+        finally:
+            self._sock.close()

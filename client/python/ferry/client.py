@@ -263,7 +263,8 @@ class Client:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Ends the session: the agent releases everything registered in it."""
+        """Ends the session: the agent releases everything registered in it, and has by
+        the time this returns (it waits up to 2 s for the agent to say so)."""
         if not self._closed:
             self._closed = True
             self._close_channels()
