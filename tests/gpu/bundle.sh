@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what the GPU suite and benchmark need into one folder for a GPU host that has
 # the NVIDIA driver but none of ferry's build dependencies (no Bazel, no apt, no gRPC):
-#   <dir>/bin  ferryd, ferryctl, gpu_test, gpu_bench, copy_kernel_bench, fi_write_bench, ferry_bench, demo_pod,
+#   <dir>/bin  ferryd, ferryctl, gpu_test, gpu_bench, copy_kernel_bench, write_windows_bench, fi_write_bench, ferry_bench, demo_pod,
 #              grpc_echo (optimized builds), and iproute2's ip (GPU hosts may lack it; the rail test
 #              makes network namespaces)
 #   <dir>/lib  every shared library they load except glibc's and the C++ runtime, and
@@ -11,11 +11,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-.gpu-bundle}
 bash tools/setup.sh
-bazel build -c opt //agent/main:ferryd //tools/ferryctl //tests/gpu:gpu_test //tools/bench:gpu_bench //tools/bench:fi_write_bench //tools/bench:ferry_bench //tools/bench:copy_kernel_bench //tools/demo:demo_pod \
+bazel build -c opt //agent/main:ferryd //tools/ferryctl //tests/gpu:gpu_test //tools/bench:gpu_bench //tools/bench:fi_write_bench //tools/bench:ferry_bench //tools/bench:copy_kernel_bench //tools/bench:write_windows_bench //tools/demo:demo_pod \
   //tools/bench:grpc_echo //client/native:libferry_rpc.so 2>&1 | tail -n 1
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
-bins=(agent/main/ferryd tools/ferryctl/ferryctl tests/gpu/gpu_test tools/bench/gpu_bench tools/bench/fi_write_bench tools/bench/ferry_bench tools/bench/copy_kernel_bench tools/demo/demo_pod
+bins=(agent/main/ferryd tools/ferryctl/ferryctl tests/gpu/gpu_test tools/bench/gpu_bench tools/bench/fi_write_bench tools/bench/ferry_bench tools/bench/copy_kernel_bench tools/bench/write_windows_bench tools/demo/demo_pod
       tools/bench/grpc_echo)
 for b in "${bins[@]}"; do cp -L "bazel-bin/$b" "$out/bin/"; done
 cp -L bazel-bin/client/native/libferry_rpc.so "$out/lib/"  # the Python client's unary calls (client/native)

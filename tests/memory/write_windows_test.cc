@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/testing/counting_registrar.h"
 #include "tests/testing/host_region.h"
@@ -62,6 +63,29 @@ TEST_CASE("Open refuses what no window can be, naming the field") {
   CHECK(!f.windows.Open(/*session=*/2, f.Spec({{0, 1}})).ok());               // not the owner
   REQUIRE(f.windows.Open(kSession, f.Spec({{0, 4096}, {4096, 4096}})).ok());  // adjacent: one range
   refused(f.Spec({{8191, 2}}), absl::StatusCode::kFailedPrecondition, "in open write window");
+}
+
+TEST_CASE("Windows over several regions clash only where they share a region and bytes") {
+  // A decode step's windows name the same layer regions, each other window compared once;
+  // a window sharing one region of several must still be refused there.
+  Fixture f;
+  auto windowed = [&f] {
+    auto r = testing::MemfdRegion(f.regions.NextId(), 1 << 16, kSession);
+    r->set_write_windows(true);
+    REQUIRE(f.regions.Insert(r).ok());
+    return r->id();
+  };
+  const uint64_t a = f.region->id(), b = windowed(), c = windowed();
+  auto open = [&f](std::vector<uint64_t> ids, uint64_t offset) {
+    return f.windows.Open(kSession, {std::move(ids), {{offset, 4096}}, {}, absl::Seconds(30)});
+  };
+  for (int i = 0; i < 8; ++i) REQUIRE(open({a, b}, 4096 * i).ok());  // disjoint bytes: all open
+  REQUIRE(open({c}, 0).ok());                                        // the same bytes, another region
+  absl::StatusOr<std::shared_ptr<const WriteWindow>> clash = open({c, b}, 3 * 4096);
+  REQUIRE(!clash.ok());
+  CHECK_THAT(std::string(clash.status().message()), Catch::Contains(absl::StrCat("of region ", b)));
+  CHECK(!open({c, a}, 0).ok());  // clashes in c (the window above) and in a
+  CHECK(open({c}, 4096).ok());
 }
 
 TEST_CASE("A window covers its ranges only, and admits only its token and regions") {
