@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "agent/memory/region_table.h"
 #include "agent/memory/write_windows.h"
@@ -87,6 +88,7 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // as ferryd runs (ferryd.cc)
   RegionTable regions;
   WriteWindows windows(&regions, nullptr);
   std::vector<uint64_t> region_ids;
