@@ -30,7 +30,8 @@ CopyShape ShapeOf(const Transfer& t, bool pull) {
   s.dst_device = DeviceOf(*t.dst);
   s.bytes = t.plan.total_bytes;
   s.chunks = t.plan.size();
-  s.mapping = t.plan.paged.get();
+  const PagedIds* ids = t.plan.paged.get();
+  s.mapping = ids != nullptr && ids->whole != nullptr ? ids->whole.get() : ids;
   s.reaches = Reaches(t, LaunchDevice(t, pull));
   return s;
 }

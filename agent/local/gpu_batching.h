@@ -57,8 +57,9 @@ struct CopyShape {
   int dst_device = -1;
   uint64_t bytes = 0;  // of every chunk
   size_t chunks = 0;
-  // The block mapping of a paged plan (a batch's parts share one), or null. Compared,
-  // never read.
+  // The block mapping of a paged plan (a batch's parts share one), or null; for a slice
+  // of a mapping (a batch through several write windows), the mapping it is a slice of.
+  // Compared, never read.
   const void* mapping = nullptr;
   // A kernel on the launching device (LaunchDevice) can dereference both regions.
   bool reaches = false;
@@ -86,7 +87,8 @@ bool Batchable(const CopyShape& s);
 // least jobs[first], then more while the launch stays within kLaunchBytes (to another
 // GPU without a shared mapping: kPeerBurstBytes) and kLaunchChunks, all cross devices
 // or none, and all share one block mapping (a batch's parts: the kernel's blocks form)
-// or none has one.
+// or none has one (a launch of slices of one mapping lists their blocks: the kernel's
+// blocks form takes one mapping).
 size_t LaunchEnd(absl::Span<const CopyShape> jobs, size_t first);
 // The end of the run from `first` that shares one completion event: a burst of peer
 // copy calls of at most kPeerBurstBytes, a launch (LaunchEnd), or jobs[first] alone.

@@ -120,7 +120,10 @@ absl::Status GpuLane::EnqueueBatch(std::vector<Job>& jobs, size_t first, size_t 
 
 absl::Status GpuLane::LaunchKernel() {
   const std::shared_ptr<const PagedIds>& ids = launch_.front()->plan.paged;
-  if (ids != nullptr && CopyKernelArgs::BlocksFit(launch_.size(), ids->src.size(), ids->block_size)) {
+  const bool one_mapping =  // not so for slices of one (a batch through several write windows)
+      ids != nullptr &&
+      std::all_of(launch_.begin(), launch_.end(), [&](const Transfer* t) { return t->plan.paged == ids; });
+  if (one_mapping && CopyKernelArgs::BlocksFit(launch_.size(), ids->src.size(), ids->block_size)) {
     return LaunchBlocks(*ids);
   }
   pieces_.clear();

@@ -37,7 +37,7 @@ bool QueueEntries::Handle(const std::shared_ptr<TransferQueue>& q, const queue::
   std::shared_ptr<Session> session = sessions_->FindById(q->session_id());
   if (session == nullptr) return refuse(absl::UnavailableError("the session ended"));
   if (e.flags & ~(queue::kFlagNotify | queue::kFlagPaged | queue::kFlagBatch | queue::kFlagMessage |
-                  queue::kFlagWindow | queue::kFlagOpenWindow | queue::kFlagCloseWindow)) {
+                  queue::kFlagWindow | queue::kFlagOpenWindow | queue::kFlagCloseWindow | queue::kFlagWindowSpans)) {
     return refuse(absl::InvalidArgumentError(absl::StrCat("flags 0x", absl::Hex(e.flags), " has unknown bits")));
   }
   if (e.flags & (queue::kFlagOpenWindow | queue::kFlagCloseWindow)) {
@@ -57,9 +57,13 @@ bool QueueEntries::Handle(const std::shared_ptr<TransferQueue>& q, const queue::
     q->Complete(ToCompletion(e.user_data, v1::TransferResult()));
     return true;
   }
-  if ((e.flags & queue::kFlagWindow) && !(e.flags & queue::kFlagBatch)) {
+  if ((e.flags & (queue::kFlagWindow | queue::kFlagWindowSpans)) && !(e.flags & queue::kFlagBatch)) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "flags 0x", absl::Hex(e.flags), ": a window (16) or window spans (128) are for batch entries (4) only")));
+  }
+  if ((e.flags & queue::kFlagWindow) && (e.flags & queue::kFlagWindowSpans)) {
     return refuse(absl::InvalidArgumentError(
-        absl::StrCat("flags 0x", absl::Hex(e.flags), ": a window (16) is for batch entries (4) only")));
+        absl::StrCat("flags 0x", absl::Hex(e.flags), ": a window (16) and window spans (128) exclude each other")));
   }
   if (e.flags & queue::kFlagMessage) {
     if (e.flags != queue::kFlagMessage) {
@@ -180,6 +184,59 @@ absl::Status QueueEntries::CloseWindow(const TransferQueue& q, const queue::Subm
   return windows_->Close(e.src_offset, q.session_id(), absl::Milliseconds(e.length));
 }
 
+absl::Status QueueEntries::CopyWindowSpans(const TransferQueue& q, const queue::SubmitEntry& e, uint32_t* table,
+                                           std::vector<queue::WindowSpan>* spans) {
+  spans->clear();
+  thread_local std::string words;
+  if (e.flags & queue::kFlagWindow) {  // one window for every block
+    FERRY_RETURN_IF_ERROR(q.CopyBytes(*table, sizeof(queue::WindowRef), &words));
+    queue::WindowRef ref;
+    memcpy(&ref, words.data(), sizeof(ref));
+    queue::WindowSpan& span = spans->emplace_back();
+    span.window_id = ref.window_id;
+    memcpy(span.token, ref.token, sizeof(span.token));
+    span.blocks = e.blocks;
+    *table += queue::kWindowIds;
+    return absl::OkStatus();
+  }
+  if (!(e.flags & queue::kFlagWindowSpans)) return absl::OkStatus();
+  FERRY_RETURN_IF_ERROR(q.CopyBytes(*table, sizeof(queue::WindowSpans), &words));
+  queue::WindowSpans head;
+  memcpy(&head, words.data(), sizeof(head));
+  if (head.spans < 1 || head.spans > queue::kMaxWindowSpans || head.reserved != 0) {  // before the copy: the client's
+    return absl::InvalidArgumentError(absl::StrCat("window spans: spans must be 1..", queue::kMaxWindowSpans,
+                                                   " and reserved 0, got ", head.spans, " and ", head.reserved));
+  }
+  FERRY_RETURN_IF_ERROR(
+      q.CopyBytes(*table + queue::kWindowSpansIds, uint64_t{head.spans} * sizeof(queue::WindowSpan), &words));
+  spans->resize(head.spans);
+  memcpy(spans->data(), words.data(), words.size());
+  uint64_t blocks = 0;
+  for (size_t s = 0; s < spans->size(); ++s) {
+    const queue::WindowSpan& span = (*spans)[s];
+    if (span.blocks == 0 || span.reserved != 0 || span.window_id == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("window spans[", s, "]: window_id and blocks must be >= 1 and ",
+                                                     "reserved 0, got ", span.window_id, ", ", span.blocks, " and ",
+                                                     span.reserved));
+    }
+    blocks += span.blocks;
+  }
+  if (blocks != e.blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("window spans cover ", blocks, " blocks; the entry has ", e.blocks, " (they must add up)"));
+  }
+  *table += queue::kWindowSpansIds + head.spans * queue::kWindowSpanIds;
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const v1::RegionDescriptor> QueueEntries::ThroughWindow(const v1::RegionDescriptor& destination,
+                                                                        const queue::WindowSpan& span) {
+  auto d = std::make_shared<v1::RegionDescriptor>(destination);
+  d->set_window_id(span.window_id);
+  d->set_token(reinterpret_cast<const char*>(span.token), sizeof(span.token));
+  return d;
+}
+
 WriteSpec QueueEntries::Spec(const TransferQueue& q, uint64_t src_region, uint32_t dst_index) const {
   WriteSpec spec;
   spec.src_region_id = src_region;
@@ -231,28 +288,13 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
   if (e.src_region != 0 || e.dst_offset != 0) {
     return absl::InvalidArgumentError("src_region and dst_offset of a batch entry must be 0 (each part names its own)");
   }
-  // With a window, each destination as the queue holds it but through the window; made
-  // at the first part that names it (a queue has at most 64).
-  thread_local std::vector<std::shared_ptr<const v1::RegionDescriptor>> through_window;
-  through_window.assign((e.flags & queue::kFlagWindow) ? q.destinations().size() : 0, nullptr);
   uint32_t table = e.table_index;
-  std::string window_ref;
-  if (e.flags & queue::kFlagWindow) {
-    FERRY_RETURN_IF_ERROR(q.CopyBytes(table, sizeof(queue::WindowRef), &window_ref));
-    table += queue::kWindowIds;
+  thread_local std::vector<queue::WindowSpan> spans;  // none: each destination as the queue holds it
+  FERRY_RETURN_IF_ERROR(CopyWindowSpans(q, e, &table, &spans));
+  if (!spans.empty() && uint64_t{n} * spans.size() > queue::kMaxWindowSpanParts) {
+    return absl::InvalidArgumentError(absl::StrCat("a batch entry's parts times its window spans are at most ",
+                                                   queue::kMaxWindowSpanParts, ", got ", n, " x ", spans.size()));
   }
-  auto destination = [&](uint32_t index) -> std::shared_ptr<const v1::RegionDescriptor> {
-    if (through_window.empty()) return q.destinations()[index];
-    if (through_window[index] == nullptr) {
-      queue::WindowRef ref;
-      memcpy(&ref, window_ref.data(), sizeof(ref));
-      auto d = std::make_shared<v1::RegionDescriptor>(*q.destinations()[index]);
-      d->set_window_id(ref.window_id);
-      d->set_token(reinterpret_cast<const char*>(ref.token), sizeof(ref.token));
-      through_window[index] = std::move(d);
-    }
-    return through_window[index];
-  };
   thread_local std::vector<queue::TablePart> parts;
   thread_local std::vector<uint64_t> src_ids, dst_ids;
   FERRY_RETURN_IF_ERROR(q.CopyParts(table, n, &parts));
@@ -272,21 +314,39 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
   absl::StatusOr<std::shared_ptr<const PagedIds>> ids =
       CheckPagedIds(BlockMapping{e.length, src_ids, dst_ids}, limits_);
   if (!ids.ok()) return ids.status();
-  TransferBatch batch(*router_, session, n, limits_, /*cached_only=*/!may_block);
-  for (uint32_t i = 0; i < n; ++i) {
-    const queue::TablePart& part = parts[i];
-    if (part.reserved != 0) {
-      return batch.NextPartError(absl::InvalidArgumentError(
-          absl::StrCat("reserved is ", part.reserved, "; it must be 0 (a field of a later version of the ABI?)")));
+  // A plan per span and part, span by span: each span's parts share its slice of the
+  // mapping (one launch of the GPU copier's kernel) and its window's destinations.
+  const size_t runs = std::max<size_t>(1, spans.size());
+  thread_local std::vector<std::shared_ptr<const v1::RegionDescriptor>> through_window;
+  TransferBatch batch(*router_, session, n * runs, limits_, /*cached_only=*/!may_block);
+  if (spans.size() > 1) batch.NamePartsPerSpan(n);
+  size_t first_block = 0;
+  for (size_t s = 0; s < runs; ++s) {
+    std::shared_ptr<const PagedIds> slice = *ids;
+    if (!spans.empty()) {
+      if (spans.size() > 1) slice = SlicePagedIds(*ids, first_block, spans[s].blocks);
+      first_block += spans[s].blocks;
+      through_window.assign(q.destinations().size(), nullptr);  // made at the first part that names one
     }
-    if (absl::Status s = CheckDestination(q, part.dst_index, "dst_index"); !s.ok()) return batch.NextPartError(s);
-    WriteSpec spec = Spec(q, part.src_region, part.dst_index);
-    spec.dst = destination(part.dst_index);
-    absl::Status added = batch.Add(spec, [&](uint64_t src_size, uint64_t dst_size) {
-      return PagedPlan(*ids, part.src_base, part.dst_base, src_size, dst_size);
-    });
-    if (!added.ok()) return added;
-    if (i == 0 && n > 1) batch.last().executor->Expect(batch.last());
+    for (uint32_t i = 0; i < n; ++i) {
+      const queue::TablePart& part = parts[i];
+      if (part.reserved != 0) {
+        return batch.NextPartError(absl::InvalidArgumentError(
+            absl::StrCat("reserved is ", part.reserved, "; it must be 0 (a field of a later version of the ABI?)")));
+      }
+      if (absl::Status c = CheckDestination(q, part.dst_index, "dst_index"); !c.ok()) return batch.NextPartError(c);
+      WriteSpec spec = Spec(q, part.src_region, part.dst_index);
+      if (!spans.empty()) {
+        std::shared_ptr<const v1::RegionDescriptor>& d = through_window[part.dst_index];
+        if (d == nullptr) d = ThroughWindow(*spec.dst, spans[s]);
+        spec.dst = d;
+      }
+      absl::Status added = batch.Add(spec, [&](uint64_t src_size, uint64_t dst_size) {
+        return PagedPlan(slice, part.src_base, part.dst_base, src_size, dst_size);
+      });
+      if (!added.ok()) return added;
+      if (s == 0 && i == 0 && n * runs > 1) batch.last().executor->Expect(batch.last());
+    }
   }
   return std::move(batch).Join(whole);
 }

@@ -66,6 +66,14 @@ class QueueEntries {
   absl::StatusOr<queue::CompletionEntry> OpenWindow(const TransferQueue& q, const queue::SubmitEntry& e) const;
   absl::Status CloseWindow(const TransferQueue& q, const queue::SubmitEntry& e, bool may_block) const;
   WriteSpec Spec(const TransferQueue& q, uint64_t src_region, uint32_t dst_index) const;
+  // A batch entry's windows (kFlagWindow: one span of every block; kFlagWindowSpans: its
+  // spans, checked), copied out of the table at *table, which is moved past them. None
+  // without either flag.
+  static absl::Status CopyWindowSpans(const TransferQueue& q, const queue::SubmitEntry& e, uint32_t* table,
+                                      std::vector<queue::WindowSpan>* spans);
+  // `destination` written through the span's window (its id and token in place of the region's).
+  static std::shared_ptr<const v1::RegionDescriptor> ThroughWindow(const v1::RegionDescriptor& destination,
+                                                                   const queue::WindowSpan& span);
   static absl::Status CheckDestination(const TransferQueue& q, uint32_t dst_index, const char* field);
 
   const TransferRouter* router_;

@@ -357,7 +357,8 @@ absl::StatusOr<uint64_t> TransferRouter::Destination(const std::shared_ptr<const
         return refused;
       }
     }
-    if (batch != nullptr && batch->local_dsts.size() < BatchLookups::kMax) {
+    if (batch != nullptr) {  // the oldest goes: a batch through many windows names each region once per window
+      if (batch->local_dsts.size() == BatchLookups::kMax) batch->local_dsts.erase(batch->local_dsts.begin());
       batch->local_dsts.push_back({dst_ptr, *d, window});
     }
     const uint64_t size = (*d)->size();
@@ -452,7 +453,9 @@ absl::Status TransferBatch::Add(const WriteSpec& spec, PlanChunks plan) {
 }
 
 absl::Status TransferBatch::NextPartError(const absl::Status& s) const {
-  return WithPrefix(s, absl::StrCat("parts[", parts_.size(), "]: "));
+  if (parts_per_span_ == 0) return WithPrefix(s, absl::StrCat("parts[", parts_.size(), "]: "));
+  return WithPrefix(s, absl::StrCat("window spans[", parts_.size() / parts_per_span_, "]: parts[",
+                                    parts_.size() % parts_per_span_, "]: "));
 }
 
 absl::Status TransferBatch::CheckPartsDisjoint() const {

@@ -187,6 +187,9 @@ class TransferBatch {
   // `s` as a refusal of the part Add would prepare next ("parts[i]: ..."), for checks
   // its caller makes first.
   absl::Status NextPartError(const absl::Status& s) const;
+  // For a batch that adds its `per_span` parts once per window span (ring_layout.h,
+  // kFlagWindowSpans): refusals name "window spans[s]: parts[i]: ...".
+  void NamePartsPerSpan(size_t per_span) { parts_per_span_ = per_span; }
   // The part last added.
   Transfer& last() { return *parts_.back(); }
   // One transfer of every part added; with `whole.notify` the owner of the first
@@ -208,6 +211,7 @@ class TransferBatch {
   const TransferBlock block_;
   std::vector<std::shared_ptr<Transfer>> parts_;
   uint64_t chunks_ = 0;
+  size_t parts_per_span_ = 0;
   TransferRouter::BatchLookups lookups_;
 };
 

@@ -233,6 +233,22 @@ absl::StatusOr<ChunkPlan> PagedPlan(std::shared_ptr<const PagedIds> ids, uint64_
   return absl::InternalError("a paged block is out of range but none was found");  // BlockWithin and AddChunk disagree
 }
 
+std::shared_ptr<const PagedIds> SlicePagedIds(std::shared_ptr<const PagedIds> whole, size_t first, size_t count) {
+  auto slice = std::make_shared<PagedIds>();
+  slice->block_size = whole->block_size;
+  slice->src.assign(whole->src.begin() + first, whole->src.begin() + first + count);
+  slice->dst.assign(whole->dst.begin() + first, whole->dst.begin() + first + count);
+  slice->min_dst = slice->dst[0];
+  for (size_t i = 0; i < count; ++i) {
+    slice->max_src = std::max(slice->max_src, slice->src[i]);
+    slice->max_dst = std::max(slice->max_dst, slice->dst[i]);
+    slice->min_dst = std::min(slice->min_dst, slice->dst[i]);
+  }
+  slice->whole = std::move(whole);
+  slice->first = first;
+  return slice;
+}
+
 DestinationExtent ExtentOf(const ChunkPlan& plan) {
   if (plan.paged != nullptr) {
     // No wrap: the plan checked that its largest block ends inside the region.
@@ -248,7 +264,31 @@ DestinationExtent ExtentOf(const ChunkPlan& plan) {
   return e;
 }
 
+namespace {
+
+// Slices of one checked mapping (its destination ids distinct) at one destination base,
+// no block in two of them: their destination bytes are disjoint.
+bool DistinctSlicesOfOneMapping(absl::Span<const ChunkPlan* const> plans) {
+  std::vector<std::pair<size_t, size_t>> blocks;  // each slice's [first, end) in the whole
+  for (const ChunkPlan* plan : plans) {
+    const PagedIds* ids = plan->paged.get();
+    if (ids == nullptr || ids->whole == nullptr || ids->whole != plans[0]->paged->whole ||
+        plan->dst_base != plans[0]->dst_base) {
+      return false;
+    }
+    blocks.emplace_back(ids->first, ids->first + ids->src.size());
+  }
+  std::sort(blocks.begin(), blocks.end());
+  for (size_t i = 1; i < blocks.size(); ++i) {
+    if (blocks[i].first < blocks[i - 1].second) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::Status CheckDisjointDestinations(absl::Span<const ChunkPlan* const> plans) {
+  if (DistinctSlicesOfOneMapping(plans)) return absl::OkStatus();
   std::vector<CopyChunk> chunks;
   for (const ChunkPlan* plan : plans) {
     for (size_t i = 0; i < plan->size(); ++i) chunks.push_back(plan->chunk(i));

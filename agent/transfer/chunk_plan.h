@@ -37,6 +37,10 @@ struct PagedIds {
   std::vector<uint64_t> src, dst;
   uint64_t max_src = 0, max_dst = 0;  // bound every block's offset on each side
   uint64_t min_dst = 0;               // with max_dst, where a plan's destination bytes lie
+  // Set on a slice (SlicePagedIds): the checked mapping these are blocks [first, first +
+  // src.size()) of. Distinct slices of one mapping at one destination base never overlap.
+  std::shared_ptr<const PagedIds> whole;
+  size_t first = 0;
 };
 
 struct ChunkPlan {
@@ -106,6 +110,10 @@ absl::StatusOr<ChunkPlan> PagedPlan(std::shared_ptr<const PagedIds> ids, uint64_
                                     uint64_t src_size, uint64_t dst_size);
 absl::StatusOr<ChunkPlan> PagedPlan(const v1::PagedChunks& p, uint64_t src_base, uint64_t dst_base, uint64_t src_size,
                                     uint64_t dst_size, const ChunkLimits& limits);
+// Blocks [first, first + count) of a checked mapping, as a mapping of their own (a batch
+// whose runs of blocks go through different write windows: a plan per run and region).
+// Requires count >= 1 and first + count <= whole->src.size().
+std::shared_ptr<const PagedIds> SlicePagedIds(std::shared_ptr<const PagedIds> whole, size_t first, size_t count);
 
 // The plan of one chunk (a queue entry), checked as BuildChunkPlan checks chunk 0.
 absl::StatusOr<ChunkPlan> SingleChunkPlan(const CopyChunk& chunk, uint64_t src_size, uint64_t dst_size);
@@ -118,7 +126,8 @@ struct DestinationExtent {
 DestinationExtent ExtentOf(const ChunkPlan& plan);
 // Whether the destination bytes of plans into one region are disjoint, each plan's own
 // being so (as every checked plan's are): INVALID_ARGUMENT naming two overlapping
-// ranges otherwise. Sorts all their chunks: callers compare extents first.
+// ranges otherwise. Sorts all their chunks (callers compare extents first), unless the
+// plans are distinct slices of one mapping at one destination base, disjoint by its check.
 absl::Status CheckDisjointDestinations(absl::Span<const ChunkPlan* const> plans);
 
 }  // namespace ferry

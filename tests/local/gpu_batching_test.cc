@@ -3,7 +3,10 @@
 #include "agent/local/gpu_batching.h"
 
 #include <catch2/catch.hpp>
+#include <memory>
 #include <vector>
+
+#include "tests/testing/host_region.h"
 
 namespace ferry::gpu_batching {
 namespace {
@@ -67,6 +70,23 @@ TEST_CASE("A batch's parts share a launch while they share one block mapping") {
   // Past kLaunchBytes the launch ends.
   std::vector<CopyShape> big(3, Shape(0, 0, 100 * kMiB, 6400, &mapping));
   CHECK(RunEnd(big, 0) == 2);
+}
+
+TEST_CASE("Slices of one mapping (requests each through its own write window) have its shape's mapping") {
+  auto whole = std::make_shared<PagedIds>();
+  whole->block_size = 64;
+  whole->src = whole->dst = {0, 1, 2};
+  Transfer first, rest, alone;
+  for (Transfer* t : {&first, &rest, &alone}) {
+    t->src = testing::MemfdRegion(1, 4096);
+    t->dst = testing::MemfdRegion(2, 4096);
+  }
+  first.plan.paged = SlicePagedIds(whole, 0, 1);
+  rest.plan.paged = SlicePagedIds(whole, 1, 2);
+  alone.plan.paged = whole;
+  CHECK(ShapeOf(first, false).mapping == whole.get());
+  CHECK(ShapeOf(rest, false).mapping == whole.get());
+  CHECK(ShapeOf(alone, false).mapping == whole.get());
 }
 
 TEST_CASE("Big single-chunk writes to another GPU are copy calls, a burst of them under one event") {

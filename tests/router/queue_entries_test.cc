@@ -209,8 +209,8 @@ TEST_CASE("Each refusal is a completion that names what to fix, and nothing land
     CheckRefused(ring.Next(), code, says);
   };
   queue::SubmitEntry e = Contiguous(f.src->id(), 0, 0, 4096);
-  e.flags = 0x80;
-  refused(e, absl::StatusCode::kInvalidArgument, "flags 0x80 has unknown bits");
+  e.flags = 0x100;
+  refused(e, absl::StatusCode::kInvalidArgument, "flags 0x100 has unknown bits");
   e = Contiguous(f.src->id(), 0, 0, 4096);
   e.dst_index = 1;
   refused(e, absl::StatusCode::kInvalidArgument, "dst_index 1 is not one of the queue's 1 destinations");
@@ -234,7 +234,7 @@ TEST_CASE("Each refusal is a completion that names what to fix, and nothing land
   refused(e, absl::StatusCode::kInvalidArgument, "of a message entry must be 0");
   e = Contiguous(0, 0, 0, 0);
   e.flags = queue::kFlagWindow;
-  refused(e, absl::StatusCode::kInvalidArgument, "a window (16) is for batch entries (4) only");
+  refused(e, absl::StatusCode::kInvalidArgument, "a window (16) or window spans (128) are for batch entries (4) only");
   e = Contiguous(0, 0, 0, 0);
   e.flags = queue::kFlagBatch;
   refused(e, absl::StatusCode::kInvalidArgument, "a batch entry has 1..1024 parts");
@@ -325,6 +325,60 @@ TEST_CASE("A window opened and closed by entries: writes through it land, and no
   CHECK(c.code != 0);
   CHECK_THAT(std::string(c.message), Catch::Contains("closed"));
   CHECK(memcmp(before.data(), f.windowed->data(), kRegionBytes) == 0);
+}
+
+TEST_CASE("A batch entry's window spans: each run of blocks through its own window, refusals precise") {
+  Fixture f;
+  auto open = [&](uint64_t offset, uint64_t length) {
+    WindowSpec spec;
+    spec.region_ids = {f.windowed->id()};
+    spec.ranges = {{offset, length}};
+    spec.timeout = absl::Seconds(10);
+    absl::StatusOr<std::shared_ptr<const WriteWindow>> w = f.windows.Open(f.receiver->id(), spec);
+    REQUIRE(w.ok());
+    queue::WindowSpan span{(*w)->id(), {}, 0, 0};
+    memcpy(span.token, (*w)->token().bytes().data(), sizeof(span.token));
+    return span;
+  };
+  queue::WindowSpan spans[2] = {open(0, 2048), open(4096, 1024)};  // blocks 0-1, and block 4
+  ClientRing ring(1, *f.writer, {Fixture::Descriptor(*f.windowed)});
+  // The table: the head, both spans, one part, the ids (blocks 0, 1 to the first window's
+  // blocks 1, 0; block 2 to the second's block 4).
+  auto write = [&](uint32_t first_blocks, uint32_t second_blocks, uint32_t count = 2, uint32_t flags = 0) {
+    const queue::WindowSpans head = {count, 0};
+    spans[0].blocks = first_blocks;
+    spans[1].blocks = second_blocks;
+    const queue::TablePart part = {f.src->id(), 0, 0, 0, 0};
+    const uint32_t ids[] = {0, 1, 2, /*to*/ 1, 0, 4};
+    uint32_t at = 0;
+    ring.WriteTable(at, &head, sizeof(head));
+    ring.WriteTable(at += queue::kWindowSpansIds, spans, sizeof(spans));
+    ring.WriteTable(at += 2 * queue::kWindowSpanIds, &part, sizeof(part));
+    ring.WriteTable(at + queue::kPartIds, ids, sizeof(ids));
+    queue::SubmitEntry e{};
+    e.flags = queue::kFlagBatch | queue::kFlagWindowSpans | flags;
+    e.dst_index = 1;
+    e.length = 1024;
+    e.blocks = 3;
+    REQUIRE(f.Handle(ring, e));
+    return ring.Next();
+  };
+  REQUIRE(write(2, 1).code == 0);
+  CHECK(memcmp(f.windowed->data() + 1024, f.src->data(), 1024) == 0);
+  CHECK(memcmp(f.windowed->data(), f.src->data() + 1024, 1024) == 0);
+  CHECK(memcmp(f.windowed->data() + 4096, f.src->data() + 2048, 1024) == 0);
+
+  memset(f.windowed->data(), 0, kRegionBytes);
+  CheckRefused(write(1, 2), absl::StatusCode::kOutOfRange, "window spans[1]: parts[0]: ");  // block 1 in the second
+  CheckRefused(write(2, 2), absl::StatusCode::kInvalidArgument, "window spans cover 4 blocks; the entry has 3");
+  CheckRefused(write(3, 0), absl::StatusCode::kInvalidArgument, "window spans[1]: window_id and blocks must be >= 1");
+  CheckRefused(write(2, 1, 0), absl::StatusCode::kInvalidArgument, "spans must be 1..256");
+  CheckRefused(write(2, 1, 257), absl::StatusCode::kInvalidArgument, "spans must be 1..256");
+  CheckRefused(write(2, 1, 2, queue::kFlagWindow), absl::StatusCode::kInvalidArgument, "exclude each other");
+  REQUIRE(f.windows.Close(spans[1].window_id, f.receiver->id(), absl::Seconds(1)).ok());
+  CheckRefused(write(2, 1), absl::StatusCode::kFailedPrecondition, "was closed");
+  CHECK(std::vector<uint8_t>(f.windowed->data(), f.windowed->data() + kRegionBytes) ==
+        std::vector<uint8_t>(kRegionBytes, 0));
 }
 
 TEST_CASE("Window entries are checked as the RPCs are") {

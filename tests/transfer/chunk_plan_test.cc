@@ -216,6 +216,31 @@ TEST_CASE("plans into one region: extents, and overlaps across plans") {
   CHECK(CheckDisjointDestinations({&*list, &*k}).code() == absl::StatusCode::kInvalidArgument);  // [64, 128)
 }
 
+TEST_CASE("slices of one mapping plan their own blocks and are disjoint by the mapping's check") {
+  const std::vector<uint64_t> src = {0, 1, 2, 3, 4}, dst = {7, 2, 5, 0, 3};
+  auto ids = CheckPagedIds(BlockMapping{64, src, dst}, {});
+  REQUIRE(ids.ok());
+  // Blocks 0-1 through one window, 2-4 through another (interleaved in the region).
+  const std::shared_ptr<const PagedIds> first = SlicePagedIds(*ids, 0, 2), rest = SlicePagedIds(*ids, 2, 3);
+  CHECK(first->dst == std::vector<uint64_t>{7, 2});
+  CHECK((first->min_dst == 2 && first->max_dst == 7 && first->max_src == 1));
+  CHECK((rest->min_dst == 0 && rest->max_dst == 5 && rest->max_src == 4 && rest->first == 2));
+  auto a = PagedPlan(first, 0, 0, 5 * 64, 8 * 64);
+  auto b = PagedPlan(rest, 0, 0, 5 * 64, 8 * 64);
+  REQUIRE((a.ok() && b.ok()));
+  CHECK(b->chunk(0).dst_offset == 5 * 64);
+  CHECK(a->total_bytes + b->total_bytes == 5 * 64);
+  CHECK(CheckDisjointDestinations({&*a, &*b}).ok());
+  // The same slice twice, or slices at other bases that meet, are compared chunk by chunk.
+  CHECK(CheckDisjointDestinations({&*a, &*b, &*a}).code() == absl::StatusCode::kInvalidArgument);
+  auto shifted = PagedPlan(rest, 0, 64, 5 * 64, 9 * 64);  // blocks 6, 1, 4: none of a's
+  REQUIRE(shifted.ok());
+  CHECK(CheckDisjointDestinations({&*a, &*shifted}).ok());
+  auto onto_a = PagedPlan(rest, 0, 2 * 64, 5 * 64, 10 * 64);  // blocks 7, 2, 5: a's 7 and 2
+  REQUIRE(onto_a.ok());
+  CHECK(CheckDisjointDestinations({&*a, &*onto_a}).code() == absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("limits, empties and missing layouts") {
   CHECK(BuildChunkPlan(Chunks({{0, 0, 1}, {0, 1, 1}, {0, 2, 1}}), 10, 10, {2}).status().code() ==
         absl::StatusCode::kResourceExhausted);

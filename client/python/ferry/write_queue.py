@@ -75,10 +75,13 @@ _COMPLETION = struct.Struct("<QQQQiI216s")  # user_data transfer_id bytes durati
 _COMPLETION_HEAD = struct.Struct("<QQQQiI")  # all but the message, which only a failure needs
 _MESSAGE = struct.Struct("216s")
 _FLAG_NOTIFY, _FLAG_PAGED, _FLAG_BATCH, _FLAG_MESSAGE, _FLAG_WINDOW = 1, 2, 4, 8, 16
-_FLAG_OPEN_WINDOW, _FLAG_CLOSE_WINDOW = 32, 64
+_FLAG_OPEN_WINDOW, _FLAG_CLOSE_WINDOW, _FLAG_WINDOW_SPANS = 32, 64, 128
 _WINDOW_OPEN = struct.Struct("<QII")  # a WindowOpen in the table: timeout_ms regions ranges
 _MAX_WINDOW_REGIONS, _MAX_WINDOW_RANGES = 256, 1 << 16
 _WINDOW_IDS = 6  # a WindowRef: the window's id (8 bytes) and token (16)
+# Window spans: a head (their count, a reserved 0), then per span a WindowRef, its block count and a reserved 0.
+_WINDOW_SPANS_IDS, _WINDOW_SPAN_IDS = 2, 8
+MAX_WINDOW_SPANS, MAX_WINDOW_SPAN_PARTS = 256, 16384  # post_batch's windows
 _MAX_PAYLOAD = 4096  # a notification's or message's payload
 _PART = struct.Struct("<QQQII")  # a batch part in the table: src_region src_base dst_base dst_index reserved
 _PART_IDS, _MAX_BATCH_PARTS = _PART.size // 4, 1024
@@ -95,6 +98,14 @@ class Completion:
     path: str = ""  # local, fabric or staged
     seconds: float = 0.0  # post -> completion, as the agent measured it
     token: builtins.bytes = b""  # an opened window's token (post_open_window), its id in transfer_id
+
+
+def _window_ref(window: RegionDescriptor, what: str) -> bytes:
+    """A write window's id and token, as the table holds them (a WindowRef)."""
+    proto = getattr(window, "_proto", None)
+    if proto is None or not proto.window_id or len(proto.token) != 16:
+        raise errors.InvalidArgument(f"{what} must be a write window's RegionDescriptor (its window_id set)")
+    return bytes(struct.pack("<Q", proto.window_id) + proto.token)
 
 
 def _refuse(src: object, **values: Any) -> None:
@@ -200,11 +211,12 @@ class WriteQueue(SharedRing):
                         blocks=blocks))
 
     @staticmethod
-    def batch_table_ids(parts: int, blocks: int, payload_bytes: int = 0, window: bool = False) -> int:
+    def batch_table_ids(parts: int, blocks: int, payload_bytes: int = 0, window: bool = False, windows: int = 0) -> int:
         """How many ids of the block table a ``post_batch`` of ``parts`` parts, ``blocks``
-        block pairs and a ``payload_bytes`` payload (through a window or not) takes from
-        its ``table_index``."""
-        return (_WINDOW_IDS if window else 0) + parts * _PART_IDS + 2 * blocks + (payload_bytes + 3) // 4
+        block pairs and a ``payload_bytes`` payload (through a window, through ``windows``
+        windows in spans, or neither) takes from its ``table_index``."""
+        head = _WINDOW_IDS if window else (_WINDOW_SPANS_IDS + windows * _WINDOW_SPAN_IDS if windows else 0)
+        return head + parts * _PART_IDS + 2 * blocks + (payload_bytes + 3) // 4
 
     def pack_parts(self, parts: Sequence[BatchPart]) -> BatchParts:
         """``post_batch``'s ``parts``, checked and packed once: a caller that posts the
@@ -224,7 +236,8 @@ class WriteQueue(SharedRing):
 
     def post_batch(self, parts: Union[BatchParts, Sequence[BatchPart]], block_size: int, src_ids: Sequence[int],
                    dst_ids: Sequence[int], *, table_index: int = 0, user_data: int = 0, notify: bool = False,
-                   tag: int = 0, payload: bytes = b"", window: Optional[RegionDescriptor] = None) -> None:
+                   tag: int = 0, payload: bytes = b"", window: Optional[RegionDescriptor] = None,
+                   windows: Optional[Sequence[Tuple[RegionDescriptor, int]]] = None) -> None:
         """Queues one block mapping over several regions as one transfer (the queue's form
         of ``Client.write_batch``): ``parts`` are ``(src Region, dst_index, src_base,
         dst_base)``; part p's block i copies ``block_size`` bytes from src_base +
@@ -236,7 +249,12 @@ class WriteQueue(SharedRing):
         4 KiB) to the owner of part 0's destination once every part has landed. With
         ``window`` (a RegionDescriptor of a write window, from its owner: only its id and
         token are used), every part writes through that window of its destination's owner
-        instead of with the destination's own token."""
+        instead of with the destination's own token. With ``windows``, runs of the blocks
+        go through different windows: ``(window descriptor, count)`` each, the next
+        ``count`` blocks of the ids through that window (counts of at least 1 adding up to
+        the ids'; at most 256 windows, and parts times windows at most 16,384): several
+        requests' blocks in one write, each request through its own window. The agent
+        refuses the whole entry if any window refuses its blocks."""
         if self.closed:
             raise errors.FailedPrecondition("this queue is closed")
         n = len(src_ids)
@@ -246,12 +264,13 @@ class WriteQueue(SharedRing):
             parts = self.pack_parts(parts)
         payload = bytes(payload)
         ref = b""
+        if window is not None and windows is not None:
+            raise errors.InvalidArgument("give window or windows, not both")
         if window is not None:
-            proto = getattr(window, "_proto", None)
-            if proto is None or not proto.window_id or len(proto.token) != 16:
-                raise errors.InvalidArgument("window must be a write window's RegionDescriptor (its window_id set)")
-            ref = struct.pack("<Q", proto.window_id) + proto.token
-        words = self.batch_table_ids(parts.count, n, len(payload), window=bool(ref))
+            ref = _window_ref(window, "window")
+        elif windows is not None:
+            ref = self._pack_spans(windows, n, parts.count)
+        words = self.batch_table_ids(parts.count, n, len(payload)) + len(ref) // 4
         self._check_table_room("batch", table_index, words)
         at = self._table_offset + 4 * table_index
         self._map[at:at + len(ref)] = ref
@@ -265,9 +284,35 @@ class WriteQueue(SharedRing):
             raise errors.InvalidArgument(f"block ids must be integers in [0, 2**32): {e}") from None
         end = self._table_offset + 4 * (first + 2 * n)
         self._map[end:end + len(payload)] = payload
-        flags = _FLAG_BATCH | (_FLAG_NOTIFY if notify else 0) | (_FLAG_WINDOW if ref else 0)
+        flags = _FLAG_BATCH | (_FLAG_NOTIFY if notify else 0) | \
+            (0 if not ref else _FLAG_WINDOW if window is not None else _FLAG_WINDOW_SPANS)
         self._post(_NO_REGION, len(payload), 0, block_size, tag, parts.count, flags, table_index, n, user_data,
                    dict(block_size=block_size))
+
+    @staticmethod
+    def _pack_spans(windows: Sequence[Tuple[RegionDescriptor, int]], blocks: int, parts: int) -> bytes:
+        """post_batch's ``windows`` as the table holds them (a WindowSpans head, then a
+        WindowSpan each), checked."""
+        if not 1 <= len(windows) <= MAX_WINDOW_SPANS:
+            raise errors.InvalidArgument(f"windows must hold 1..{MAX_WINDOW_SPANS} (window, count) pairs, "
+                                         f"got {len(windows)}")
+        if parts * len(windows) > MAX_WINDOW_SPAN_PARTS:
+            raise errors.InvalidArgument(f"parts times windows are at most {MAX_WINDOW_SPAN_PARTS}, "
+                                         f"got {parts} x {len(windows)}")
+        out = bytearray(struct.pack("<II", len(windows), 0))
+        total = 0
+        for i, span in enumerate(windows):
+            try:
+                descriptor, count = span
+            except (TypeError, ValueError):
+                raise errors.InvalidArgument(f"windows[{i}] must be (window descriptor, block count)") from None
+            if not isinstance(count, int) or count < 1:
+                raise errors.InvalidArgument(f"windows[{i}]: the block count must be an integer >= 1, got {count!r}")
+            out += _window_ref(descriptor, f"windows[{i}]") + struct.pack("<II", count, 0)
+            total += count
+        if total != blocks:
+            raise errors.InvalidArgument(f"windows cover {total} blocks; the ids are {blocks} (they must add up)")
+        return bytes(out)
 
     def post_message(self, payload: bytes, *, dst_index: int = 0, tag: int = 0, table_index: int = 0,
                      user_data: int = 0) -> None:

@@ -552,12 +552,15 @@ def test_a_write_after_the_consumer_timed_out_and_reused_its_blocks(fabric_agent
             consumer.close()
 
 
-def test_a_steps_pulls_open_their_windows_together(windowed_pair):
+def test_a_steps_pulls_open_their_windows_together(windowed_pair, monkeypatch):
     """pull_many (what FerryConnector's worker calls per decode step): the windows of every
-    pull are posted to the producer's queue before any is awaited; each request lands
-    through its own, a pull that cannot be asked for fails alone, and every window is
-    closed once its request is reported."""
+    pull are posted to the producer's queue before any is awaited; the requests share one
+    write, each request's blocks through its own window; a pull that cannot be asked for
+    fails alone, and every window is closed once its request is reported."""
     producer, consumer, players, clayers, pspec, cspec = windowed_pair
+    posts, post = [], ferry.kv_handoff.producer._ConsumerQueue.post
+    monkeypatch.setattr(ferry.kv_handoff.producer._ConsumerQueue, "post",
+                        lambda q, rids, *a: posts.append((list(rids), [n for _, n in a[-1]])) or post(q, rids, *a))
     rng = random.Random(5)
     src = [rng.sample(range(64), 4) for _ in range(6)]
     dst = [list(range(8 * i, 8 * i + 4)) for i in range(6)]
@@ -570,6 +573,7 @@ def test_a_steps_pulls_open_their_windows_together(windowed_pair):
     assert set(consumer._windows) == {f"m{i}" for i in range(6)}
     p, c = until(producer, consumer)
     assert c.done == {f"m{i}" for i in range(6)} and not c.failed, c
+    assert posts == [([f"m{i}" for i in range(6)], [4] * 6)]  # one write, a window span of 4 blocks each
     assert consumer._windows == {}
     for i in range(6):
         for s, d in zip(src[i], dst[i], strict=False):

@@ -3,6 +3,7 @@ window mode takes writes only through an open window of it, inside its ranges, f
 writer; a late write (after the owner closed the window and reused the bytes) is refused
 and the new owner's bytes stay intact, on one agent and across two (fabric and staged
 paths); malformed windows are refused naming the field; the owner hears of refusals."""
+import array
 import time
 
 import pytest
@@ -231,6 +232,71 @@ def test_a_window_opened_and_closed_through_a_write_queue(agent, agent_factory, 
         assert _all(kv, 2 * BLOCK, 4 * BLOCK, 0x11)
         again = _queue_entry(q, lambda ud: q.post_close_window(opened.transfer_id, user_data=ud))
         assert again.error is None, again  # closing again is harmless
+
+
+@pytest.mark.parametrize("path", ["local", "fabric"])
+def test_requests_in_their_own_windows_share_one_write(agent, agent_factory, path):
+    """A producer's write of several requests' blocks, each request through the window its
+    consumer opened for it (post_batch's windows, in spans): the blocks land in every
+    part's region; a span outside its own window, or through a window closed since, fails
+    the whole entry and nothing lands in that span's blocks. On one agent nothing of the
+    entry moves; on the fabric a window's close can reach the writer's agent only as its
+    revoked keys, and the other spans' bytes may land, inside their own open windows."""
+    a, b = (agent, agent) if path == "local" else _agents(agent_factory)
+    with ferry.Client(a.socket) as writer, ferry.Client(b.socket) as owner:
+        layers = [owner.register_host(8 * BLOCK, write_windows=True) for _ in range(2)]
+        src = writer.register_host(8 * BLOCK)
+        for i in range(8):
+            _fill(src, i * BLOCK, (i + 1) * BLOCK, 0xA0 + i)
+        name = writer.register_host(BLOCK).descriptor()  # names the writer
+        first = owner.open_write_window(layers, [(BLOCK, 2 * BLOCK)], writer=name, timeout=30)  # blocks 1-2
+        second = owner.open_write_window(layers, [(5 * BLOCK, BLOCK)], writer=name, timeout=30)  # block 5
+        q = writer.create_queue([kv.descriptor() for kv in layers], entries=8, table_ids=256)
+        parts = [(src, 0, 0, 0), (src, 1, 0, 0)]
+
+        def write(windows):
+            return _queue_entry(q, lambda ud: q.post_batch(parts, BLOCK, [0, 1, 2], [1, 2, 5], user_data=ud,
+                                                           windows=windows))
+
+        def blocks(kv):
+            return [bytes(kv.buffer[i * BLOCK:(i + 1) * BLOCK]) for i in range(8)]
+
+        c = write([(first.descriptors[0], 2), (second.descriptors[0], 1)])
+        assert c.error is None and c.bytes == 2 * 3 * BLOCK, c
+        for kv in layers:
+            got = blocks(kv)
+            assert [got[1][0], got[2][0], got[5][0]] == [0xA0, 0xA1, 0xA2], path
+            assert all(got[i] == bytes(BLOCK) for i in (0, 3, 4, 6, 7)), path
+
+        for kv in layers:
+            _fill(kv, 0, kv.size, 0x11)  # the blocks reused
+        c = write([(first.descriptors[0], 1), (second.descriptors[0], 2)])  # block 2 through the second
+        assert isinstance(c.error, ferry.OutOfRange), c
+        assert "window spans[1]: parts[0]" in str(c.error) and "outside write window" in str(c.error), c
+        second.close()
+        c = write([(first.descriptors[0], 2), (second.descriptors[0], 1)])
+        assert isinstance(c.error, ferry.FailedPrecondition) and f"write window {second.id} was" in str(c.error), c
+        time.sleep(0.2)
+        for kv in layers:  # nothing in the closed window's block, nor outside the windows
+            assert _all(kv, 5 * BLOCK, kv.size, 0x11) and _all(kv, 0, BLOCK, 0x11) and _all(kv, 3 * BLOCK, 5 * BLOCK, 0x11)
+            if path == "local":  # refused before any byte moved; on the fabric, the open window's span may land
+                assert _all(kv, BLOCK, 3 * BLOCK, 0x11), "a refused entry wrote some of its spans"
+
+        with pytest.raises(ferry.InvalidArgument, match="windows cover 2 blocks; the ids are 3"):
+            q.post_batch(parts, BLOCK, [0, 1, 2], [1, 2, 5], windows=[(first.descriptors[0], 2)])
+        with pytest.raises(ferry.InvalidArgument, match="window or windows, not both"):
+            q.post_batch(parts, BLOCK, [0], [1], window=first.descriptors[0], windows=[(first.descriptors[0], 1)])
+        with pytest.raises(ferry.InvalidArgument, match=r"windows\[0\] must be a write window"):
+            q.post_batch(parts, BLOCK, [0], [1], windows=[(layers[0].descriptor(), 1)])
+        # What a client that skipped those checks would post: each refused by the agent.
+        q.table[0:2] = array.array("I", [0, 0])
+        c = _queue_entry(q, lambda ud: q._post(ferry.write_queue._NO_REGION, 0, 0, BLOCK, 0, 2, 4 | 128, 0, 1, ud,
+                                               {}))
+        assert isinstance(c.error, ferry.InvalidArgument) and "spans must be 1..256" in str(c.error), c
+        c = _queue_entry(q, lambda ud: q._post(ferry.write_queue._NO_REGION, 0, 0, BLOCK, 0, 2, 4 | 16 | 128, 0, 1,
+                                               ud, {}))
+        assert isinstance(c.error, ferry.InvalidArgument) and "exclude each other" in str(c.error), c
+        first.close()
 
 
 def test_malformed_window_entries_are_refused_precisely(agent):

@@ -44,9 +44,10 @@ inline constexpr uint32_t kFlagNotify = 1;
 inline constexpr uint32_t kFlagPaged = 2;
 inline constexpr uint32_t kFlagBatch = 4;
 inline constexpr uint32_t kFlagMessage = 8;
-inline constexpr uint32_t kFlagWindow = 16;       // with kFlagBatch: see WindowRef
-inline constexpr uint32_t kFlagOpenWindow = 32;   // alone: see WindowOpen
-inline constexpr uint32_t kFlagCloseWindow = 64;  // alone
+inline constexpr uint32_t kFlagWindow = 16;        // with kFlagBatch: see WindowRef
+inline constexpr uint32_t kFlagOpenWindow = 32;    // alone: see WindowOpen
+inline constexpr uint32_t kFlagCloseWindow = 64;   // alone
+inline constexpr uint32_t kFlagWindowSpans = 128;  // with kFlagBatch: see WindowSpan
 // The most parts of a batch entry (as ferry.v1.WriteBatchRequest's).
 inline constexpr uint32_t kMaxBatchParts = 1024;
 
@@ -92,6 +93,18 @@ struct RingHeader {
 // table[table_index], then the batch's table as above, from table_index + kWindowIds.
 // Each part's destination is then the queue's descriptor with the window's id and token
 // in place of the region's.
+//
+// With kFlagBatch | kFlagWindowSpans, runs of the mapping's blocks go through different
+// write windows of their destinations' owner (a decode step's requests of one consumer in
+// one write, each through the window its consumer opened for it): a WindowSpans head at
+// table[table_index], then `spans` WindowSpans (kWindowSpanIds ids each), then the batch's
+// table as above. Span s covers the next spans[s].blocks blocks of the mapping (at least 1
+// each, `blocks` together): each part's copies of those blocks go to its destination
+// through window s. A span refused (its window closed, expired, or the blocks outside it)
+// fails the whole entry, and nothing lands in its blocks: refused before any byte moves,
+// except where the writer's agent learns of a closed window on the fabric only as its
+// revoked keys, and other spans' bytes land inside their own open windows. Not with
+// kFlagWindow.
 //
 // With kFlagMessage, a message (ferry.v1.SendMessageRequest: no bytes written): the
 // owner of destination `dst_index` gets a notification of kind MESSAGE with `tag` and
@@ -144,6 +157,25 @@ struct WindowRef {
 };
 static_assert(sizeof(WindowRef) == 24, "ABI");
 inline constexpr uint32_t kWindowIds = sizeof(WindowRef) / sizeof(uint32_t);
+
+// The head of a kFlagWindowSpans batch entry's table words, and each span after it.
+struct WindowSpans {
+  uint32_t spans;     // 1..kMaxWindowSpans
+  uint32_t reserved;  // 0
+};
+static_assert(sizeof(WindowSpans) == 8, "ABI");
+inline constexpr uint32_t kWindowSpansIds = sizeof(WindowSpans) / sizeof(uint32_t);
+struct WindowSpan {
+  uint64_t window_id;
+  uint8_t token[16];
+  uint32_t blocks;    // >= 1
+  uint32_t reserved;  // 0
+};
+static_assert(sizeof(WindowSpan) == 32, "ABI");
+inline constexpr uint32_t kWindowSpanIds = sizeof(WindowSpan) / sizeof(uint32_t);
+// The most spans of one entry, and of its parts times its spans (each a part of the write).
+inline constexpr uint32_t kMaxWindowSpans = 256;
+inline constexpr uint32_t kMaxWindowSpanParts = 16384;
 
 // The head of a kFlagOpenWindow entry's table words.
 struct WindowOpen {

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from .. import errors
 from .._types import Region, RegionDescriptor
 from ..client import Client, TransferFuture
+from ..write_queue import MAX_WINDOW_SPAN_PARTS, MAX_WINDOW_SPANS
 from . import wire
 from ._common import KVCacheSpec, Progress, _block_ids, _Inbox, logger, new_request_secret
 
@@ -87,10 +88,11 @@ class _ConsumerQueue:
         self._user_data = 0
 
     def post(self, rids: List[str], block_bytes: int, src_ids: Sequence[int], dst_ids: Sequence[int], payload: bytes,
-             window: Optional[RegionDescriptor] = None) -> bool:
-        """Posts the requests' batch entry (through the consumer's write ``window``, if
-        any); False when the queue or its table is full (or refused the entry)."""
-        words = self.queue.batch_table_ids(self._parts.count, len(src_ids), len(payload), window=window is not None)
+             windows: Optional[List[Tuple[RegionDescriptor, int]]] = None) -> bool:
+        """Posts the requests' batch entry (each request's blocks through the consumer's
+        write window for it, if any: ``windows``, in the ids' order); False when the queue
+        or its table is full (or refused the entry)."""
+        words = self.queue.batch_table_ids(self._parts.count, len(src_ids), len(payload), windows=len(windows or ()))
         if self.queue.inflight >= self.ENTRIES or words > self.TABLE_IDS:
             return False
         for start in (self._next, 0):  # after the last request's range, else from the start
@@ -102,7 +104,8 @@ class _ConsumerQueue:
         self._user_data += 1
         try:
             self.queue.post_batch(self._parts, block_bytes, src_ids, dst_ids, table_index=start,
-                                  user_data=self._user_data, notify=True, tag=wire.DONE, payload=payload, window=window)
+                                  user_data=self._user_data, notify=True, tag=wire.DONE, payload=payload,
+                                  windows=windows)
         except errors.FerryError:
             return False  # the caller's write_batch says what is wrong, if anything
         self._ranges[self._user_data] = (rids, start, end)
@@ -392,27 +395,30 @@ class KVProducer:
         once) starts a new write, as it was written before pulls shared writes; only one
         consumer's pulls share a write, so its mistakes fail only its own requests. A
         consumer from before shared writes (no SHARED_WRITES in its HELLO) gets a write
-        per pull."""
-        # consumer -> the pulls of its next write, their block count, their destination
-        # blocks (while another pull may join), and their names' bytes
-        runs: Dict[str, Tuple[List[_Pull], int, Set[int], int]] = {}
+        per pull. Pulls each in their consumer's write window for it share a write as well,
+        each request's blocks through its own window (the queue's window spans), as many
+        as a write takes."""
+        # (consumer, through windows?) -> the pulls of its next write, their block count,
+        # their destination blocks (while another pull may join), and their names' bytes
+        runs: Dict[Tuple[str, bool], Tuple[List[_Pull], int, Set[int], int]] = {}
+        max_windows = max(1, min(MAX_WINDOW_SPANS, MAX_WINDOW_SPAN_PARTS // (len(self._layers) * self._spec.halves)))
         for pull in accepted:
             if self._held.get(pull.rid) is not pull.held:  # cancelled after its PULL, in the same pass
                 continue
-            if pull.window or not self._consumer_features.get(pull.consumer, 0) & wire.SHARED_WRITES:
-                # A request in its own window is written alone: a write goes through one window.
+            if not self._consumer_features.get(pull.consumer, 0) & wire.SHARED_WRITES:
                 self._write_run(pull.consumer, [pull], progress)
                 continue
-            run, count, blocks, names = runs.get(pull.consumer, ([], 0, set(), 1))
+            key = (pull.consumer, bool(pull.window))
+            run, count, blocks, names = runs.get(key, ([], 0, set(), 1))
             if run and (count + len(pull.dst_ids) > _MERGED_BLOCKS or names + 2 + len(pull.reply) > wire.MAX_PAYLOAD or
-                        not blocks.isdisjoint(pull.dst_ids)):
+                        not blocks.isdisjoint(pull.dst_ids) or (pull.window and len(run) >= max_windows)):
                 self._write_run(pull.consumer, run, progress)
                 run, count, blocks, names = [], 0, set(), 1
             run.append(pull)
             if count + len(pull.dst_ids) < _MERGED_BLOCKS:
                 blocks.update(pull.dst_ids)
-            runs[pull.consumer] = (run, count + len(pull.dst_ids), blocks, names + 2 + len(pull.reply))
-        for consumer, (run, _, _, _) in runs.items():
+            runs[key] = (run, count + len(pull.dst_ids), blocks, names + 2 + len(pull.reply))
+        for (consumer, _), (run, _, _, _) in runs.items():
             self._write_run(consumer, run, progress)
 
     def _write_run(self, consumer: str, run: List[_Pull], progress: Progress) -> None:
@@ -423,13 +429,17 @@ class KVProducer:
         rids, payload = [p.rid for p in run], wire.names_payload([p.reply for p in run])
         descriptors = _complete(self._consumers[consumer])
         assert descriptors is not None  # only a complete consumer's pulls are accepted
-        window = _through_window(descriptors[0], run[0].window) if run[0].window else None
+        windows = [(_through_window(descriptors[0], p.window), len(p.dst_ids)) for p in run] if run[0].window else None
         q = self._queue_for(consumer, descriptors)
-        if q is not None and q.post(rids, self._spec.block_bytes, src_ids, dst_ids, payload, window):
+        if q is not None and q.post(rids, self._spec.block_bytes, src_ids, dst_ids, payload, windows):
             for p in run:
                 p.held.future = _QUEUED  # poll() reaps its completion
             return
-        if window is not None:
+        if windows is not None and len(run) > 1:  # write_batch goes through one window: a write per request
+            for p in run:
+                self._write_run(consumer, [p], progress)
+            return
+        if windows is not None:
             descriptors = [_through_window(d, run[0].window) for d in descriptors]
         parts = [(self._layers[layer], descriptors[layer], s, d) for layer, s, d in self._layer_halves(consumer)]
         try:
