@@ -190,11 +190,8 @@ absl::Status QueueEntries::CopyWindowSpans(const TransferQueue& q, const queue::
   thread_local std::string words;
   if (e.flags & queue::kFlagWindow) {  // one window for every block
     FERRY_RETURN_IF_ERROR(q.CopyBytes(*table, sizeof(queue::WindowRef), &words));
-    queue::WindowRef ref;
-    memcpy(&ref, words.data(), sizeof(ref));
     queue::WindowSpan& span = spans->emplace_back();
-    span.window_id = ref.window_id;
-    memcpy(span.token, ref.token, sizeof(span.token));
+    memcpy(&span.window, words.data(), sizeof(span.window));
     span.blocks = e.blocks;
     *table += queue::kWindowIds;
     return absl::OkStatus();
@@ -214,10 +211,10 @@ absl::Status QueueEntries::CopyWindowSpans(const TransferQueue& q, const queue::
   uint64_t blocks = 0;
   for (size_t s = 0; s < spans->size(); ++s) {
     const queue::WindowSpan& span = (*spans)[s];
-    if (span.blocks == 0 || span.reserved != 0 || span.window_id == 0) {
+    if (span.blocks == 0 || span.reserved != 0 || span.window.window_id == 0) {
       return absl::InvalidArgumentError(absl::StrCat("window spans[", s, "]: window_id and blocks must be >= 1 and ",
-                                                     "reserved 0, got ", span.window_id, ", ", span.blocks, " and ",
-                                                     span.reserved));
+                                                     "reserved 0, got ", span.window.window_id, ", ", span.blocks,
+                                                     " and ", span.reserved));
     }
     blocks += span.blocks;
   }
@@ -232,8 +229,8 @@ absl::Status QueueEntries::CopyWindowSpans(const TransferQueue& q, const queue::
 std::shared_ptr<const v1::RegionDescriptor> QueueEntries::ThroughWindow(const v1::RegionDescriptor& destination,
                                                                         const queue::WindowSpan& span) {
   auto d = std::make_shared<v1::RegionDescriptor>(destination);
-  d->set_window_id(span.window_id);
-  d->set_token(reinterpret_cast<const char*>(span.token), sizeof(span.token));
+  d->set_window_id(span.window.window_id);
+  d->set_token(reinterpret_cast<const char*>(span.window.token), sizeof(span.window.token));
   return d;
 }
 

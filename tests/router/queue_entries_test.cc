@@ -336,8 +336,8 @@ TEST_CASE("A batch entry's window spans: each run of blocks through its own wind
     spec.timeout = absl::Seconds(10);
     absl::StatusOr<std::shared_ptr<const WriteWindow>> w = f.windows.Open(f.receiver->id(), spec);
     REQUIRE(w.ok());
-    queue::WindowSpan span{(*w)->id(), {}, 0, 0};
-    memcpy(span.token, (*w)->token().bytes().data(), sizeof(span.token));
+    queue::WindowSpan span{{(*w)->id(), {}}, 0, 0};
+    memcpy(span.window.token, (*w)->token().bytes().data(), sizeof(span.window.token));
     return span;
   };
   queue::WindowSpan spans[2] = {open(0, 2048), open(4096, 1024)};  // blocks 0-1, and block 4
@@ -375,7 +375,7 @@ TEST_CASE("A batch entry's window spans: each run of blocks through its own wind
   CheckRefused(write(2, 1, 0), absl::StatusCode::kInvalidArgument, "spans must be 1..256");
   CheckRefused(write(2, 1, 257), absl::StatusCode::kInvalidArgument, "spans must be 1..256");
   CheckRefused(write(2, 1, 2, queue::kFlagWindow), absl::StatusCode::kInvalidArgument, "exclude each other");
-  REQUIRE(f.windows.Close(spans[1].window_id, f.receiver->id(), absl::Seconds(1)).ok());
+  REQUIRE(f.windows.Close(spans[1].window.window_id, f.receiver->id(), absl::Seconds(1)).ok());
   CheckRefused(write(2, 1), absl::StatusCode::kFailedPrecondition, "was closed");
   CHECK(std::vector<uint8_t>(f.windowed->data(), f.windowed->data() + kRegionBytes) ==
         std::vector<uint8_t>(kRegionBytes, 0));

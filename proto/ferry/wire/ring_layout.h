@@ -166,8 +166,7 @@ struct WindowSpans {
 static_assert(sizeof(WindowSpans) == 8, "ABI");
 inline constexpr uint32_t kWindowSpansIds = sizeof(WindowSpans) / sizeof(uint32_t);
 struct WindowSpan {
-  uint64_t window_id;
-  uint8_t token[16];
+  WindowRef window;   // window_id >= 1
   uint32_t blocks;    // >= 1
   uint32_t reserved;  // 0
 };
