@@ -589,3 +589,44 @@ def test_a_cancel_through_a_window_settles_at_once(windowed_pair):
     (p,) = until(producer)
     assert "req-c" not in p.done
     assert [bytes(r.buffer) for r in clayers] == before
+
+
+def test_a_slow_window_close_holds_its_request_back_but_not_the_step(windowed_pair, monkeypatch):
+    """A request is reported once its window is closed (nothing can land in its blocks
+    any more). A close the agent has not answered yet (a fault injected: its completion
+    held back) does not block poll(): the request waits for a later poll, and others are
+    reported meanwhile."""
+    producer, consumer, players, clayers, pspec, cspec = windowed_pair
+    held_back: set = set()
+    window_entry = ferry.kv_handoff.consumer._Mailbox.window_entry
+
+    def slow(mailbox, ud):
+        return None if ud in held_back else window_entry(mailbox, ud)
+
+    monkeypatch.setattr(ferry.kv_handoff.consumer._Mailbox, "window_entry", slow)
+    post_close = ferry.kv_handoff.consumer._Mailbox.post_close_window
+
+    def post_and_hold(mailbox, window_id, wait):  # the first close posted (the slow request's) is held back
+        ud = post_close(mailbox, window_id, wait)
+        if not posted:
+            held_back.add(ud)
+        posted.append(ud)
+        return ud
+
+    posted: list = []
+    monkeypatch.setattr(ferry.kv_handoff.consumer._Mailbox, "post_close_window", post_and_hold)
+    producer.hold("slow", [1, 2], secret=S)
+    consumer.pull("slow", producer.mailbox, [3, 4], secret=S)
+    (p,) = until(producer)
+    assert p.done == {"slow"}
+    t0 = time.monotonic()
+    c = consumer.poll()
+    assert time.monotonic() - t0 < 0.5 and not c.done and not c.failed, c
+    assert set(consumer._closing) == {"slow"}
+    producer.hold("quick", [5], secret=S)
+    consumer.pull("quick", producer.mailbox, [6], secret=S)
+    p, c = until(producer, consumer)
+    assert c.done == {"quick"} and not c.failed, c  # not held up by the slow close
+    held_back.clear()  # the agent answers
+    (c,) = until(consumer)
+    assert c.done == {"slow"} and consumer._closing == {}

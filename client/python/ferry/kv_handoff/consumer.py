@@ -25,6 +25,10 @@ _PROBE_S = 1.0
 # waits this long for the agent's copies into it to end.
 _WINDOW_SLACK_S = 5.0
 _WINDOW_CLOSE_S = 2.0
+# poll() waits at most this long for the closes it posted (one round trip to the agent,
+# ~0.1-0.2 ms); a request whose close takes longer (the agent busy, a copy through the
+# window still ending) is reported by a later poll(), so the engine's step does not wait.
+_CLOSE_IN_POLL_S = 0.002
 # KVConsumer.poll()'s reason for a request given up with cancel(): its blocks may be reused.
 CANCELLED = "cancelled"
 # What this consumer's HELLO says it can take (wire.FEATURES; a test may say less).
@@ -141,6 +145,18 @@ class _Mailbox:
         self._sent[ud] = (slot, self._WINDOW, None)
         return ud
 
+    def window_entry(self, ud: int) -> Optional[Completion]:
+        """The completion of window entry ``ud`` if it has come (None if not yet), without
+        waiting."""
+        if ud not in self._windows_done:
+            self._reap(0)
+        return self._windows_done.pop(ud, None)
+
+    def abandon_window_entry(self, ud: int) -> None:
+        """Stops waiting for window entry ``ud``: its completion is dropped when it comes."""
+        if self._windows_done.pop(ud, None) is None and ud in self._sent:
+            self._abandoned.add(ud)
+
     def await_window_entry(self, ud: int, wait: float) -> Completion:
         """The completion of window entry ``ud``, waiting up to ``wait`` seconds; raises
         its error, or DeadlineExceeded."""
@@ -235,6 +251,10 @@ class KVConsumer:
         self._layers = list(layers)
         self._windowed = bool(layers) and all(getattr(r, "write_windows", False) for r in layers)
         self._windows: Dict[str, Union[WriteWindow, _QueueWindow]] = {}  # request id -> its open window
+        # Requests settled whose window's close is still on its way: request id -> its
+        # queue, the close entry, when to give up on it, and what poll() reports once it is
+        # closed (None: done; else why it failed).
+        self._closing: Dict[str, Tuple[_Mailbox, int, float, Optional[str]]] = {}
 
     def _open_window(self, request_id: str, producer_mailbox: bytes, ids: Sequence[int]) -> Union[bytes, int]:
         """Opens the request's window: WINDOW_BYTES for its PULL, b"" without windows, or
@@ -404,35 +424,60 @@ class KVConsumer:
                 progress.done.discard(rid)
                 progress.failed[rid] = CANCELLED
         self._cancelled -= progress.done | set(progress.failed)
-        reported = progress.done | set(progress.failed)  # their blocks are the engine's again
-        for rid, close_error in self._close_windows(reported).items():
-            if close_error is not None:
-                progress.done.discard(rid)
-                progress.failed[rid] = close_error
+        self._close_windows(progress)  # a request is reported once nothing can land in its blocks
         return progress
 
-    def _close_windows(self, request_ids: Set[str]) -> Dict[str, Optional[str]]:
-        """_close_window of each request, the closes through a queue posted together (a
-        step's requests settle in one round trip to the agent, not one each)."""
-        out: Dict[str, Optional[str]] = {}
-        posted = []
-        for rid in request_ids:
+    def _close_windows(self, progress: Progress) -> None:
+        """Closes the windows of the requests ``progress`` reports, and holds each back
+        until its window is closed (its blocks are the engine's again only then). The
+        closes through a queue are posted together (a step's requests settle in one round
+        trip to the agent) and awaited for at most _CLOSE_IN_POLL_S; those still on their
+        way, and those from earlier polls, are reported by the poll that sees them closed."""
+        now = time.monotonic()
+        for rid in progress.done | set(progress.failed):
             window = self._windows.get(rid)
+            if window is None:
+                continue
+            outcome = None if rid in progress.done else progress.failed[rid]
+            progress.done.discard(rid)
+            progress.failed.pop(rid, None)
             if isinstance(window, _QueueWindow):
                 del self._windows[rid]
                 try:
-                    posted.append((rid, window.mailbox, window.mailbox.post_close_window(window.id, _WINDOW_CLOSE_S)))
+                    ud = window.mailbox.post_close_window(window.id, _WINDOW_CLOSE_S)
+                    self._closing[rid] = (window.mailbox, ud, now + _WINDOW_CLOSE_S + _Mailbox.WAIT, outcome)
+                    continue
                 except errors.FerryError as e:
-                    out[rid] = f"closing its write window failed ({e}); its blocks may still change"
+                    why: Optional[str] = f"closing its write window failed ({e}); its blocks may still change"
             else:
-                out[rid] = self._close_window(rid)
-        for rid, mailbox, ud in posted:
-            try:
-                mailbox.await_window_entry(ud, _WINDOW_CLOSE_S + _Mailbox.WAIT)
-                out[rid] = None
-            except errors.FerryError as e:
-                out[rid] = f"closing its write window failed ({e}); its blocks may still change"
-        return out
+                why = self._close_window(rid)
+            self._report(progress, rid, why or outcome)
+        deadline = now + _CLOSE_IN_POLL_S
+        while self._closing:
+            for rid, (mailbox, ud, give_up, outcome) in list(self._closing.items()):
+                c = mailbox.window_entry(ud)
+                if c is None and time.monotonic() < give_up:
+                    continue
+                del self._closing[rid]
+                if c is None:
+                    mailbox.abandon_window_entry(ud)
+                    why = f"closing its write window failed (the agent did not answer in {_WINDOW_CLOSE_S} s)"
+                elif c.error is not None:
+                    why = f"closing its write window failed ({c.error})"
+                else:
+                    why = None
+                self._report(progress, rid, outcome if why is None else f"{why}; its blocks may still change")
+            left = deadline - time.monotonic()
+            if not self._closing or left <= 0:
+                break
+            next(iter(self._closing.values()))[0]._reap(left)  # until a completion comes to one of them
+
+    @staticmethod
+    def _report(progress: Progress, rid: str, failure: Optional[str]) -> None:
+        if failure is None:
+            progress.done.add(rid)
+        else:
+            progress.failed[rid] = failure
 
     def _probe(self, now: float) -> None:
         """PINGs each producer it has waited on for _PROBE_S (see poll())."""
