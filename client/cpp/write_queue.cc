@@ -96,6 +96,49 @@ absl::Status WriteQueue::CheckTableRoom(const char* what, uint64_t table_index, 
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::Status WindowRefOf(const v1::RegionDescriptor& window, absl::string_view what, queue::WindowRef* ref) {
+  if (window.window_id() == 0 || window.token().size() != sizeof(ref->token)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": a write window's descriptor (window_id set), from OpenWriteWindow"));
+  }
+  ref->window_id = window.window_id();
+  memcpy(ref->token, window.token().data(), sizeof(ref->token));
+  return absl::OkStatus();
+}
+
+// BatchOptions::windows as the table holds them, checked as the agent checks them.
+absl::Status PackWindowSpans(const std::vector<std::pair<const v1::RegionDescriptor*, uint32_t>>& windows,
+                             size_t blocks, size_t parts, std::vector<uint32_t>* out) {
+  if (windows.size() > queue::kMaxWindowSpans || parts * windows.size() > queue::kMaxWindowSpanParts) {
+    return absl::InvalidArgumentError(absl::StrCat("windows: at most ", queue::kMaxWindowSpans, ", and parts times ",
+                                                   "windows at most ", queue::kMaxWindowSpanParts, "; got ",
+                                                   windows.size(), " for ", parts, " parts"));
+  }
+  const queue::WindowSpans head{static_cast<uint32_t>(windows.size()), 0};
+  out->resize(queue::kWindowSpansIds + windows.size() * queue::kWindowSpanIds);
+  memcpy(out->data(), &head, sizeof(head));
+  uint64_t covered = 0;
+  for (size_t i = 0; i < windows.size(); ++i) {
+    queue::WindowSpan span{};
+    const std::string what = absl::StrCat("windows[", i, "]");
+    if (windows[i].first == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": no window"));
+    if (absl::Status s = WindowRefOf(*windows[i].first, what, &span.window); !s.ok()) return s;
+    if (windows[i].second == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": a count of 0 blocks"));
+    span.blocks = windows[i].second;
+    covered += span.blocks;
+    memcpy(out->data() + queue::kWindowSpansIds + i * queue::kWindowSpanIds, &span, sizeof(span));
+  }
+  if (covered != blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("windows cover ", covered, " blocks; the ids are ", blocks, " (they must add up)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status WriteQueue::PostBatch(uint32_t table_index, absl::Span<const queue::TablePart> parts,
                                    absl::Span<const uint32_t> src_ids, absl::Span<const uint32_t> dst_ids,
                                    const BatchOptions& options) {
@@ -104,22 +147,29 @@ absl::Status WriteQueue::PostBatch(uint32_t table_index, absl::Span<const queue:
     return absl::InvalidArgumentError(
         absl::StrCat(src_ids.size(), " source ids but ", dst_ids.size(), " destination ids; they must pair up"));
   }
-  queue::WindowRef window{};
-  if (options.window != nullptr) {
-    if (options.window->window_id() == 0 || options.window->token().size() != sizeof(window.token)) {
-      return absl::InvalidArgumentError("window: a write window's descriptor (window_id set), from OpenWriteWindow");
-    }
-    window.window_id = options.window->window_id();
-    memcpy(window.token, options.window->token().data(), sizeof(window.token));
+  // What goes before the parts: a WindowRef, or a WindowSpans head and its spans.
+  std::vector<uint32_t> windows;
+  uint32_t window_flag = 0;
+  if (options.window != nullptr && !options.windows.empty()) {
+    return absl::InvalidArgumentError("give window or windows, not both");
   }
-  const uint64_t window_words = options.window != nullptr ? queue::kWindowIds : 0;
+  if (options.window != nullptr) {
+    queue::WindowRef ref{};
+    if (absl::Status s = WindowRefOf(*options.window, "window", &ref); !s.ok()) return s;
+    windows.resize(queue::kWindowIds);
+    memcpy(windows.data(), &ref, sizeof(ref));
+    window_flag = queue::kFlagWindow;
+  } else if (!options.windows.empty()) {
+    if (absl::Status s = PackWindowSpans(options.windows, src_ids.size(), parts.size(), &windows); !s.ok()) return s;
+    window_flag = queue::kFlagWindowSpans;
+  }
   const uint64_t payload_words = (options.payload.size() + sizeof(uint32_t) - 1) / sizeof(uint32_t);
   const uint64_t words =
-      window_words + uint64_t{parts.size()} * queue::kPartIds + 2 * uint64_t{src_ids.size()} + payload_words;
+      windows.size() + uint64_t{parts.size()} * queue::kPartIds + 2 * uint64_t{src_ids.size()} + payload_words;
   if (absl::Status s = CheckTableRoom("batch", table_index, words); !s.ok()) return s;
   uint32_t* at = table_ + table_index;
-  if (options.window != nullptr) memcpy(at, &window, sizeof(window));
-  at += window_words;
+  memcpy(at, windows.data(), windows.size() * sizeof(uint32_t));
+  at += windows.size();
   memcpy(at, parts.data(), parts.size() * sizeof(queue::TablePart));
   at += parts.size() * queue::kPartIds;
   memcpy(at, src_ids.data(), src_ids.size() * sizeof(uint32_t));
@@ -127,9 +177,8 @@ absl::Status WriteQueue::PostBatch(uint32_t table_index, absl::Span<const queue:
   memcpy(at + 2 * src_ids.size(), options.payload.data(), options.payload.size());
   return PostSlot({options.user_data, 0, options.payload.size(), 0, options.block_size, options.tag,
                    static_cast<uint32_t>(parts.size()),
-                   queue::kFlagBatch | (options.notify ? queue::kFlagNotify : 0) |
-                       (options.window != nullptr ? queue::kFlagWindow : 0),
-                   table_index, static_cast<uint32_t>(src_ids.size())});
+                   queue::kFlagBatch | (options.notify ? queue::kFlagNotify : 0) | window_flag, table_index,
+                   static_cast<uint32_t>(src_ids.size())});
 }
 
 absl::Status WriteQueue::PostMessage(uint32_t table_index, uint32_t dst_index, uint64_t tag, absl::string_view payload,

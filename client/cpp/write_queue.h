@@ -98,6 +98,10 @@ class WriteQueue {
     // descriptor from its OpenWriteWindow: only the window's id and token are used);
     // null: with the destinations' own tokens.
     const v1::RegionDescriptor* window = nullptr;
+    // Or runs of the blocks through different windows (ring_layout.h, kFlagWindowSpans:
+    // several requests in one write, each through its own): each (window descriptor,
+    // count) takes the next `count` blocks, counts of at least 1 adding up to the ids'.
+    std::vector<std::pair<const v1::RegionDescriptor*, uint32_t>> windows;
   };
   struct Completion {
     uint64_t user_data = 0;

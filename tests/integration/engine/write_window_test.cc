@@ -2,7 +2,8 @@
 // takes a write only through an open window of it; once its owner closed the window and
 // reused the bytes, a late write is refused by the owner's agent and the new bytes stay,
 // on one agent (local copy) and across two in network namespaces (fabric, with the
-// window's keys revoked, and staged); and windows opened and closed by queue entries.
+// window's keys revoked, and staged); windows opened and closed by queue entries; and one
+// queue entry through several windows.
 #include <catch2/catch.hpp>
 #include <cstring>
 
@@ -163,6 +164,54 @@ TEST_CASE("write windows: a queue's batch entry writes through a window, and not
   CHECK(late.code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(late.message()), Catch::Contains("was closed by its owner"));
   CHECK(All(kv->buffer, kBlock, 2 * kBlock, 0x11));
+}
+
+TEST_CASE("write windows: one batch entry writes several requests, each through its own window") {
+  auto agent = testing::StartAgent();
+  testing::TestPod writer = MakePod(agent->socket(), 8 * kBlock, 0xCD);
+  auto owner = Client::Connect(agent->socket());
+  REQUIRE(owner.ok());
+  auto kv = (*owner)->AllocateHost(8 * kBlock, /*write_windows=*/true);
+  REQUIRE(kv.ok());
+  memset(kv->buffer.data(), 0, 8 * kBlock);
+  auto q = WriteQueue::Create(*writer.client, {kv->descriptor()}, 8, 0, v1::TRAFFIC_CLASS_UNSPECIFIED,
+                              /*table_ids=*/256);
+  REQUIRE(q.ok());
+  auto open = [&](uint64_t first_block, uint64_t blocks) {
+    absl::StatusOr<v1::OpenWriteWindowResponse> w = (*owner)->OpenWriteWindow(
+        {kv->id()}, {{first_block * kBlock, blocks * kBlock}}, &writer.reg.region(), absl::Seconds(30));
+    REQUIRE(w.ok());
+    return *w;
+  };
+  const v1::OpenWriteWindowResponse first = open(1, 1), second = open(4, 2);  // block 1; blocks 4-5
+  const std::vector<queue::TablePart> parts = {{writer.reg.region_id(), 0, 0, 0, 0}};
+  const std::vector<uint32_t> src = {0, 1, 2}, dst = {1, 4, 5};
+  auto post = [&](uint32_t first_blocks, uint32_t second_blocks, uint64_t user_data) {
+    WriteQueue::BatchOptions options;
+    options.block_size = kBlock;
+    options.user_data = user_data;
+    options.windows = {{&first.regions(0), first_blocks}, {&second.regions(0), second_blocks}};
+    absl::Status posted = (*q)->PostBatch(0, parts, src, dst, options);
+    if (!posted.ok()) return posted;
+    std::vector<WriteQueue::Completion> done;
+    REQUIRE((*q)->Reap(&done, 1, absl::Seconds(30)) == 1);
+    return done[0].status;
+  };
+  REQUIRE(post(1, 2, 1).ok());
+  CHECK(All(kv->buffer, kBlock, 2 * kBlock, 0xCD));
+  CHECK(All(kv->buffer, 4 * kBlock, 6 * kBlock, 0xCD));
+  CHECK((All(kv->buffer, 0, kBlock, 0) && All(kv->buffer, 2 * kBlock, 4 * kBlock, 0)));
+
+  memset(kv->buffer.data(), 0x11, 8 * kBlock);  // the blocks' next owners
+  absl::Status outside = post(2, 1, 2);         // block 4 through the first window
+  CHECK(outside.code() == absl::StatusCode::kOutOfRange);
+  CHECK_THAT(std::string(outside.message()), Catch::Contains("window spans[0]: parts[0]"));
+  CHECK(post(1, 1, 3).code() == absl::StatusCode::kInvalidArgument);  // 2 of 3 blocks: refused before posting
+  REQUIRE((*owner)->CloseWriteWindow(second.window_id()).ok());
+  absl::Status late = post(1, 2, 4);
+  CHECK(late.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(late.message()), Catch::Contains("was closed by its owner"));
+  CHECK(All(kv->buffer, 0, 8 * kBlock, 0x11));  // refused before a byte of either span moved
 }
 
 TEST_CASE("write windows: a late write is refused across agents, fabric and staged") {
