@@ -311,8 +311,8 @@ absl::StatusOr<std::shared_ptr<Transfer>> QueueEntries::PrepareBatch(const std::
   absl::StatusOr<std::shared_ptr<const PagedIds>> ids =
       CheckPagedIds(BlockMapping{e.length, src_ids, dst_ids}, limits_);
   if (!ids.ok()) return ids.status();
-  // A plan per span and part, span by span: each span's parts share its slice of the
-  // mapping (one launch of the GPU copier's kernel) and its window's destinations.
+  // A plan per span and part, span by span: a span's parts share its slice of the mapping
+  // and its window's destinations (the GPU copier launches the slices of one write together).
   const size_t runs = std::max<size_t>(1, spans.size());
   thread_local std::vector<std::shared_ptr<const v1::RegionDescriptor>> through_window;
   TransferBatch batch(*router_, session, n * runs, limits_, /*cached_only=*/!may_block);
