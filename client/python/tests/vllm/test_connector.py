@@ -164,8 +164,11 @@ def handoff(p, d, rid, prompt, params, max_tokens=2):
     return seen
 
 
-def test_eight_concurrent_requests(pd):
-    p, d = pd()
+@pytest.mark.parametrize("windows", [False, True])
+def test_eight_concurrent_requests(pd, windows):
+    # With write_windows each request's blocks land through its own window, the requests
+    # read together still one write (window spans).
+    p, d = pd(d_extra={"write_windows": windows})
     rng = random.Random(4)
     prompts = {f"r{i}": [rng.randrange(1000) for _ in range(rng.randint(17, 120))] for i in range(8)}
     for rid, prompt in prompts.items():
