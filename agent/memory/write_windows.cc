@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/thread_name.h"
@@ -135,13 +134,13 @@ absl::StatusOr<std::shared_ptr<const WriteWindow>> WriteWindows::Open(uint64_t s
   // ranges apply to each of its regions, so two windows sharing any region are compared
   // once: a decode step's windows all name the same 64 layer halves, and comparing them
   // region by region made opening the step's N windows cost N^2 x 64 range walks.
-  absl::flat_hash_set<const WriteWindow*> compared;
-  compared.reserve(open_.size());
+  const uint64_t stamp = ++opens_;  // marks the windows this call compared (a set of them cost more than the rest)
   for (const auto& r : regions) {
     auto over = over_region_.find(r->id());
     if (over == over_region_.end()) continue;
     for (const WriteWindow* other : over->second) {
-      if (!compared.insert(other).second) continue;
+      if (other->compared_in_open_ == stamp) continue;
+      other->compared_in_open_ = stamp;
       if (const ByteSpan* shared = FirstOverlap(merged, other->ranges()); shared != nullptr) {
         return absl::FailedPreconditionError(absl::StrCat("ranges: [", shared->offset, ", +", shared->length,
                                                           ") of region ", r->id(), " is in open write window ",

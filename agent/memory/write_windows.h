@@ -116,6 +116,8 @@ class WriteWindow {
   int active_ ABSL_GUARDED_BY(mu_) = 0;  // admissions alive
   // Fabric keys over the ranges' extent, per region, made by the first remote opener.
   absl::flat_hash_map<uint64_t, RegionRegistration> keys_ ABSL_GUARDED_BY(mu_);
+  // The last WriteWindows::Open that compared it with its window (under WriteWindows::mu_).
+  mutable uint64_t compared_in_open_ = 0;
 };
 
 // A write moving bytes through a window: while one lives, Close waits. Move-only.
@@ -199,6 +201,7 @@ class WriteWindows {
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<WriteWindow>> open_ ABSL_GUARDED_BY(mu_);
+  uint64_t opens_ ABSL_GUARDED_BY(mu_) = 0;  // Open calls: each one's stamp
   absl::flat_hash_map<uint64_t, size_t> per_session_ ABSL_GUARDED_BY(mu_);
   // The open windows over each region, so that Open compares a new window with those
   // only (a region belongs to one session, which holds at most kMaxWindowsPerSession).
