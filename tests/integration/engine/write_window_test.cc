@@ -128,20 +128,37 @@ TEST_CASE("write windows: a late write is refused on one agent") {
   LateWriteIsRefused(agent->socket(), agent->socket(), v1::TRANSFER_PATH_LOCAL);
 }
 
-TEST_CASE("write windows: a queue's batch entry writes through a window, and not after it closed") {
-  auto agent = testing::StartAgent();
+// On one agent: a writer pod with a write queue to an owner's region in window mode
+// (eight blocks, zeroed).
+struct QueueToWindowedRegion {
+  QueueToWindowedRegion() {
+    auto connected = Client::Connect(agent->socket());
+    REQUIRE(connected.ok());
+    owner = *std::move(connected);
+    auto allocated = owner->AllocateHost(8 * kBlock, /*write_windows=*/true);
+    REQUIRE(allocated.ok());
+    kv = std::make_unique<HostRegion>(*std::move(allocated));
+    memset(kv->buffer.data(), 0, 8 * kBlock);
+    auto created = WriteQueue::Create(*writer.client, {kv->descriptor()}, 8, 0, v1::TRAFFIC_CLASS_UNSPECIFIED,
+                                      /*table_ids=*/256);
+    INFO(created.status().ToString());
+    REQUIRE(created.ok());
+    queue = *std::move(created);
+  }
+
+  std::unique_ptr<testing::AgentProcess> agent = testing::StartAgent();
   testing::TestPod writer = MakePod(agent->socket(), 8 * kBlock, 0xCD);
-  auto owner = Client::Connect(agent->socket());
-  REQUIRE(owner.ok());
-  auto kv = (*owner)->AllocateHost(8 * kBlock, /*write_windows=*/true);
-  REQUIRE(kv.ok());
-  memset(kv->buffer.data(), 0, 8 * kBlock);
-  auto q = WriteQueue::Create(*writer.client, {kv->descriptor()}, 8, 0, v1::TRAFFIC_CLASS_UNSPECIFIED,
-                              /*table_ids=*/256);
-  INFO(q.status().ToString());
-  REQUIRE(q.ok());
+  std::unique_ptr<Client> owner;
+  std::unique_ptr<HostRegion> kv;
+  std::unique_ptr<WriteQueue> queue;
+};
+
+TEST_CASE("write windows: a queue's batch entry writes through a window, and not after it closed") {
+  QueueToWindowedRegion f;
+  testing::TestPod& writer = f.writer;
+  std::unique_ptr<HostRegion>& kv = f.kv;
   absl::StatusOr<v1::OpenWriteWindowResponse> window =
-      (*owner)->OpenWriteWindow({kv->id()}, {{kBlock, kBlock}}, &writer.reg.region(), absl::Seconds(30));
+      f.owner->OpenWriteWindow({kv->id()}, {{kBlock, kBlock}}, &writer.reg.region(), absl::Seconds(30));
   REQUIRE(window.ok());
   const std::vector<queue::TablePart> parts = {{writer.reg.region_id(), 0, 0, 0, 0}};
   const std::vector<uint32_t> src = {0}, dst = {1};
@@ -150,15 +167,15 @@ TEST_CASE("write windows: a queue's batch entry writes through a window, and not
     options.block_size = kBlock;
     options.user_data = user_data;
     options.window = through;
-    REQUIRE((*q)->PostBatch(0, parts, src, dst, options).ok());
+    REQUIRE(f.queue->PostBatch(0, parts, src, dst, options).ok());
     std::vector<WriteQueue::Completion> done;
-    REQUIRE((*q)->Reap(&done, 1, absl::Seconds(30)) == 1);
+    REQUIRE(f.queue->Reap(&done, 1, absl::Seconds(30)) == 1);
     return done[0].status;
   };
   CHECK(post(nullptr, 1).code() == absl::StatusCode::kFailedPrecondition);  // the region's own token
   CHECK(post(&window->regions(0), 2).ok());
   CHECK(All(kv->buffer, kBlock, 2 * kBlock, 0xCD));
-  REQUIRE((*owner)->CloseWriteWindow(window->window_id()).ok());
+  REQUIRE(f.owner->CloseWriteWindow(window->window_id()).ok());
   memset(kv->buffer.data() + kBlock, 0x11, kBlock);
   absl::Status late = post(&window->regions(0), 3);
   CHECK(late.code() == absl::StatusCode::kFailedPrecondition);
@@ -167,18 +184,11 @@ TEST_CASE("write windows: a queue's batch entry writes through a window, and not
 }
 
 TEST_CASE("write windows: one batch entry writes several requests, each through its own window") {
-  auto agent = testing::StartAgent();
-  testing::TestPod writer = MakePod(agent->socket(), 8 * kBlock, 0xCD);
-  auto owner = Client::Connect(agent->socket());
-  REQUIRE(owner.ok());
-  auto kv = (*owner)->AllocateHost(8 * kBlock, /*write_windows=*/true);
-  REQUIRE(kv.ok());
-  memset(kv->buffer.data(), 0, 8 * kBlock);
-  auto q = WriteQueue::Create(*writer.client, {kv->descriptor()}, 8, 0, v1::TRAFFIC_CLASS_UNSPECIFIED,
-                              /*table_ids=*/256);
-  REQUIRE(q.ok());
+  QueueToWindowedRegion f;
+  testing::TestPod& writer = f.writer;
+  std::unique_ptr<HostRegion>& kv = f.kv;
   auto open = [&](uint64_t first_block, uint64_t blocks) {
-    absl::StatusOr<v1::OpenWriteWindowResponse> w = (*owner)->OpenWriteWindow(
+    absl::StatusOr<v1::OpenWriteWindowResponse> w = f.owner->OpenWriteWindow(
         {kv->id()}, {{first_block * kBlock, blocks * kBlock}}, &writer.reg.region(), absl::Seconds(30));
     REQUIRE(w.ok());
     return *w;
@@ -191,10 +201,10 @@ TEST_CASE("write windows: one batch entry writes several requests, each through 
     options.block_size = kBlock;
     options.user_data = user_data;
     options.windows = {{&first.regions(0), first_blocks}, {&second.regions(0), second_blocks}};
-    absl::Status posted = (*q)->PostBatch(0, parts, src, dst, options);
+    absl::Status posted = f.queue->PostBatch(0, parts, src, dst, options);
     if (!posted.ok()) return posted;
     std::vector<WriteQueue::Completion> done;
-    REQUIRE((*q)->Reap(&done, 1, absl::Seconds(30)) == 1);
+    REQUIRE(f.queue->Reap(&done, 1, absl::Seconds(30)) == 1);
     return done[0].status;
   };
   REQUIRE(post(1, 2, 1).ok());
@@ -207,7 +217,7 @@ TEST_CASE("write windows: one batch entry writes several requests, each through 
   CHECK(outside.code() == absl::StatusCode::kOutOfRange);
   CHECK_THAT(std::string(outside.message()), Catch::Contains("window spans[0]: parts[0]"));
   CHECK(post(1, 1, 3).code() == absl::StatusCode::kInvalidArgument);  // 2 of 3 blocks: refused before posting
-  REQUIRE((*owner)->CloseWriteWindow(second.window_id()).ok());
+  REQUIRE(f.owner->CloseWriteWindow(second.window_id()).ok());
   absl::Status late = post(1, 2, 4);
   CHECK(late.code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(late.message()), Catch::Contains("was closed by its owner"));
