@@ -168,7 +168,7 @@ absl::Status WriteQueue::PostBatch(uint32_t table_index, absl::Span<const queue:
       windows.size() + uint64_t{parts.size()} * queue::kPartIds + 2 * uint64_t{src_ids.size()} + payload_words;
   if (absl::Status s = CheckTableRoom("batch", table_index, words); !s.ok()) return s;
   uint32_t* at = table_ + table_index;
-  memcpy(at, windows.data(), windows.size() * sizeof(uint32_t));
+  if (!windows.empty()) memcpy(at, windows.data(), windows.size() * sizeof(uint32_t));  // data() may be null
   at += windows.size();
   memcpy(at, parts.data(), parts.size() * sizeof(queue::TablePart));
   at += parts.size() * queue::kPartIds;
